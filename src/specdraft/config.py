@@ -1,0 +1,92 @@
+"""Typed settings shared by the Python API, the CLI, and later the benchmark and the server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import SpecdraftError
+
+MAX_GAMMA = 32
+METHODS = ("ar", "draft", "prompt-lookup")
+DTYPES = ("bfloat16", "float32", "float16")
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "float": "float32", "half": "float16"}
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen. temperature == 0 means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 1.0  # 1.0: no nucleus filter
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0):
+            raise SpecdraftError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise SpecdraftError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise SpecdraftError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise SpecdraftError(f"max new tokens must be >= 1, got {self.max_new_tokens}")
+        if any(not s for s in self.stop):
+            raise SpecdraftError("stop strings must not be empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Which drafter proposes and how many tokens per target pass (gamma)."""
+
+    method: str = "draft"
+    gamma: int = 4
+    # prompt lookup: longest and shortest n-gram to match in the context
+    lookup_max_ngram: int = 3
+    lookup_min_ngram: int = 1
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise SpecdraftError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.method != "ar" and not (1 <= self.gamma <= MAX_GAMMA):
+            raise SpecdraftError(f"gamma must be between 1 and {MAX_GAMMA}, got {self.gamma}")
+        if not (1 <= self.lookup_min_ngram <= self.lookup_max_ngram):
+            raise SpecdraftError("prompt lookup needs 1 <= min n-gram <= max n-gram")
+
+    @property
+    def draft_len(self) -> int:
+        return 0 if self.method == "ar" else self.gamma
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which models to load and in what precision."""
+
+    target: str = "qwen2.5-coder-1.5b-instruct"
+    draft: str | None = "qwen2.5-coder-0.5b-instruct"
+    dtype: str = "bfloat16"
+    cache_dir: str | None = None
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+
+
+def normalize_dtype(name: str) -> str:
+    name = DTYPE_ALIASES.get(name.lower(), name.lower())
+    if name not in DTYPES:
+        raise SpecdraftError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)} (or bf16, fp32, fp16)")
+    return name
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt to complete: either raw text (no chat template) or chat messages."""
+
+    prompt: str | None = None
+    messages: list[dict] = field(default_factory=list)

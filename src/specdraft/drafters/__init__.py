@@ -1,0 +1,35 @@
+"""Drafters, built by name from one registry: a new drafter joins here and nowhere else."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..config import SpecConfig
+from ..errors import SpecdraftError
+from ..models.adapter import LoadedModel
+from .base import Drafter, NoDrafter
+from .model import ModelDrafter
+from .prompt_lookup import PromptLookupDrafter
+
+# Each builder takes (spec, target, draft model or None) and returns a drafter.
+DRAFTERS: dict[str, Callable[[SpecConfig, LoadedModel, LoadedModel | None], Drafter]] = {
+    "ar": lambda spec, target, draft: NoDrafter(),
+    "prompt-lookup": lambda spec, target, draft: PromptLookupDrafter(spec.lookup_max_ngram, spec.lookup_min_ngram),
+    "draft": lambda spec, target, draft: ModelDrafter(_require(draft), target),
+}
+
+NEEDS_DRAFT_MODEL = {"draft"}
+
+
+def _require(draft: LoadedModel | None) -> LoadedModel:
+    if draft is None:
+        raise SpecdraftError("method 'draft' needs a draft model (--draft NAME_OR_PATH)")
+    return draft
+
+
+def build_drafter(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:
+    return DRAFTERS[spec.method](spec, target, draft)
+
+
+__all__ = ["Drafter", "DRAFTERS", "NEEDS_DRAFT_MODEL", "build_drafter", "ModelDrafter", "NoDrafter",
+           "PromptLookupDrafter"]

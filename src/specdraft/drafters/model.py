@@ -1,0 +1,65 @@
+"""An independent draft model sharing the target's tokenizer."""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import SamplingParams
+from ..errors import SpecdraftError
+from ..models.adapter import LoadedModel
+from ..sampling import processed_probs, sample
+from ..types import Draft
+
+
+class ModelDrafter:
+    name = "draft"
+
+    def __init__(self, draft: LoadedModel, target: LoadedModel):
+        check_compatible_vocab(draft, target)
+        self.draft = draft
+        self.state = draft.new_state()
+        self.width = max(draft.vocab_size, target.vocab_size)  # q is padded to the width p has
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.state = self.draft.new_state()
+        if len(prompt_ids) > 1:
+            self.state.forward(prompt_ids[:-1], 1)
+
+    def propose(self, context_ids, k, params: SamplingParams, generator) -> Draft:
+        to_feed = self.state.sync(context_ids)
+        if not to_feed:  # the whole context is cached: recompute the last position to get its logits
+            self.state.truncate(len(context_ids) - 1)
+            to_feed = context_ids[-1:]
+        token_ids: list[int] = []
+        rows: list[torch.Tensor] = []
+        logits = self.state.forward(to_feed, 1)  # [1, V_draft]
+        for i in range(k):
+            if params.greedy:
+                token = int(logits[0].argmax())
+            else:
+                probs = _pad(processed_probs(logits, params), self.width)  # [1, V]
+                token = int(sample(probs, generator))
+                rows.append(probs[0])
+            token_ids.append(token)
+            if i + 1 < k:
+                logits = self.state.forward([token], 1)
+        draft_probs = torch.stack(rows) if rows else None  # [k, V]
+        return Draft(torch.tensor(token_ids, dtype=torch.long), draft_probs)
+
+    def on_accept(self, context_ids: list[int]) -> None:
+        self.state.sync(context_ids)  # drop rejected draft tokens; the new token is fed at the next propose
+
+
+def _pad(probs: torch.Tensor, width: int) -> torch.Tensor:
+    return probs if probs.shape[-1] == width else torch.nn.functional.pad(probs, (0, width - probs.shape[-1]))
+
+
+def check_compatible_vocab(draft: LoadedModel, target: LoadedModel) -> None:
+    """Draft and target must map the same strings to the same ids, or draft ids mean nothing to the target."""
+    draft_vocab, target_vocab = draft.tokenizer.get_vocab(), target.tokenizer.get_vocab()
+    if draft_vocab != target_vocab:
+        only_draft = len(set(draft_vocab.items()) - set(target_vocab.items()))
+        raise SpecdraftError(
+            f"draft {draft.name!r} and target {target.name!r} have incompatible vocabularies ({len(draft_vocab)} vs "
+            f"{len(target_vocab)} tokens, {only_draft} draft entries differ); choose a draft with the target's "
+            f"tokenizer, or use --method prompt-lookup")

@@ -1,0 +1,219 @@
+"""The token-scale loop: propose -> verify -> accept -> rollback. Autoregressive decoding is the same loop
+with an empty draft.
+
+Cache convention: the target's cache holds every token of the sequence except the last one (the *pending*
+token, emitted but not yet run through the target). A pass feeds [pending, d_1 .. d_k] and gets k + 1 rows of
+logits: row i scores the position after d_i, row 0 the position after the pending token.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from .acceptance import accept_greedy, accept_rejection
+from .config import SamplingParams, SpecConfig
+from .drafters.base import Drafter, NoDrafter
+from .errors import SpecdraftError
+from .models.adapter import LoadedModel
+from .sampling import processed_probs
+from .types import Acceptance, GenerationResult, SpecStats
+
+
+@dataclass
+class StreamChunk:
+    """Text that became final during one target pass (possibly empty), and the tokens behind it."""
+
+    text: str
+    token_ids: list[int]
+
+
+def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], params: SamplingParams,
+                  gamma: int, generator: torch.Generator | None, stats: SpecStats) -> Iterator[list[int]]:
+    """Run the loop; yield the tokens each target pass emits. The caller stops it (EOS, stop, budget)."""
+    started = time.perf_counter()
+    target_state = target.new_state()
+    if len(prompt_ids) > 1:
+        target_state.forward(prompt_ids[:-1], 1)
+    drafter.begin(prompt_ids)
+    stats.time_prefill_s += time.perf_counter() - started
+    context = list(prompt_ids)
+    budget = params.max_new_tokens
+    while budget > 0:
+        # propose: never draft past the token budget (the last token of a pass is the target's own)
+        t0 = time.perf_counter()
+        draft = drafter.propose(context, min(gamma, budget - 1), params, generator)
+        t1 = time.perf_counter()
+        # verify: one target pass over the pending token and the k draft tokens
+        draft_ids = draft.token_ids.tolist()
+        target_logits = target_state.forward(context[-1:] + draft_ids, draft.k + 1)  # [k + 1, V]
+        # accept
+        if params.greedy:
+            result: Acceptance = accept_greedy(draft.token_ids, target_logits.argmax(dim=-1))
+        else:
+            result = accept_rejection(draft.token_ids, draft.draft_probs,
+                                      processed_probs(target_logits, params), generator)
+        # rollback: keep the pending token and the accepted draft tokens; the new last token becomes pending
+        target_state.truncate(len(context) + result.n_accepted)
+        context.extend(result.tokens)
+        drafter.on_accept(context)
+        t2 = time.perf_counter()
+        stats.time_draft_s += t1 - t0
+        stats.time_verify_s += t2 - t1
+        stats.record(draft.k, result.n_accepted)
+        budget -= len(result.tokens)
+        yield result.tokens
+
+
+class StopChecker:
+    """Incremental detokenizer that holds text back while it could still be the start of a stop string."""
+
+    def __init__(self, tokenizer, stop: tuple[str, ...]):
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.token_ids: list[int] = []
+        self.emitted_chars = 0
+        self.stopped = False
+
+    def push(self, new_ids: list[int]) -> str:
+        """Add tokens; return newly final text. Sets `stopped` when a stop string appeared (text cut before it)."""
+        self.token_ids.extend(new_ids)
+        text = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        hits = [i for i in (text.find(s, max(0, self.emitted_chars - len(s))) for s in self.stop) if i >= 0]
+        if hits:
+            self.stopped = True
+            return self._take(text[: min(hits)])
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+            return ""
+        hold = max((n for s in self.stop for n in range(len(s) - 1, 0, -1) if text.endswith(s[:n])), default=0)
+        return self._take(text[: len(text) - hold])
+
+    def finish(self) -> str:
+        if self.stopped:
+            return ""
+        return self._take(self.tokenizer.decode(self.token_ids, skip_special_tokens=True))
+
+    def _take(self, final_text: str) -> str:
+        chunk = final_text[self.emitted_chars:]
+        self.emitted_chars = max(self.emitted_chars, len(final_text))
+        return chunk
+
+    def tokens_up_to_stop(self) -> list[int]:
+        """The shortest token prefix whose text contains a stop string (tokens past it are dropped)."""
+        for n in range(1, len(self.token_ids) + 1):
+            text = self.tokenizer.decode(self.token_ids[:n], skip_special_tokens=True)
+            if any(s in text for s in self.stop):
+                return self.token_ids[:n]
+        return self.token_ids
+
+
+class Engine:
+    """A target model, a drafter and a speculative configuration; `stream` and `generate` run the loop."""
+
+    def __init__(self, target: LoadedModel, drafter: Drafter | None = None, spec: SpecConfig | None = None):
+        self.target = target
+        self.drafter: Drafter = drafter or NoDrafter()
+        self.spec = spec or SpecConfig(method="ar")
+        if self.spec.draft_len == 0:
+            self.drafter = NoDrafter()
+
+    def encode(self, prompt: str, chat: bool = True, system: str | None = None) -> list[int]:
+        if not prompt or not prompt.strip():
+            raise SpecdraftError("the prompt is empty; give some text to continue")
+        tokenizer = self.target.tokenizer
+        if chat:
+            if not getattr(tokenizer, "chat_template", None):
+                raise SpecdraftError(f"{self.target.name!r} has no chat template; pass --no-chat for raw text")
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": prompt}]
+            return self.encode_messages(messages)
+        return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        if not messages:
+            raise SpecdraftError("no messages to answer")
+        ids = self.target.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                        return_dict=False)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def stream(self, prompt_ids: list[int], params: SamplingParams) -> "Generation":
+        """An iterable of text chunks as they become final; `.result()` afterwards has tokens and statistics."""
+        if not prompt_ids:
+            raise SpecdraftError("the prompt is empty; give some text to continue")
+        limit = getattr(self.target.model.config, "max_position_embeddings", None)
+        if limit and len(prompt_ids) + params.max_new_tokens > limit:
+            raise SpecdraftError(f"prompt ({len(prompt_ids)} tokens) plus max new tokens ({params.max_new_tokens}) "
+                                 f"exceeds the model's context of {limit} tokens; shorten one of them")
+        return Generation(self, list(prompt_ids), params)
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
+        generation = self.stream(prompt_ids, params)
+        for _ in generation:
+            pass
+        return generation.result()
+
+
+class Generation:
+    """One request in flight: iterate it for text chunks; it owns its torch.Generator and statistics."""
+
+    def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams):
+        self.engine, self.prompt_ids, self.params = engine, prompt_ids, params
+        self.stats = SpecStats(method=engine.spec.method, gamma=engine.spec.draft_len, prompt_tokens=len(prompt_ids))
+        self.generator = torch.Generator()
+        if params.seed is not None:
+            self.generator.manual_seed(params.seed)
+        else:
+            self.generator.seed()
+        self.checker = StopChecker(engine.target.tokenizer, params.stop)
+        self.text = ""
+        self.done = False
+
+    def __iter__(self) -> Iterator[StreamChunk]:
+        if self.done:
+            raise RuntimeError("a Generation can be iterated only once")
+        for chunk in self._run():
+            self.text += chunk.text
+            yield chunk
+        self.done = True
+
+    def result(self) -> GenerationResult:
+        return GenerationResult(text=self.text, token_ids=list(self.checker.token_ids),
+                                prompt_ids=list(self.prompt_ids), stats=self.stats)
+
+    def _run(self) -> Iterator[StreamChunk]:
+        engine, params, stats, checker = self.engine, self.params, self.stats, self.checker
+        eos = engine.target.eos_token_ids
+        started = time.perf_counter()
+        stats.finish_reason = "length"
+        with torch.inference_mode():
+            passes = decode_passes(engine.target, engine.drafter, self.prompt_ids, params, engine.spec.draft_len,
+                                   self.generator, stats)
+            try:
+                for tokens in passes:
+                    tokens = tokens[: params.max_new_tokens - len(checker.token_ids)]
+                    eos_at = next((i for i, t in enumerate(tokens) if t in eos), None)
+                    if eos_at is not None:
+                        tokens = tokens[:eos_at]
+                        stats.finish_reason = "stop"
+                    text = checker.push(tokens)
+                    if checker.stopped:
+                        stats.finish_reason = "stop"
+                        checker.token_ids = checker.tokens_up_to_stop()
+                    stats.new_tokens = len(checker.token_ids)
+                    stats.time_total_s = time.perf_counter() - started
+                    if text:
+                        yield StreamChunk(text, tokens)
+                    if checker.stopped or eos_at is not None:
+                        break
+                tail = checker.finish()
+                if tail:
+                    yield StreamChunk(tail, [])
+            finally:
+                passes.close()
+                stats.new_tokens = len(checker.token_ids)
+                stats.time_total_s = time.perf_counter() - started

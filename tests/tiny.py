@@ -1,0 +1,44 @@
+"""Tiny random Hugging Face models and a character tokenizer, built on the fly (nothing downloaded)."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import torch
+
+CHARS = string.ascii_lowercase[:10] + " ."  # 12 visible characters
+
+
+def build_tokenizer(chars: str = CHARS):
+    """Byte-level BPE with no merges: one token per character, the way Qwen2 and Llama tokenizers load it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<eos>": 1}
+    for ch in chars:
+        vocab["Ġ" if ch == " " else ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+
+
+def build_model(path: Path, seed: int, vocab_size: int | None = None, layers: int = 2, hidden: int = 32,
+                init_range: float = 0.3, arch: str = "qwen2") -> Path:
+    """A random causal LM saved as a Hugging Face directory with the character tokenizer."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    tokenizer = build_tokenizer()
+    vocab_size = vocab_size or len(tokenizer.get_vocab())
+    config_class = Qwen2Config if arch == "qwen2" else LlamaConfig
+    config = config_class(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=512, initializer_range=init_range, tie_word_embeddings=False,
+                          eos_token_id=1, bos_token_id=None, pad_token_id=0)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
