@@ -25,11 +25,11 @@ def build_tokenizer(chars: str = CHARS):
 
 
 def build_model(path: Path, seed: int, vocab_size: int | None = None, layers: int = 2, hidden: int = 32,
-                init_range: float = 0.3, arch: str = "qwen2") -> Path:
+                init_range: float = 0.3, arch: str = "qwen2", chars: str = CHARS) -> Path:
     """A random causal LM saved as a Hugging Face directory with the character tokenizer."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(chars)
     vocab_size = vocab_size or len(tokenizer.get_vocab())
     config_class = Qwen2Config if arch == "qwen2" else LlamaConfig
     config = config_class(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
@@ -38,6 +38,10 @@ def build_model(path: Path, seed: int, vocab_size: int | None = None, layers: in
                           eos_token_id=1, bos_token_id=None, pad_token_id=0)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # <unk> never wins (logit 0 against random logits), <eos> only now and then
+        head = model.get_output_embeddings().weight
+        head[0].zero_()
+        head[1].mul_(0.3)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

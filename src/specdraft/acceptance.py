@@ -41,6 +41,11 @@ def accept_rejection(
 ) -> Acceptance:
     """Speculative rejection sampling, vectorised over the draft; see the module docstring."""
     k = draft_ids.shape[0]
+    if draft_probs is not None and draft_probs.shape[-1] != target_probs.shape[-1]:
+        # vocabularies of different widths: the ids beyond a model's width have probability 0 under it
+        width = max(draft_probs.shape[-1], target_probs.shape[-1])
+        draft_probs = torch.nn.functional.pad(draft_probs, (0, width - draft_probs.shape[-1]))
+        target_probs = torch.nn.functional.pad(target_probs, (0, width - target_probs.shape[-1]))
     positions = torch.arange(k)
     target_p_of_draft = target_probs[positions, draft_ids]  # [k]
     draft_q_of_draft = draft_probs[positions, draft_ids] if draft_probs is not None else torch.ones(k)  # [k]

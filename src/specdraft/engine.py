@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -23,6 +23,10 @@ from .sampling import processed_probs
 from .types import Acceptance, GenerationResult, SpecStats
 
 
+# (draft_ids [k], draft_probs [k, V] | None, target_probs [k + 1, V], generator) -> Acceptance
+SamplingRule = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Generator | None], Acceptance]
+
+
 @dataclass
 class StreamChunk:
     """Text that became final during one target pass (possibly empty), and the tokens behind it."""
@@ -32,8 +36,13 @@ class StreamChunk:
 
 
 def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], params: SamplingParams,
-                  gamma: int, generator: torch.Generator | None, stats: SpecStats) -> Iterator[list[int]]:
-    """Run the loop; yield the tokens each target pass emits. The caller stops it (EOS, stop, budget)."""
+                  gamma: int, generator: torch.Generator | None, stats: SpecStats,
+                  sampling_rule: SamplingRule = accept_rejection) -> Iterator[list[int]]:
+    """Run the loop; yield the tokens each target pass emits. The caller stops it (EOS, stop, budget).
+
+    `sampling_rule` decides acceptance when sampling (greedy always uses `accept_greedy`); tests swap in
+    deliberately wrong rules as negative controls.
+    """
     started = time.perf_counter()
     target_state = target.new_state()
     if len(prompt_ids) > 1:
@@ -54,8 +63,8 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
         if params.greedy:
             result: Acceptance = accept_greedy(draft.token_ids, target_logits.argmax(dim=-1))
         else:
-            result = accept_rejection(draft.token_ids, draft.draft_probs,
-                                      processed_probs(target_logits, params), generator)
+            result = sampling_rule(draft.token_ids, draft.draft_probs, processed_probs(target_logits, params),
+                                   generator)
         # rollback: keep the pending token and the accepted draft tokens; the new last token becomes pending
         target_state.truncate(len(context) + result.n_accepted)
         context.extend(result.tokens)
@@ -113,8 +122,10 @@ class StopChecker:
 class Engine:
     """A target model, a drafter and a speculative configuration; `stream` and `generate` run the loop."""
 
-    def __init__(self, target: LoadedModel, drafter: Drafter | None = None, spec: SpecConfig | None = None):
+    def __init__(self, target: LoadedModel, drafter: Drafter | None = None, spec: SpecConfig | None = None,
+                 sampling_rule: SamplingRule = accept_rejection):
         self.target = target
+        self.sampling_rule = sampling_rule
         self.drafter: Drafter = drafter or NoDrafter()
         self.spec = spec or SpecConfig(method="ar")
         if self.spec.draft_len == 0:
@@ -192,7 +203,7 @@ class Generation:
         stats.finish_reason = "length"
         with torch.inference_mode():
             passes = decode_passes(engine.target, engine.drafter, self.prompt_ids, params, engine.spec.draft_len,
-                                   self.generator, stats)
+                                   self.generator, stats, engine.sampling_rule)
             try:
                 for tokens in passes:
                     tokens = tokens[: params.max_new_tokens - len(checker.token_ids)]

@@ -55,11 +55,15 @@ def _pad(probs: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def check_compatible_vocab(draft: LoadedModel, target: LoadedModel) -> None:
-    """Draft and target must map the same strings to the same ids, or draft ids mean nothing to the target."""
+    """One vocabulary must extend the other (same string -> same id on every shared entry); otherwise draft
+    ids would mean different text to the target. Extra entries (e.g. added special tokens) are harmless: a
+    draft id the target does not use gets p = 0 and is always rejected, which keeps the output exact."""
     draft_vocab, target_vocab = draft.tokenizer.get_vocab(), target.tokenizer.get_vocab()
-    if draft_vocab != target_vocab:
-        only_draft = len(set(draft_vocab.items()) - set(target_vocab.items()))
+    draft_in_target = all(target_vocab.get(tok) == idx for tok, idx in draft_vocab.items())
+    target_in_draft = all(draft_vocab.get(tok) == idx for tok, idx in target_vocab.items())
+    if not (draft_in_target or target_in_draft):
+        differing = sum(target_vocab.get(tok) != idx for tok, idx in draft_vocab.items())
         raise SpecdraftError(
             f"draft {draft.name!r} and target {target.name!r} have incompatible vocabularies ({len(draft_vocab)} vs "
-            f"{len(target_vocab)} tokens, {only_draft} draft entries differ); choose a draft with the target's "
-            f"tokenizer, or use --method prompt-lookup")
+            f"{len(target_vocab)} tokens, {differing} draft entries map differently); choose a draft with the "
+            f"target's tokenizer, or use --method prompt-lookup")

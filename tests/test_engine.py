@@ -1,0 +1,189 @@
+"""The loop on tiny random Hugging Face models: greedy equality, rollback, stops, budgets, seeds, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdraft import Engine, SamplingParams, SpecConfig, SpecdraftError, load_model
+from specdraft.drafters import ModelDrafter, PromptLookupDrafter
+from specdraft.types import Draft
+
+PROMPTS = ["abc ab", "j. ihg", "a", "dead beef cafe. dead be"]
+GREEDY = SamplingParams(max_new_tokens=24)
+
+
+def ar_engine(models) -> Engine:
+    return Engine(models["target"])
+
+
+def draft_engine(models, gamma: int = 4, draft: str = "draft") -> Engine:
+    return Engine(models["target"], ModelDrafter(models[draft], models["target"]), SpecConfig("draft", gamma))
+
+
+class WrongDrafter:
+    """Always proposes a token the target's greedy choice is not: zero acceptance."""
+
+    name = "wrong"
+
+    def __init__(self, target):
+        self.target = target
+
+    def begin(self, prompt_ids):
+        pass
+
+    def propose(self, context_ids, k, params, generator):
+        logits = self.target.model(torch.tensor([context_ids])).logits[0, -1]
+        return Draft(torch.full((k,), (int(logits.argmax()) + 1) % logits.shape[-1], dtype=torch.long))
+
+    def on_accept(self, context_ids):
+        pass
+
+
+def test_our_autoregressive_matches_transformers_generate(tiny_models):
+    engine = ar_engine(tiny_models)
+    for prompt in PROMPTS:
+        ids = engine.encode(prompt, chat=False)
+        ours = engine.generate(ids, GREEDY).token_ids
+        hf = tiny_models["target"].model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,
+                                                  eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+        eos = tiny_models["target"].eos_token_ids
+        hf = hf[: next((i for i, t in enumerate(hf) if t in eos), len(hf))]
+        assert ours == hf, prompt
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 8])
+def test_greedy_draft_partial_acceptance_equals_autoregressive(tiny_models, gamma):
+    for prompt in PROMPTS:
+        ids = ar_engine(tiny_models).encode(prompt, chat=False)
+        expected = ar_engine(tiny_models).generate(ids, GREEDY)
+        got = draft_engine(tiny_models, gamma).generate(ids, GREEDY)
+        assert got.token_ids == expected.token_ids, prompt
+        assert got.text == expected.text
+
+
+def test_greedy_full_acceptance_with_target_as_its_own_draft(tiny_models):
+    engine = draft_engine(tiny_models, 4, draft="target")
+    ids = engine.encode("abc ab", chat=False)
+    got = engine.generate(ids, GREEDY)
+    assert got.token_ids == ar_engine(tiny_models).generate(ids, GREEDY).token_ids
+    assert got.stats.accepted == got.stats.drafted > 0
+    assert got.stats.tau > 4.0  # 5 tokens per pass except where the budget cut the draft
+
+
+def test_greedy_zero_acceptance_still_equals_autoregressive(tiny_models):
+    engine = Engine(tiny_models["target"], WrongDrafter(tiny_models["target"]), SpecConfig("draft", 3))
+    ids = engine.encode("abc ab", chat=False)
+    got = engine.generate(ids, GREEDY)
+    assert got.token_ids == ar_engine(tiny_models).generate(ids, GREEDY).token_ids
+    assert got.stats.accepted == 0 and got.stats.drafted > 0
+    assert got.stats.target_passes == len(got.token_ids)
+
+
+def test_prompt_lookup_greedy_equals_autoregressive(tiny_models):
+    engine = Engine(tiny_models["target"], PromptLookupDrafter(), SpecConfig("prompt-lookup", 4))
+    for prompt in PROMPTS:
+        ids = engine.encode(prompt, chat=False)
+        assert engine.generate(ids, GREEDY).token_ids == ar_engine(tiny_models).generate(ids, GREEDY).token_ids
+
+
+def test_cache_rollback_gives_the_same_logits_as_a_fresh_pass(tiny_models):
+    model = tiny_models["target"]
+    tokens = [2, 3, 4, 5, 6, 7, 8, 9]
+    with torch.inference_mode():
+        state = model.new_state()
+        state.forward(tokens, 1)
+        state.truncate(5)
+        assert len(state) == 5 and state.cache.get_seq_length() == 5
+        after_rollback = state.forward([9, 10], 2)
+        fresh = model.new_state().forward(tokens[:5] + [9, 10], 2)
+    torch.testing.assert_close(after_rollback, fresh, rtol=1e-5, atol=1e-5)
+
+
+def test_sync_keeps_common_prefix_and_returns_the_rest(tiny_models):
+    with torch.inference_mode():
+        state = tiny_models["target"].new_state()
+        state.forward([2, 3, 4, 5], 1)
+        assert state.sync([2, 3, 9, 9, 9]) == [9, 9, 9]
+        assert state.token_ids == [2, 3] and state.cache.get_seq_length() == 2
+
+
+@pytest.mark.parametrize("budget", [1, 2, 5, 7])
+def test_max_new_tokens_is_exact_with_speculation(tiny_models, budget):
+    engine = draft_engine(tiny_models, 4, draft="target")  # full acceptance: passes overshoot unless capped
+    ids = engine.encode("abc ab", chat=False)
+    result = engine.generate(ids, SamplingParams(max_new_tokens=budget))
+    assert len(result.token_ids) == budget and result.stats.finish_reason == "length"
+
+
+def test_stop_string_ends_generation_before_it(tiny_models):
+    ids = ar_engine(tiny_models).encode("dead beef cafe. dead be", chat=False)
+    full = ar_engine(tiny_models).generate(ids, SamplingParams(max_new_tokens=30)).text
+    stop = full[6:8]
+    assert stop, "the tiny model's output is too short for this test"
+    for engine in (ar_engine(tiny_models), draft_engine(tiny_models, 4)):
+        result = engine.generate(ids, SamplingParams(max_new_tokens=30, stop=(stop,)))
+        assert result.text == full[: full.index(stop)]
+        assert stop in engine.target.tokenizer.decode(result.token_ids)  # the tokens end at the stop
+        assert stop not in engine.target.tokenizer.decode(result.token_ids[:-1])
+        assert result.stats.finish_reason == "stop"
+
+
+def test_streamed_chunks_concatenate_to_the_final_text(tiny_models):
+    engine = draft_engine(tiny_models, 3)
+    ids = engine.encode("abc ab", chat=False)
+    generation = engine.stream(ids, SamplingParams(max_new_tokens=20, stop=("zz",)))
+    chunks = [chunk.text for chunk in generation]
+    assert "".join(chunks) == generation.result().text
+    assert len(chunks) > 1
+
+
+def test_eos_stops_generation_and_is_not_emitted(tiny_dirs):
+    target = load_model(str(tiny_dirs["target"]), "float32")
+    ids = Engine(target).encode("abc ab", chat=False)
+    free_run = Engine(target).generate(ids, SamplingParams(max_new_tokens=12)).token_ids
+    eos = free_run[5]
+    target.model.generation_config.eos_token_id = eos
+    result = Engine(target).generate(ids, SamplingParams(max_new_tokens=12))
+    assert result.token_ids == free_run[: free_run.index(eos)]
+    assert result.stats.finish_reason == "stop"
+
+
+def test_same_seed_same_sample_and_different_seeds_differ(tiny_models):
+    engine = draft_engine(tiny_models, 3)
+    ids = engine.encode("abc ab", chat=False)
+    params = [SamplingParams(temperature=1.0, max_new_tokens=16, seed=seed) for seed in (7, 7, 8)]
+    first, again, other = (engine.generate(ids, p).token_ids for p in params)
+    assert first == again
+    assert first != other
+
+
+def test_statistics_are_consistent(tiny_models):
+    result = draft_engine(tiny_models, 4).generate(ar_engine(tiny_models).encode("abc ab", chat=False), GREEDY)
+    s = result.stats
+    assert s.new_tokens == len(result.token_ids)
+    assert s.accepted == sum(s.accepted_per_position) and s.drafted == sum(s.drafted_per_position)
+    assert 0.0 <= s.alpha <= 1.0 and 1.0 <= s.predicted_tau <= 5.0
+    assert s.time_total_s >= s.time_draft_s + s.time_verify_s
+
+
+def test_incompatible_vocabularies_raise_a_clear_error(tmp_path, tiny_models):
+    from tiny import build_model
+
+    other = load_model(str(build_model(tmp_path / "other", seed=4, chars="klmnop")), "float32")
+    with pytest.raises(SpecdraftError, match="incompatible vocabularies"):
+        ModelDrafter(other, tiny_models["target"])
+
+
+def test_llama_architecture_works_as_a_draft(tiny_models):
+    ids = ar_engine(tiny_models).encode("abc ab", chat=False)
+    got = draft_engine(tiny_models, 3, draft="llama").generate(ids, GREEDY)
+    assert got.token_ids == ar_engine(tiny_models).generate(ids, GREEDY).token_ids
+
+
+def test_empty_prompt_and_overlong_request_are_user_errors(tiny_models):
+    engine = ar_engine(tiny_models)
+    with pytest.raises(SpecdraftError, match="empty"):
+        engine.encode("   ", chat=False)
+    with pytest.raises(SpecdraftError, match="context"):
+        engine.stream([2] * 500, SamplingParams(max_new_tokens=100))
