@@ -7,6 +7,7 @@ one operation: `sync(context)` keeps the common prefix and returns what still ha
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ import torch
 from ..config import normalize_dtype
 from ..errors import SpecdraftError
 from . import fetch
+from .fastpath import WeightMajorLinear
 
 
 @dataclass
@@ -25,6 +27,7 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
     dtype: torch.dtype
+    weight_major: bool = True  # few-row linears as (W @ x.T).T on CPU: see models/fastpath.py
 
     @property
     def vocab_size(self) -> int:
@@ -119,8 +122,9 @@ class KVState:
         if not new_ids:
             raise ValueError("forward needs at least one token")
         input_ids = torch.tensor([new_ids], dtype=torch.long)  # [1, n]
-        out = self.loaded.model(input_ids=input_ids, cache=self.cache, use_cache=True,
-                                logits_to_keep=n_logits)
+        with WeightMajorLinear() if self.loaded.weight_major else contextlib.nullcontext():
+            out = self.loaded.model(input_ids=input_ids, cache=self.cache, use_cache=True,
+                                    logits_to_keep=n_logits)
         self.token_ids.extend(new_ids)
         return out.logits[0, -n_logits:].float()  # [n_logits, V]
 
