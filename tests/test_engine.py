@@ -62,6 +62,16 @@ def test_greedy_draft_partial_acceptance_equals_autoregressive(tiny_models, gamm
         assert got.text == expected.text
 
 
+def test_greedy_with_confidence_stopped_drafts_equals_autoregressive(tiny_models):
+    engine = Engine(tiny_models["target"], ModelDrafter(tiny_models["draft"], tiny_models["target"], 0.3),
+                    SpecConfig("draft", 6, draft_confidence=0.3))
+    for prompt in PROMPTS:
+        ids = engine.encode(prompt, chat=False)
+        got = engine.generate(ids, GREEDY)
+        assert got.token_ids == ar_engine(tiny_models).generate(ids, GREEDY).token_ids
+    assert got.stats.drafted < 6 * got.stats.target_passes  # some drafts really stopped early
+
+
 def test_greedy_full_acceptance_with_target_as_its_own_draft(tiny_models):
     engine = draft_engine(tiny_models, 4, draft="target")
     ids = engine.encode("abc ab", chat=False)

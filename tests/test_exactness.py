@@ -68,8 +68,8 @@ def outcome(result, eos: set[int]) -> tuple:
     return tuple(tokens)
 
 
-def engine_pvalue(target, draft, params, rule=None) -> float:
-    engine = Engine(target, ModelDrafter(draft, target), SpecConfig("draft", 3),
+def engine_pvalue(target, draft, params, rule=None, min_confidence: float = 0.0) -> float:
+    engine = Engine(target, ModelDrafter(draft, target, min_confidence), SpecConfig("draft", 3),
                     **({"sampling_rule": rule} if rule else {}))
     expected = exact_joint(target, params)
     counts = dict.fromkeys(expected, 0)
@@ -104,6 +104,12 @@ def test_draft_really_differs_from_target(small_vocab):
 def test_emitted_tokens_follow_the_target_distribution(small_vocab, name):
     target, draft = small_vocab
     pvalue = engine_pvalue(target, draft, SETTINGS[name])
+    assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
+
+
+def test_confidence_stopped_drafts_stay_exact(small_vocab):
+    target, draft = small_vocab
+    pvalue = engine_pvalue(target, draft, SETTINGS["T=1"], min_confidence=0.35)
     assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
 
 

@@ -17,7 +17,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--target", default=DEFAULT_TARGET, help="packaged name, model directory or hub id")
     parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for --method draft")
-    parser.add_argument("--dtype", default="bfloat16", help=f"one of {', '.join(DTYPES)} (bf16, fp32 also work)")
+    parser.add_argument("--dtype", default="auto", help=f"one of {', '.join(DTYPES)} (bf16, fp32 also work); auto: "
+                        "bf16 where the CPU has native bf16 (AVX512-BF16/AMX), else fp32")
     parser.add_argument("--cache-dir", default=None, help="where packaged models live (default $SPECDRAFT_CACHE "
                                                           "or ~/.cache/specdraft)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
@@ -31,7 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", nargs="?", default=None, help=f"the prompt (default: {DEFAULT_PROMPT!r})")
     _add_model_args(gen)
     gen.add_argument("--method", default="draft", help=f"one of {', '.join(METHODS)}")
-    gen.add_argument("--gamma", type=int, default=4, help=f"draft tokens per target pass (1..{MAX_GAMMA})")
+    gen.add_argument("--gamma", type=int, default=3, help=f"draft tokens per target pass (1..{MAX_GAMMA})")
+    gen.add_argument("--draft-confidence", type=float, default=0.0,
+                     help="stop drafting when the draft's top-1 probability is below this (0: always draft gamma)")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     gen.add_argument("--top-k", type=int, default=0)
@@ -86,7 +89,7 @@ def cmd_models(args) -> int:
 def _configs(args) -> tuple[ModelConfig, SpecConfig, SamplingParams]:
     models = ModelConfig(target=args.target, draft=args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
                          threads=args.threads)
-    spec = SpecConfig(method=args.method, gamma=args.gamma)
+    spec = SpecConfig(method=args.method, gamma=args.gamma, draft_confidence=args.draft_confidence)
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), seed=args.seed)
     return models, spec, params
@@ -114,8 +117,8 @@ def cmd_generate(args) -> int:
     baseline = Engine(engine.target).generate(prompt_ids, params) if args.compare else None
     if args.json:
         out = result.to_dict()
-        out["target"], out["draft"], out["dtype"] = models.target, models.draft if spec.method == "draft" else None, \
-            models.dtype
+        out["target"], out["draft"] = models.target, models.draft if spec.method == "draft" else None
+        out["dtype"] = str(engine.target.dtype).removeprefix("torch.")
         if baseline is not None:
             out["baseline"] = baseline.to_dict()
             out["identical"] = baseline.token_ids == result.token_ids
@@ -123,7 +126,8 @@ def cmd_generate(args) -> int:
         return 0
     print(format_stats(result.stats), file=sys.stderr)
     if baseline is not None:
-        print(format_comparison(result, baseline, models.dtype, params), file=sys.stderr)
+        print(format_comparison(result, baseline, str(engine.target.dtype).removeprefix("torch."), params),
+              file=sys.stderr)
     return 0
 
 

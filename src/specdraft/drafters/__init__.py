@@ -15,7 +15,7 @@ from .prompt_lookup import PromptLookupDrafter
 DRAFTERS: dict[str, Callable[[SpecConfig, LoadedModel, LoadedModel | None], Drafter]] = {
     "ar": lambda spec, target, draft: NoDrafter(),
     "prompt-lookup": lambda spec, target, draft: PromptLookupDrafter(spec.lookup_max_ngram, spec.lookup_min_ngram),
-    "draft": lambda spec, target, draft: ModelDrafter(_require(draft), target),
+    "draft": lambda spec, target, draft: ModelDrafter(_require(draft), target, spec.draft_confidence),
 }
 
 NEEDS_DRAFT_MODEL = {"draft"}

@@ -14,8 +14,9 @@ from ..types import Draft
 class ModelDrafter:
     name = "draft"
 
-    def __init__(self, draft: LoadedModel, target: LoadedModel):
+    def __init__(self, draft: LoadedModel, target: LoadedModel, min_confidence: float = 0.0):
         check_compatible_vocab(draft, target)
+        self.min_confidence = min_confidence  # stop drafting when the draft's top-1 probability drops below
         self.draft = draft
         self.state = draft.new_state()
         self.width = max(draft.vocab_size, target.vocab_size)  # q is padded to the width p has
@@ -34,6 +35,8 @@ class ModelDrafter:
         rows: list[torch.Tensor] = []
         logits = self.state.forward(to_feed, 1)  # [1, V_draft]
         for i in range(k):
+            if self.min_confidence and i > 0 and float(logits[0].softmax(-1).max()) < self.min_confidence:
+                break  # an unsure draft is likely rejected; a shorter draft saves draft steps (still exact)
             if params.greedy:
                 token = int(logits[0].argmax())
             else:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import normalize_dtype
+from ..config import resolve_dtype
 from ..errors import SpecdraftError
 from . import fetch
 from .fastpath import WeightMajorLinear
@@ -68,12 +68,12 @@ def resolve_model_path(name_or_path: str, cache_dir: str | None = None, progress
     return name_or_path  # a hub id: transformers resolves it (or reports it unreachable)
 
 
-def load_model(name_or_path: str, dtype: str = "bfloat16", cache_dir: str | None = None,
+def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = None,
                progress: bool = True) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path(name_or_path, cache_dir, progress)
-    torch_dtype = getattr(torch, normalize_dtype(dtype))
+    torch_dtype = getattr(torch, resolve_dtype(dtype))
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
@@ -122,7 +122,9 @@ class KVState:
         if not new_ids:
             raise ValueError("forward needs at least one token")
         input_ids = torch.tensor([new_ids], dtype=torch.long)  # [1, n]
-        with WeightMajorLinear() if self.loaded.weight_major else contextlib.nullcontext():
+        # 1-row linears are fast as they are, and the mode costs a Python call per torch op: only few-row passes
+        few_rows = self.loaded.weight_major and 1 < len(new_ids) <= WeightMajorLinear.MAX_ROWS
+        with WeightMajorLinear() if few_rows else contextlib.nullcontext():
             out = self.loaded.model(input_ids=input_ids, cache=self.cache, use_cache=True,
                                     logits_to_keep=n_logits)
         self.token_ids.extend(new_ids)

