@@ -106,7 +106,8 @@ def cmd_generate(args) -> int:
     engine = load_engine(models, spec, progress=not args.json)
     prompt_ids = engine.encode(prompt, chat=not args.no_chat)
     if args.compare:  # warm-up so neither side pays first-call costs
-        Engine(engine.target).generate(prompt_ids, SamplingParams(max_new_tokens=4))
+        for warm in (engine, Engine(engine.target)):
+            warm.generate(prompt_ids, SamplingParams(max_new_tokens=4))
     generation = engine.stream(prompt_ids, params)
     for chunk in generation:
         if not args.json:
