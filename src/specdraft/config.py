@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .errors import SpecdraftError
 
@@ -105,11 +105,3 @@ def resolve_dtype(name: str) -> str:
     if name == "auto":
         return "bfloat16" if cpu_has_native_bf16() else "float32"
     return name
-
-
-@dataclass
-class GenerationRequest:
-    """One prompt to complete: either raw text (no chat template) or chat messages."""
-
-    prompt: str | None = None
-    messages: list[dict] = field(default_factory=list)

@@ -37,10 +37,6 @@ class Acceptance:
     n_accepted: int
     tokens: list[int]
 
-    @property
-    def all_accepted(self) -> bool:
-        return self.n_accepted == len(self.tokens) - 1
-
 
 @dataclass
 class SpecStats:

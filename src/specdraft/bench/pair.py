@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..config import SamplingParams, SpecConfig
-from ..drafters import ModelDrafter
+from ..drafters import build_drafter
 from ..engine import Engine
 from ..models.adapter import load_model, set_threads
 from ..models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -69,8 +69,8 @@ def bench_dtype(dtype: str, gammas: list[str], max_new_tokens: int, prompts: dic
     spec_engines = {}
     for gamma_spec in gammas:  # "4" or "8c0.4": gamma 8, stop drafting below top-1 probability 0.4
         gamma, _, confidence = gamma_spec.partition("c")
-        spec_engines[gamma_spec] = Engine(target, ModelDrafter(draft, target, float(confidence or 0)),
-                                          SpecConfig("draft", int(gamma), draft_confidence=float(confidence or 0)))
+        spec = SpecConfig("draft", int(gamma), draft_confidence=float(confidence or 0))
+        spec_engines[gamma_spec] = Engine(target, build_drafter(spec, target, draft), spec)
     methods = {"ar": lambda ids: run_ours(ar, ids, max_new_tokens),
                "hf-ar": lambda ids: run_hf(target, ids, max_new_tokens),
                "hf-assisted": lambda ids: run_hf(target, ids, max_new_tokens, draft)}
@@ -96,8 +96,6 @@ def bench_dtype(dtype: str, gammas: list[str], max_new_tokens: int, prompts: dic
                             "new_tokens": len(r["tokens"]), "tokens_per_s": len(r["tokens"]) / r["wall_s"],
                             "identical_to_ar": r["tokens"] == results["ar"]["tokens"],
                             **{k: v for k, v in r.items() if k != "tokens"}})
-    del target, draft, ar, spec_engines, methods
-    gc.collect()
 
 
 def summarize(records: list[dict], meta: dict) -> str:
@@ -148,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     records: list[dict] = []
     for dtype in args.dtypes.split(","):
         bench_dtype(dtype, args.gammas.split(","), args.max_new_tokens, prompts, records, meta)
+        gc.collect()  # this dtype's models are out of scope: free them before loading the next
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "records.jsonl", "w") as f:

@@ -19,7 +19,6 @@ class ModelDrafter:
         self.min_confidence = min_confidence  # stop drafting when the draft's top-1 probability drops below
         self.draft = draft
         self.state = draft.new_state()
-        self.width = max(draft.vocab_size, target.vocab_size)  # q is padded to the width p has
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.state = self.draft.new_state()
@@ -40,21 +39,17 @@ class ModelDrafter:
             if params.greedy:
                 token = int(logits[0].argmax())
             else:
-                probs = _pad(processed_probs(logits, params), self.width)  # [1, V]
+                probs = processed_probs(logits, params)  # [1, V_draft]; accept_rejection aligns widths
                 token = int(sample(probs, generator))
                 rows.append(probs[0])
             token_ids.append(token)
             if i + 1 < k:
                 logits = self.state.forward([token], 1)
-        draft_probs = torch.stack(rows) if rows else None  # [k, V]
+        draft_probs = torch.stack(rows) if rows else None  # [k, V_draft]
         return Draft(torch.tensor(token_ids, dtype=torch.long), draft_probs)
 
     def on_accept(self, context_ids: list[int]) -> None:
         self.state.sync(context_ids)  # drop rejected draft tokens; the new token is fed at the next propose
-
-
-def _pad(probs: torch.Tensor, width: int) -> torch.Tensor:
-    return probs if probs.shape[-1] == width else torch.nn.functional.pad(probs, (0, width - probs.shape[-1]))
 
 
 def check_compatible_vocab(draft: LoadedModel, target: LoadedModel) -> None:

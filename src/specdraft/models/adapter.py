@@ -44,10 +44,6 @@ class LoadedModel:
             ids.add(int(self.tokenizer.eos_token_id))
         return ids
 
-    @property
-    def weight_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
-
     def new_state(self) -> "KVState":
         return KVState(self)
 
@@ -85,7 +81,7 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
 
 
 def set_threads(threads: int | None) -> None:
-    torch.set_num_threads(threads or os.cpu_count() or 1)
+    torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
 
 
 class KVState:
@@ -129,12 +125,3 @@ class KVState:
                                     logits_to_keep=n_logits)
         self.token_ids.extend(new_ids)
         return out.logits[0, -n_logits:].float()  # [n_logits, V]
-
-    @property
-    def kv_bytes(self) -> int:
-        total = 0
-        for layer in self.cache.layers:
-            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
-                if isinstance(t, torch.Tensor):
-                    total += t.numel() * t.element_size()
-        return total

