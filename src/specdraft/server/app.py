@@ -1,0 +1,401 @@
+"""The OpenAI-compatible HTTP app: /v1/completions, /v1/chat/completions (streamed as server-sent events or
+not), /v1/models, /health and /metrics.
+
+A generation request goes through three steps:
+  1. parse and validate (event loop; JSON only): a mistake is a 400/404 in OpenAI's error shape;
+  2. prepare (a thread pool): tokenize, build the engine for its speculative settings, one Generation per
+     choice; a prompt that does not fit the context is a 400 here, before it takes a place in the queue;
+  3. submit to the Scheduler (full queue: 429 with Retry-After) and relay its events as they come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..config import SpecConfig
+from ..drafters import build_drafter
+from ..engine import Engine, Generation
+from ..errors import SpecdraftError
+from ..models.adapter import LoadedModel
+from ..types import GenerationResult
+from .config import ServerConfig
+from .metrics import CLIENT_CLOSED, ServerMetrics
+from .protocol import (ApiError, ChatRequest, CompletionRequest, bad_request, parse_request, sampling_params,
+                       spec_config)
+from .scheduler import ChoiceEvent, DoneEvent, ErrorEvent, Job, QueueFull, Scheduler, ShuttingDown, TextEvent
+
+log = logging.getLogger("specdraft.server")
+
+COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+ENGINE_CACHE_SIZE = 8  # engines by SpecConfig; building one checks the draft's vocabulary (~0.1 s on Qwen)
+
+
+@dataclass
+class ServerState:
+    """Everything a handler needs; lives on app.state.server."""
+
+    config: ServerConfig
+    spec: SpecConfig  # the defaults a request's `speculative` field overrides
+    target: LoadedModel
+    draft: LoadedModel | None
+    model_name: str
+    metrics: ServerMetrics
+    scheduler: Scheduler
+    created: int
+
+    def __post_init__(self) -> None:
+        self._engines: dict[SpecConfig, Engine] = {}
+        self._engines_lock = threading.Lock()
+
+    @property
+    def context_len(self) -> int | None:
+        return getattr(self.target.model.config, "max_position_embeddings", None)
+
+    def engine(self, spec: SpecConfig) -> Engine:
+        """An engine for `spec`, built once. Sharing one is safe: the single worker runs one generation at a
+        time, and a drafter starts every sequence afresh in begin()."""
+        with self._engines_lock:
+            engine = self._engines.get(spec)
+            if engine is None:
+                engine = Engine(self.target, build_drafter(spec, self.target, self.draft), spec)
+                if len(self._engines) >= ENGINE_CACHE_SIZE:
+                    self._engines.pop(next(iter(self._engines)))
+                self._engines[spec] = engine
+            return engine
+
+
+def create_app(config: ServerConfig, spec: SpecConfig, target: LoadedModel,
+               draft: LoadedModel | None = None) -> FastAPI:
+    """The app for already-loaded models. The worker thread starts and stops with the app's lifespan."""
+    metrics = ServerMetrics()
+    state = ServerState(config=config, spec=spec, target=target, draft=draft,
+                        model_name=config.model_name or target.name, metrics=metrics,
+                        scheduler=Scheduler(config.max_queue, metrics), created=int(time.time()))
+    state.engine(spec)  # the server's own settings must work before it listens (e.g. draft vocabulary)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.scheduler.start()
+        yield
+        state.scheduler.close()
+
+    app = FastAPI(title="specdraft", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = state
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError):
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        return error_response(ApiError(exc.status_code, str(exc.detail),
+                                       type="invalid_request_error" if exc.status_code < 500 else "server_error"))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        return error_response(bad_request(str(exc.errors()[0].get("msg", "invalid request"))))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        log.exception("unexpected error")
+        return error_response(ApiError(500, f"internal error: {type(exc).__name__}", type="server_error"))
+
+    @app.get("/health")
+    async def health():
+        draining = state.scheduler.draining
+        body = {"status": "draining" if draining else "ok", "model": state.model_name,
+                "running": int(state.scheduler.busy), "queued": state.scheduler.queued,
+                "max_queue": config.max_queue,
+                "speculative": {"method": spec.method, "gamma": spec.draft_len}}
+        return JSONResponse(body, status_code=503 if draining else 200)
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        content, content_type = metrics.exposition()
+        return Response(content, media_type=content_type)
+
+    @app.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [model_card(state)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str):
+        check_model(state, model_id)
+        return model_card(state)
+
+    @app.post(COMPLETIONS)
+    async def completions(request: Request):
+        return await handle_generation(state, request, COMPLETIONS)
+
+    @app.post(CHAT)
+    async def chat_completions(request: Request):
+        return await handle_generation(state, request, CHAT)
+
+    return app
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def model_card(state: ServerState) -> dict:
+    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "specdraft"}
+
+
+def check_model(state: ServerState, model: str) -> None:
+    if model != state.model_name:
+        raise ApiError(404, f"the model {model!r} does not exist; this server serves {state.model_name!r}",
+                       param="model", code="model_not_found")
+
+
+# ---- one generation request ----
+
+
+@dataclass
+class Prepared:
+    """A validated request turned into generations, one per choice (prompt-major: prompt p, sample i)."""
+
+    request: CompletionRequest | ChatRequest
+    spec: SpecConfig
+    generations: list[Generation]
+    new_prompt: list[bool]  # per choice: first of its prompt
+
+
+async def handle_generation(state: ServerState, request: Request, endpoint: str) -> Response:
+    arrived = time.perf_counter()
+    try:
+        model = CompletionRequest if endpoint == COMPLETIONS else ChatRequest
+        parsed = parse_request(await request.body(), model, state.config)
+        check_model(state, parsed.model)
+        prepared = await run_in_threadpool(prepare, state, parsed, endpoint)
+        job = Job(prepared.generations, asyncio.get_running_loop(), prepared.new_prompt)
+        submit(state, job)
+    except ApiError as error:
+        state.metrics.requests.labels(endpoint, str(error.status)).inc()
+        return error_response(error)
+    reply = Reply(state, endpoint, prepared, job, arrived)
+    if parsed.stream:
+        return StreamingResponse(reply.events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return await reply.collect(request)
+
+
+def submit(state: ServerState, job: Job) -> None:
+    try:
+        state.scheduler.submit(job)
+    except QueueFull:
+        raise ApiError(429, f"the server is busy: {state.scheduler.queued} requests are waiting (the limit); "
+                            f"retry after {state.config.retry_after_s} s", type="rate_limit_error",
+                       code="queue_full", headers={"Retry-After": str(state.config.retry_after_s)}) from None
+    except ShuttingDown:
+        raise ApiError(503, "the server is shutting down; retry on another instance", type="server_error",
+                       code="server_shutting_down") from None
+
+
+def prepare(state: ServerState, request: CompletionRequest | ChatRequest, endpoint: str) -> Prepared:
+    """Tokenize, choose the engine, and build one Generation per choice (runs in a thread pool)."""
+    spec = spec_config(request, state.spec)
+    try:
+        engine = state.engine(spec)
+    except SpecdraftError as exc:
+        raise bad_request(f"speculative: {exc}", "speculative") from None
+    prompts = encode_prompts(engine, request, endpoint)
+    if not (1 <= request.n <= state.config.max_choices // len(prompts)):
+        raise bad_request(f"n must be between 1 and {state.config.max_choices // len(prompts)} for "
+                          f"{len(prompts)} prompt(s) on this server, got {request.n}", "n")
+    generations, new_prompt = [], []
+    for prompt_ids in prompts:
+        params = sampling_params(request, state.config, len(prompt_ids), state.context_len)
+        for i in range(request.n):
+            # choice i of a seeded request uses seed + i: choice 0 is what the engine gives for that seed
+            choice_params = params if params.seed is None else replace(params, seed=params.seed + i)
+            try:
+                generations.append(engine.stream(prompt_ids, choice_params))
+            except SpecdraftError as exc:
+                raise bad_request(str(exc)) from None
+            new_prompt.append(i == 0)
+    return Prepared(request, spec, generations, new_prompt)
+
+
+def encode_prompts(engine: Engine, request: CompletionRequest | ChatRequest, endpoint: str) -> list[list[int]]:
+    if endpoint == CHAT:
+        if not request.messages:
+            raise bad_request("messages must not be empty", "messages")
+        if not getattr(engine.target.tokenizer, "chat_template", None):
+            raise bad_request(f"the model {engine.target.name!r} has no chat template; use /v1/completions",
+                              "messages")
+        try:
+            ids = engine.encode_messages([m.as_template_message() for m in request.messages])
+        except SpecdraftError as exc:
+            raise bad_request(str(exc), "messages") from None
+        except Exception as exc:  # the model's own template rejected the conversation (jinja raise_exception)
+            raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from None
+        return [ids]
+    prompt = request.prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        vocab = engine.target.vocab_size
+        bad = next((t for t in prompt if not (0 <= t < vocab)), None)
+        if bad is not None:
+            raise bad_request(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", "prompt")
+        return [list(prompt)]
+    texts = [prompt] if isinstance(prompt, str) else prompt
+    if not texts:
+        raise bad_request("prompt must not be empty", "prompt")
+    try:
+        return [engine.encode(text, chat=False) for text in texts]
+    except SpecdraftError as exc:
+        raise bad_request(str(exc), "prompt") from None
+
+
+class Reply:
+    """Turns a job's events into an OpenAI response: one JSON body, or server-sent event chunks."""
+
+    def __init__(self, state: ServerState, endpoint: str, prepared: Prepared, job: Job, arrived: float):
+        self.state, self.endpoint, self.prepared, self.job, self.arrived = state, endpoint, prepared, job, arrived
+        self.chat = endpoint == CHAT
+        self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.results: dict[int, GenerationResult] = {}
+        self.texts: dict[int, list[str]] = {}
+        self.first_text_at: float | None = None
+
+    # -- shared bookkeeping --
+
+    def _on_text(self, event: TextEvent) -> None:
+        if self.first_text_at is None:
+            self.first_text_at = time.perf_counter()
+            self.state.metrics.time_to_first_token.observe(self.first_text_at - self.arrived)
+        self.texts.setdefault(event.choice, []).append(event.text)
+
+    def _finish(self, status: str) -> None:
+        self.state.metrics.requests.labels(self.endpoint, status).inc()
+        if status == "200":
+            self.state.metrics.latency.observe(time.perf_counter() - self.arrived)
+
+    def _usage(self) -> dict:
+        prompt = sum(len(r.prompt_ids) for i, r in self.results.items() if self.prepared.new_prompt[i])
+        completion = sum(len(r.token_ids) for r in self.results.values())
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def _summary(self) -> dict:
+        """The request's acceptance statistics over all its choices (the extra response field)."""
+        stats = [r.stats for r in self.results.values()]
+        passes, drafted, accepted = (sum(getattr(s, k) for s in stats) for k in ("target_passes", "drafted",
+                                                                                  "accepted"))
+        new_tokens = sum(s.new_tokens for s in stats)
+        return {"method": self.prepared.spec.method, "gamma": self.prepared.spec.draft_len,
+                "target_passes": passes, "drafted": drafted, "accepted": accepted,
+                "acceptance_rate": accepted / drafted if drafted else 0.0,
+                "tau": new_tokens / passes if passes else 0.0}
+
+    # -- not streamed --
+
+    async def collect(self, request: Request) -> Response:
+        watcher = asyncio.create_task(self._stop_on_disconnect(request))
+        try:
+            while True:
+                event = await self.job.events.get()
+                if isinstance(event, TextEvent):
+                    self._on_text(event)
+                elif isinstance(event, ChoiceEvent):
+                    self.results[event.choice] = event.result
+                elif isinstance(event, ErrorEvent):
+                    self._finish(str(event.error.status))
+                    return error_response(event.error)
+                elif isinstance(event, DoneEvent):
+                    body = self._body()
+                    self._finish("200")
+                    return JSONResponse(body)
+        finally:
+            watcher.cancel()
+
+    async def _stop_on_disconnect(self, request: Request) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.job.stop(None)
+        self.job.events.put_nowait(ErrorEvent(ApiError(int(CLIENT_CLOSED), "the client closed the request")))
+
+    def _body(self) -> dict:
+        choices = []
+        for index in sorted(self.results):
+            result = self.results[index]
+            choice = {"index": index, "logprobs": None, "finish_reason": result.stats.finish_reason,
+                      "speculative_stats": result.stats.to_dict()}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": result.text}
+            else:
+                choice["text"] = result.text
+            choices.append(choice)
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.state.model_name, "choices": choices,
+                "usage": self._usage(), "speculative_stats": self._summary()}
+
+    # -- streamed --
+
+    def _chunk(self, index: int, text: str | None, finish_reason: str | None = None, **extra) -> dict:
+        if self.chat:
+            delta = {} if text is None else {"content": text}
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        else:
+            choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice.update(extra)
+        return self._envelope([choice])
+
+    def _envelope(self, choices: list[dict], **extra) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.state.model_name, "choices": choices, **extra}
+
+    async def events(self):
+        """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`."""
+
+        def sse(payload) -> str:
+            return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+        finished = False
+        try:
+            if self.chat:  # the role comes first, in a chunk of its own, as OpenAI sends it
+                for index in range(len(self.job.generations)):
+                    first = self._chunk(index, None)
+                    first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+                    yield sse(first)
+            while True:
+                event = await self.job.events.get()
+                if isinstance(event, TextEvent):
+                    self._on_text(event)
+                    yield sse(self._chunk(event.choice, event.text))
+                elif isinstance(event, ChoiceEvent):
+                    self.results[event.choice] = event.result
+                    stats = event.result.stats
+                    yield sse(self._chunk(event.choice, None if self.chat else "", stats.finish_reason,
+                                          speculative_stats=stats.to_dict()))
+                elif isinstance(event, ErrorEvent):
+                    finished = True  # counted before the last yields: a client leaving now changes nothing
+                    self._finish(str(event.error.status))
+                    yield sse(event.error.body())
+                    yield sse("[DONE]")
+                    return
+                elif isinstance(event, DoneEvent):
+                    finished = True
+                    self._finish("200")
+                    options = self.prepared.request.stream_options
+                    if options is not None and options.include_usage:
+                        yield sse(self._envelope([], usage=self._usage(), speculative_stats=self._summary()))
+                    yield sse("[DONE]")
+                    return
+        finally:
+            if not finished:  # the client went away (the response was cancelled): stop and free the slot
+                self.job.stop(None)
+                self._finish(CLIENT_CLOSED)

@@ -1,0 +1,587 @@
+"""The OpenAI-compatible server, driven by the official `openai` client against uvicorn on loopback.
+
+Tiny random models (tests/tiny.py) with a 4096-token context and a one-line chat template. Torch runs on one
+thread here: on a shared 2-core machine, tiny matrices on two threads are ~10x slower, not faster.
+A "long" request asks for thousands of tokens (many seconds of work); tests that need the worker busy start
+one and then stop it by disconnecting, so nothing here waits for it to finish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from specdraft import ModelConfig, SamplingParams, SpecConfig, load_engine, load_model
+from specdraft.server import ServerConfig, build_server, create_app
+from tiny import build_model
+
+MODEL = "tiny"
+CONTEXT = 4096
+LONG = 3000  # max_tokens of a request that keeps the worker busy for many seconds
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'][0] }} {{ m['content'] }}.{% endfor %}"
+                 "{% if add_generation_prompt %}a {% endif %}")
+DEFAULT_SPEC = SpecConfig(method="draft", gamma=3)
+
+
+# ---- fixtures ----
+
+
+def _server_model(path: Path, seed: int, layers: int) -> Path:
+    build_model(path, seed=seed, layers=layers)
+    config = json.loads((path / "config.json").read_text())
+    config["max_position_embeddings"] = CONTEXT
+    (path / "config.json").write_text(json.dumps(config))
+    tok_config = json.loads((path / "tokenizer_config.json").read_text())
+    tok_config["chat_template"] = CHAT_TEMPLATE
+    (path / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    return path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("server-models")
+    return {"target": _server_model(root / "target", seed=1, layers=2),
+            "draft": _server_model(root / "draft", seed=2, layers=1)}
+
+
+@pytest.fixture(scope="module")
+def models(model_dirs):
+    return {name: load_model(str(path), dtype="float32") for name, path in model_dirs.items()}
+
+
+def direct(models, prompt_ids: list[int], spec: SpecConfig = DEFAULT_SPEC, **params):
+    """The engine called directly, with the server's models and the request's settings."""
+    engine = load_engine(ModelConfig(target="unused", draft="unused", threads=1), spec,
+                         target=models["target"], draft=models["draft"])
+    return engine.generate(prompt_ids, SamplingParams(**params))
+
+
+def encode(models, text: str) -> list[int]:
+    return list(models["target"].tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
+def encode_chat(models, messages: list[dict]) -> list[int]:
+    return list(models["target"].tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                                tokenize=True, return_dict=False))
+
+
+class LiveServer:
+    """create_app + uvicorn in a thread, on a loopback socket the test opened."""
+
+    def __init__(self, models, **config):
+        self.config = ServerConfig(model_name=MODEL, max_tokens_limit=LONG, log_level="warning", **config)
+        app = create_app(self.config, DEFAULT_SPEC, models["target"], models["draft"])
+        self.server = build_server(app, self.config)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> "LiveServer":
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.02)
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        self.http = httpx.Client(base_url=self.url, timeout=60)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.http.close()
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.sock.close()
+
+    def health(self) -> dict:
+        return self.http.get("/health").json()
+
+    def wait_idle(self, timeout: float = 10.0) -> float:
+        """Seconds until nothing runs or waits; fails after `timeout`."""
+        started = time.monotonic()
+        while True:
+            health = self.health()
+            if health["running"] == 0 and health["queued"] == 0:
+                return time.monotonic() - started
+            assert time.monotonic() - started < timeout, f"worker still busy: {health}"
+            time.sleep(0.02)
+
+    def wait_for(self, running: int, queued: int, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while (health := self.health())["running"] != running or health["queued"] != queued:
+            assert time.monotonic() < deadline, f"expected running={running} queued={queued}, got {health}"
+            time.sleep(0.01)
+
+    def metrics(self) -> dict[tuple, float]:
+        """Every sample as {(name, sorted label items): value}, read with Prometheus' own text parser."""
+        response = self.http.get("/metrics")
+        assert response.status_code == 200
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(response.text) for s in family.samples}
+
+    def start_long_stream(self) -> "LongStream":
+        return LongStream(self)
+
+
+class LongStream:
+    """A streamed completion that would run for many seconds; `close()` disconnects it."""
+
+    def __init__(self, server: LiveServer):
+        self.client = httpx.Client(base_url=server.url, timeout=60)
+        body = {"model": MODEL, "prompt": "abc", "max_tokens": LONG, "temperature": 0, "stream": True,
+                "speculative": {"method": "ar"}}
+        self.context = self.client.stream("POST", "/v1/completions", json=body)
+        self.response = self.context.__enter__()
+        assert self.response.status_code == 200
+        self.lines = self.response.iter_lines()
+        self.first = next(line for line in self.lines if line.startswith("data: "))  # generation has begun
+
+    def close(self) -> None:
+        self.context.__exit__(None, None, None)
+        self.client.close()
+
+
+@pytest.fixture(scope="module")
+def server(models):
+    with LiveServer(models, max_queue=4) as live:
+        yield live
+
+
+@pytest.fixture
+def idle_server(server):
+    server.wait_idle()
+    yield server
+    server.wait_idle()
+
+
+# ---- completions and chat, against the engine called directly ----
+
+
+def test_seeded_completion_equals_engine(idle_server, models):
+    response = idle_server.client.completions.create(
+        model=MODEL, prompt="abc", max_tokens=24, temperature=0.9, top_p=0.95, seed=7,
+        extra_body={"speculative": {"method": "draft", "gamma": 4}})
+    expected = direct(models, encode(models, "abc"), SpecConfig(method="draft", gamma=4), max_new_tokens=24,
+                      temperature=0.9, top_p=0.95, seed=7)
+    assert response.choices[0].text == expected.text
+    assert response.choices[0].finish_reason == expected.stats.finish_reason
+    assert response.usage.completion_tokens == len(expected.token_ids)
+    assert response.usage.prompt_tokens == 3
+    stats = response.model_extra["speculative_stats"]
+    assert (stats["method"], stats["gamma"]) == ("draft", 4)
+    assert stats["target_passes"] == expected.stats.target_passes
+    assert stats["accepted"] == expected.stats.accepted
+
+
+def test_seeded_chat_equals_engine(idle_server, models):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a bad cab"}]
+    response = idle_server.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20,
+                                                          temperature=0.8, seed=11)
+    expected = direct(models, encode_chat(models, messages), max_new_tokens=20, temperature=0.8, seed=11)
+    assert response.choices[0].message.role == "assistant"
+    assert response.choices[0].message.content == expected.text
+    assert response.usage.prompt_tokens == len(encode_chat(models, messages))
+    assert response.model_extra["speculative_stats"]["method"] == DEFAULT_SPEC.method
+
+
+def test_streamed_completion_equals_unstreamed(idle_server):
+    kwargs = dict(model=MODEL, prompt="jab", max_tokens=30, temperature=0.7, seed=3)
+    whole = idle_server.client.completions.create(**kwargs)
+    chunks = list(idle_server.client.completions.create(stream=True, **kwargs))
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    assert len([c for c in chunks if c.choices[0].text]) > 1  # it streamed, not one blob
+
+
+def test_streamed_chat_sends_role_then_content_then_usage(idle_server, models):
+    messages = [{"role": "user", "content": "cab"}]
+    chunks = list(idle_server.client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=25, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    expected = direct(models, encode_chat(models, messages), max_new_tokens=25)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected.text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(expected.token_ids)
+    assert chunks[-1].model_extra["speculative_stats"]["target_passes"] == expected.stats.target_passes
+
+
+def test_stream_ends_with_done(idle_server):
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 8, "temperature": 0, "stream": True}
+    with idle_server.http.stream("POST", "/v1/completions", json=body) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    assert all(e.startswith("data: {") for e in events[:-1])
+    assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length"
+
+
+def test_n_choices_use_consecutive_seeds_and_count_the_prompt_once(idle_server, models):
+    response = idle_server.client.completions.create(model=MODEL, prompt="abc", max_tokens=12, temperature=1.0,
+                                                     seed=5, n=2)
+    texts = [c.text for c in sorted(response.choices, key=lambda c: c.index)]
+    expected = [direct(models, encode(models, "abc"), max_new_tokens=12, temperature=1.0, seed=s) for s in (5, 6)]
+    assert texts == [e.text for e in expected]
+    assert response.usage.prompt_tokens == 3
+    assert response.usage.completion_tokens == sum(len(e.token_ids) for e in expected)
+
+
+def test_stop_string_ends_the_text_before_it(idle_server, models):
+    free = direct(models, encode(models, "abc"), max_new_tokens=30).text
+    stop = free[8:10]  # two characters from inside the free-running text
+    response = idle_server.client.completions.create(model=MODEL, prompt="abc", max_tokens=30, temperature=0,
+                                                     stop=[stop])
+    assert response.choices[0].text == free[: free.index(stop)]
+    assert response.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("method", ["ar", "draft", "prompt-lookup"])
+def test_every_method_gives_the_greedy_text(idle_server, models, method):
+    expected = direct(models, encode(models, "hello"), SpecConfig(method="ar"), max_new_tokens=30).text
+    response = idle_server.client.completions.create(model=MODEL, prompt="hello", max_tokens=30, temperature=0,
+                                                     extra_body={"speculative": {"method": method, "gamma": 2}})
+    assert response.choices[0].text == expected
+    stats = response.model_extra["speculative_stats"]
+    assert stats["method"] == method
+    assert stats["drafted"] > 0 if method != "ar" else stats["drafted"] == 0
+
+
+def test_models_health_and_model_card(idle_server):
+    assert [m.id for m in idle_server.client.models.list().data] == [MODEL]
+    assert idle_server.client.models.retrieve(MODEL).id == MODEL
+    health = idle_server.health()
+    assert (health["status"], health["model"], health["max_queue"]) == ("ok", MODEL, 4)
+
+
+# ---- bad input ----
+
+BAD_COMPLETIONS = {
+    "invalid json": b'{"model": "tiny", "prompt": ',
+    "not an object": [1, 2],
+    "missing prompt": {"model": MODEL},
+    "missing model": {"prompt": "abc"},
+    "prompt of wrong type": {"model": MODEL, "prompt": 5},
+    "max_tokens as string": {"model": MODEL, "prompt": "abc", "max_tokens": "5"},
+    "max_tokens as float": {"model": MODEL, "prompt": "abc", "max_tokens": 5.5},
+    "max_tokens zero": {"model": MODEL, "prompt": "abc", "max_tokens": 0},
+    "max_tokens negative": {"model": MODEL, "prompt": "abc", "max_tokens": -3},
+    "max_tokens over the limit": {"model": MODEL, "prompt": "abc", "max_tokens": LONG + 1},
+    "temperature as string": {"model": MODEL, "prompt": "abc", "temperature": "hot"},
+    "temperature too high": {"model": MODEL, "prompt": "abc", "temperature": 2.5},
+    "temperature negative": {"model": MODEL, "prompt": "abc", "temperature": -0.1},
+    "top_p zero": {"model": MODEL, "prompt": "abc", "top_p": 0},
+    "top_p above one": {"model": MODEL, "prompt": "abc", "top_p": 1.5},
+    "n zero": {"model": MODEL, "prompt": "abc", "n": 0},
+    "n too large": {"model": MODEL, "prompt": "abc", "n": 100},
+    "seed negative": {"model": MODEL, "prompt": "abc", "seed": -1},
+    "seed as bool": {"model": MODEL, "prompt": "abc", "seed": True},
+    "stream as string": {"model": MODEL, "prompt": "abc", "stream": "yes"},
+    "five stop strings": {"model": MODEL, "prompt": "abc", "stop": ["a", "b", "c", "d", "e"]},
+    "empty stop string": {"model": MODEL, "prompt": "abc", "stop": [""]},
+    "empty prompt": {"model": MODEL, "prompt": ""},
+    "empty prompt list": {"model": MODEL, "prompt": []},
+    "token id outside the vocabulary": {"model": MODEL, "prompt": [2, 3, 99999]},
+    "prompt longer than the context": {"model": MODEL, "prompt": "a" * (CONTEXT + 10), "max_tokens": 1},
+    "prompt plus max_tokens over the context": {"model": MODEL, "prompt": "a" * (CONTEXT - 5), "max_tokens": 10},
+    "unsupported logprobs": {"model": MODEL, "prompt": "abc", "logprobs": 2},
+    "unsupported echo": {"model": MODEL, "prompt": "abc", "echo": True},
+    "speculative gamma zero": {"model": MODEL, "prompt": "abc", "speculative": {"gamma": 0}},
+    "speculative gamma too large": {"model": MODEL, "prompt": "abc", "speculative": {"gamma": 99}},
+    "speculative unknown method": {"model": MODEL, "prompt": "abc", "speculative": {"method": "magic"}},
+    "speculative unknown key": {"model": MODEL, "prompt": "abc", "speculative": {"gama": 4}},
+    "speculative not an object": {"model": MODEL, "prompt": "abc", "speculative": "draft"},
+}
+
+BAD_CHATS = {
+    "empty messages": {"model": MODEL, "messages": []},
+    "messages not a list": {"model": MODEL, "messages": "hi"},
+    "message without role": {"model": MODEL, "messages": [{"content": "hi"}]},
+    "unknown role": {"model": MODEL, "messages": [{"role": "robot", "content": "hi"}]},
+    "content of wrong type": {"model": MODEL, "messages": [{"role": "user", "content": 7}]},
+    "max_completion_tokens zero": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                   "max_completion_tokens": 0},
+    "unsupported tools": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                          "tools": [{"type": "function", "function": {"name": "f"}}]},
+}
+
+
+def _assert_openai_error(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    return error
+
+
+@pytest.mark.parametrize("case", sorted(BAD_COMPLETIONS))
+def test_bad_completion_request_is_a_400(server, case):
+    body = BAD_COMPLETIONS[case]
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = server.http.post("/v1/completions", content=content, headers={"content-type": "application/json"})
+    error = _assert_openai_error(response, 400)
+    assert error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CHATS))
+def test_bad_chat_request_is_a_400(server, case):
+    response = server.http.post("/v1/chat/completions", json=BAD_CHATS[case])
+    _assert_openai_error(response, 400)
+
+
+def test_unknown_model_is_a_404(server):
+    with pytest.raises(openai.NotFoundError) as caught:
+        server.client.completions.create(model="gpt-9", prompt="abc", max_tokens=2)
+    assert caught.value.body["code"] == "model_not_found"
+    _assert_openai_error(server.http.post("/v1/chat/completions", json={
+        "model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}), 404)
+    _assert_openai_error(server.http.get("/v1/models/gpt-9"), 404)
+
+
+def test_unknown_route_is_an_openai_shaped_404(server):
+    _assert_openai_error(server.http.post("/v1/embeddings", json={"model": MODEL, "input": "abc"}), 404)
+
+
+def test_openai_client_raises_bad_request_for_max_tokens_zero(server):
+    with pytest.raises(openai.BadRequestError) as caught:
+        server.client.completions.create(model=MODEL, prompt="abc", max_tokens=0)
+    assert caught.value.body["param"] == "max_tokens"
+
+
+def test_worker_still_serves_after_the_bad_input_suite(idle_server, models):
+    for body in list(BAD_COMPLETIONS.values())[:10]:  # a burst of bad requests, then a good one
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        idle_server.http.post("/v1/completions", content=content)
+    response = idle_server.client.completions.create(model=MODEL, prompt="abc", max_tokens=6, temperature=0)
+    assert response.choices[0].text == direct(models, encode(models, "abc"), max_new_tokens=6).text
+
+
+# ---- load: queue, 429, order, disconnect, a free event loop ----
+
+
+def test_health_and_metrics_answer_while_a_generation_runs(idle_server):
+    long = idle_server.start_long_stream()
+    try:
+        for path in ("/health", "/metrics", "/v1/models"):
+            started = time.monotonic()
+            response = idle_server.http.get(path)
+            assert response.status_code == 200
+            assert time.monotonic() - started < 1.0, f"{path} waited for the generation"
+        assert idle_server.health()["running"] == 1
+    finally:
+        long.close()
+
+
+def test_streaming_disconnect_stops_the_generation_and_frees_the_slot(idle_server):
+    before = idle_server.metrics()
+    long = idle_server.start_long_stream()
+    idle_server.wait_for(running=1, queued=0)
+    long.close()
+    assert idle_server.wait_idle(timeout=5) < 5
+    after = idle_server.metrics()
+    closed = ("specdraft_requests_total", (("endpoint", "/v1/completions"), ("status", "499")))
+    assert after[closed] - before.get(closed, 0) == 1
+    generated = after[("specdraft_generated_tokens_total", ())] - before[("specdraft_generated_tokens_total", ())]
+    assert 0 < generated < LONG / 2  # stopped early, not run to max_tokens
+    response = idle_server.client.completions.create(model=MODEL, prompt="abc", max_tokens=4)
+    assert response.usage.completion_tokens >= 1  # the slot is free: the next request runs
+
+
+def test_unstreamed_disconnect_frees_the_slot(idle_server):
+    before = idle_server.metrics()
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": LONG, "temperature": 0, "speculative": {"method": "ar"}}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(idle_server.url + "/v1/completions", json=body, timeout=1.0)
+    assert idle_server.wait_idle(timeout=5) < 5
+    after = idle_server.metrics()
+    generated = after[("specdraft_generated_tokens_total", ())] - before[("specdraft_generated_tokens_total", ())]
+    assert generated < LONG / 2
+
+
+def test_full_queue_answers_429_with_retry_after_and_loses_nothing(idle_server, models):
+    prompts = ["a", "b", "c", "d", "e", "f", "g"]  # 4 fit in the queue (max_queue=4), 3 are refused
+    expected = {p: direct(models, encode(models, p), max_new_tokens=5).text for p in prompts}
+    long = idle_server.start_long_stream()
+    idle_server.wait_for(running=1, queued=0)
+
+    def ask(prompt):
+        try:
+            return idle_server.client.completions.with_raw_response.create(
+                model=MODEL, prompt=prompt, max_tokens=5, temperature=0)
+        except openai.RateLimitError as exc:
+            return exc
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        futures = {p: pool.submit(ask, p) for p in prompts}
+        idle_server.wait_for(running=1, queued=4)
+        deadline = time.monotonic() + 10
+        while sum(f.done() for f in futures.values()) < 3:  # the refused ones answer while the worker is busy
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        long.close()
+        outcomes = {p: f.result() for p, f in futures.items()}
+    refused = [o for o in outcomes.values() if isinstance(o, openai.RateLimitError)]
+    assert len(refused) == 3
+    assert all(int(o.response.headers["retry-after"]) >= 1 for o in refused)
+    served = {p: o.parse() for p, o in outcomes.items() if not isinstance(o, openai.RateLimitError)}
+    assert len(served) == 4
+    assert all(r.choices[0].text == expected[p] for p, r in served.items())
+
+
+def test_queued_requests_are_served_in_arrival_order(idle_server):
+    finished: list[int] = []
+    long = idle_server.start_long_stream()
+    idle_server.wait_for(running=1, queued=0)
+    with ThreadPoolExecutor(3) as pool:
+        futures = []
+        for i in range(3):
+            futures.append(pool.submit(lambda i=i: (idle_server.client.completions.create(
+                model=MODEL, prompt="abc", max_tokens=3), finished.append(i))))
+            idle_server.wait_for(running=1, queued=i + 1)  # the next one arrives only once this one waits
+        long.close()
+        for f in futures:
+            f.result()
+    assert finished == [0, 1, 2]
+
+
+def test_many_concurrent_clients_all_get_their_own_complete_answer(models):
+    prompts = [f"{a}{b}" for a in "abcd" for b in "efg"]  # 12 clients
+    expected = {p: direct(models, encode(models, p), max_new_tokens=16, temperature=0.8, seed=i).text
+                for i, p in enumerate(prompts)}
+    with LiveServer(models, max_queue=len(prompts)) as live:
+        def ask(i, prompt):
+            if i % 2:
+                chunks = live.client.completions.create(model=MODEL, prompt=prompt, max_tokens=16,
+                                                        temperature=0.8, seed=i, stream=True)
+                return "".join(c.choices[0].text for c in chunks)
+            return live.client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0.8,
+                                                  seed=i).choices[0].text
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            answers = dict(zip(prompts, pool.map(ask, range(len(prompts)), prompts)))
+    assert answers == expected
+
+
+# ---- metrics ----
+
+
+def test_metrics_parse_and_count_what_was_sent(models):
+    with LiveServer(models, max_queue=4) as live:
+        responses = [live.client.completions.create(model=MODEL, prompt=p, max_tokens=10, temperature=0.5, seed=1)
+                     for p in ("abc", "hij")]
+        responses.append(live.client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "cab"}], max_tokens=8, temperature=0, n=2))
+        streamed = list(live.client.completions.create(model=MODEL, prompt="dead", max_tokens=7, temperature=0,
+                                                       stream=True, stream_options={"include_usage": True}))
+        for _ in range(3):
+            live.http.post("/v1/completions", json={"model": MODEL, "prompt": "abc", "max_tokens": 0})
+        live.http.post("/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+        metrics = live.metrics()
+
+    def requests(endpoint, status):
+        return metrics.get(("specdraft_requests_total", (("endpoint", endpoint), ("status", status))), 0)
+
+    assert requests("/v1/completions", "200") == 3
+    assert requests("/v1/chat/completions", "200") == 1
+    assert requests("/v1/completions", "400") == 3
+    assert requests("/v1/chat/completions", "404") == 1
+    usages = [r.usage for r in responses] + [streamed[-1].usage]
+    assert metrics[("specdraft_prompt_tokens_total", ())] == sum(u.prompt_tokens for u in usages)
+    assert metrics[("specdraft_generated_tokens_total", ())] == sum(u.completion_tokens for u in usages)
+    stats = [c.model_extra["speculative_stats"] for r in responses for c in r.choices]
+    stats += [c.choices[0].model_extra["speculative_stats"] for c in streamed if c.choices and
+              c.choices[0].finish_reason]
+    assert len(stats) == 5
+    for metric, key in (("target_passes", "target_passes"), ("drafted_tokens", "drafted"),
+                        ("accepted_tokens", "accepted")):
+        assert metrics[(f"specdraft_{metric}_total", ())] == sum(s[key] for s in stats), metric
+    histogram_count = metrics[("specdraft_accepted_tokens_per_pass_count", ())]
+    assert histogram_count == sum(s["target_passes"] for s in stats)
+    assert metrics[("specdraft_accepted_tokens_per_pass_sum", ())] == sum(s["accepted"] for s in stats)
+    assert metrics[("specdraft_time_to_first_token_seconds_count", ())] == 4
+    assert metrics[("specdraft_request_latency_seconds_count", ())] == 4
+    assert metrics[("specdraft_queue_depth", ())] == 0
+
+
+# ---- shutdown ----
+
+
+def test_sigterm_finishes_running_work_and_errors_the_rest(model_dirs):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    command = [sys.executable, "-m", "specdraft.cli", "serve", "--target", str(model_dirs["target"]),
+               "--draft", str(model_dirs["draft"]), "--dtype", "float32", "--threads", "1", "--port", str(port),
+               "--model-name", MODEL, "--max-tokens-limit", str(LONG), "--shutdown-timeout", "5",
+               "--log-level", "warning"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, process.stdout.read()
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.1)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        health = httpx.Client(base_url=url, timeout=5)
+        outcomes: dict[str, object] = {}
+
+        def ask(name: str, max_tokens: int) -> None:
+            try:
+                chunks = client.completions.create(model=MODEL, prompt="abc", max_tokens=max_tokens, temperature=0,
+                                                   stream=True, extra_body={"speculative": {"method": "ar"}})
+                outcomes[name] = [c.choices[0].finish_reason for c in chunks][-1]
+            except openai.APIError as exc:
+                outcomes[name] = exc
+
+        # running when SIGTERM comes, and finishing within the grace period; queued behind it and finishing
+        # too; queued last and still running when the grace period ends
+        threads = [threading.Thread(target=ask, args=args) for args in (("running", 300), ("queued", 10),
+                                                                          ("too long", LONG))]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.05)
+        while (state := health.get("/health").json())["queued"] < 2:
+            assert state["running"] == 1 and time.monotonic() < deadline, state
+            time.sleep(0.01)
+        process.send_signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join(30)
+        assert process.wait(30) == 0
+        output = process.stdout.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert "Traceback" not in output
+    assert (outcomes["running"], outcomes["queued"]) == ("length", "length")
+    assert isinstance(outcomes["too long"], openai.APIError), "the long stream should end with an error event"
+    assert "shutting down" in outcomes["too long"].message
