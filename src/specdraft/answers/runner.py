@@ -238,12 +238,15 @@ def run(config: AnswersConfig, log=sys.stderr) -> dict:
                                  f"to resume)")
         done = {json.loads(line)["id"] for line in records_path.open() if line.strip()}
     todo = [row for row in rows if row["id"] not in done]
-    set_threads(config.threads)
-    small = load_model(config.small, config.dtype, progress=False)
-    large = load_model(config.large, config.dtype, progress=False)
-    settings.update({"small_params": model_params(small), "large_params": model_params(large),
-                     "dtype": str(small.dtype).removeprefix("torch.")})
-    settings_path.write_text(json.dumps(settings, indent=1) + "\n")
+    if todo:
+        set_threads(config.threads)
+        small = load_model(config.small, config.dtype, progress=False)
+        large = load_model(config.large, config.dtype, progress=False)
+        settings.update({"small_params": model_params(small), "large_params": model_params(large),
+                         "dtype": str(small.dtype).removeprefix("torch.")})
+        settings_path.write_text(json.dumps(settings, indent=1) + "\n")
+    else:  # everything asked for is recorded: summarise only
+        settings = json.loads(settings_path.read_text())
     print(f"{len(rows)} questions ({len(done & {r['id'] for r in rows})} already done), task {task.kind}, "
           f"verifier {verifier.name}, n={config.n}", file=log, flush=True)
     started = time.perf_counter()
