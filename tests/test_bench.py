@@ -10,7 +10,7 @@ import pytest
 from specdraft.bench import methods as bench_methods
 from specdraft.bench.methods import BenchModels, Method
 from specdraft.bench.options import BenchSettings
-from specdraft.bench.report import summarize
+from specdraft.bench.report import format_report, summarize
 from specdraft.bench.runner import build_variants, compare_tokens, mark_equality, run_bench
 from specdraft.bench.suite import load_prompts
 from specdraft.config import ModelConfig
@@ -140,6 +140,9 @@ def test_equality_check_flags_doctored_records_and_summary_counts_them(bench_run
         overall = redone["results"][label]["overall"]
         assert overall["identical_to_ar"] == pytest.approx((overall["turns"] - 1) / overall["turns"])
         assert len(overall["first_divergence"]) == 1
+    report = format_report(redone, [])
+    assert "draft-g2: fp32 outputs of our own loop that differ from `ar` are not expected" in report
+    assert "different forward implementation" in report  # hf-assisted diverged too, flagged as such
 
 
 def test_sampling_runs_skip_the_equality_check(bench_run):
