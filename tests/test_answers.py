@@ -432,3 +432,24 @@ def test_cli_answers_reports_user_mistakes_without_traceback(tmp_path, capsys):
     dataset.write_text('{"id": "1", "context": "c", "question": "q", "answers": ["1"]}\n')
     assert main(["answers", str(dataset), "--n", "0", "--out", str(tmp_path / "o")]) == 2
     assert "--n must be" in capsys.readouterr().err
+
+
+def test_code_task_grades_with_hidden_tests_and_runs_end_to_end(tmp_path, tiny_dirs):
+    from specdraft.answers.runner import CodeTask
+    from specdraft.cli import main
+
+    row = {"id": "add", "prompt": PROMPT, "entry_point": "add",
+           "test": "def check(candidate):\n    assert candidate(1, 1) == 2\n    assert candidate(2, 3) == 5\n"}
+    task = CodeTask()
+    assert task.grade("    return a + b", row)["em"] == 1.0
+    assert task.grade("    return 5 if a == 2 else 0", row)["em"] == 0.0  # docstring-only solution fails grading
+    assert task.answer("    return a + b\n\n\nprint(add(1, 2))\n", row) == "    return a + b"
+    dataset = tmp_path / "code.jsonl"
+    dataset.write_text(json.dumps(row) + "\n")
+    out = tmp_path / "out"
+    assert main(["answers", str(dataset), "--small", str(tiny_dirs["draft"]), "--large", str(tiny_dirs["target"]),
+                 "--n", "2", "--max-new-tokens", "6", "--dtype", "float32", "--out", str(out)]) == 0
+    record = json.loads((out / "records.jsonl").read_text())
+    assert record["small"]["samples"][0]["verdict"]["reason"]  # the docstring examples ran in the sandbox
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["task"] == "code" and summary["settings"]["verifier"] == "unit-tests"

@@ -141,13 +141,10 @@ class CodeTask:
         return list(loaded.tokenizer(row["prompt"], add_special_tokens=True)["input_ids"])
 
     def answer(self, text: str, row: dict) -> str:
+        """The completion up to the first non-empty line that is not indented (the function has ended)."""
         lines = text.split("\n")
-        body = [lines[0]] + [line for line in lines[1:]]
-        for i, line in enumerate(body[1:], 1):
-            if line and not line[0].isspace():
-                body = body[:i]
-                break
-        return "\n".join(body).rstrip()
+        end = next((i for i, line in enumerate(lines) if i > 0 and line and not line[0].isspace()), len(lines))
+        return "\n".join(lines[:end]).rstrip()
 
     def source(self, row: dict) -> str:
         from .code import docstring_tests

@@ -111,7 +111,8 @@ def sample_answers(loaded: LoadedModel, prompt_ids: list[int], n: int, temperatu
                 logits = decoder.forward(torch.tensor([[ids[-1]]]))
             out.greedy = _answer(tokenizer, ids, eos, reason)
             out.greedy_tokens_processed = len(ids) - 1
-            decoder.cache.crop(-(len(ids) - 1)) if len(ids) > 1 else None  # back to the prompt alone
+            if len(ids) > 1:
+                decoder.cache.crop(-(len(ids) - 1))  # back to the prompt alone
             out.time_greedy_s = time.perf_counter() - t0
 
         if n > 0:
