@@ -38,3 +38,12 @@ bench-full: fetch
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+
+# OpenAI-compatible server on the packaged pair (docs/server.md), and its load benchmark (~10-15 min here).
+.PHONY: serve bench-server
+serve: fetch
+	$(VENV)/bin/specdraft serve --port 8000
+
+bench-server: fetch
+	$(PY) scripts/load_server.py --url http://127.0.0.1:8031 --serve "--port 8031 --max-queue 16" \
+		--concurrency 1,4,16 --methods draft,ar --requests 4 --max-tokens 32 --out docs/server-load.json

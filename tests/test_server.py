@@ -1,8 +1,8 @@
 """The OpenAI-compatible server, driven by the official `openai` client against uvicorn on loopback.
 
-Tiny random models (tests/tiny.py) with a 4096-token context and a one-line chat template. Torch runs on one
+Tiny random models (tests/tiny.py) with a 32768-token context and a one-line chat template. Torch runs on one
 thread here: on a shared 2-core machine, tiny matrices on two threads are ~10x slower, not faster.
-A "long" request asks for thousands of tokens (many seconds of work); tests that need the worker busy start
+A "long" request asks for 30000 tokens (minutes of work, the detokenizer being O(n^2)); tests that need the worker busy start
 one and then stop it by disconnecting, so nothing here waits for it to finish.
 """
 
@@ -30,8 +30,8 @@ from specdraft.server import ServerConfig, build_server, create_app
 from tiny import build_model
 
 MODEL = "tiny"
-CONTEXT = 4096
-LONG = 3000  # max_tokens of a request that keeps the worker busy for many seconds
+CONTEXT = 32768
+LONG = 30000  # max_tokens of a request that would keep the worker busy for minutes
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'][0] }} {{ m['content'] }}.{% endfor %}"
                  "{% if add_generation_prompt %}a {% endif %}")
 DEFAULT_SPEC = SpecConfig(method="draft", gamma=3)

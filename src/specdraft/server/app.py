@@ -213,6 +213,8 @@ def prepare(state: ServerState, request: CompletionRequest | ChatRequest, endpoi
     except SpecdraftError as exc:
         raise bad_request(f"speculative: {exc}", "speculative") from None
     prompts = encode_prompts(engine, request, endpoint)
+    if len(prompts) > state.config.max_choices:
+        raise bad_request(f"at most {state.config.max_choices} prompts in one request, got {len(prompts)}", "prompt")
     if not (1 <= request.n <= state.config.max_choices // len(prompts)):
         raise bad_request(f"n must be between 1 and {state.config.max_choices // len(prompts)} for "
                           f"{len(prompts)} prompt(s) on this server, got {request.n}", "n")

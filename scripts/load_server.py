@@ -1,0 +1,221 @@
+"""Load generator for `specdraft serve`: throughput and latency percentiles at several concurrency levels,
+speculative against autoregressive, from one server (each request names its method in `speculative`).
+
+    python scripts/load_server.py --url http://127.0.0.1:8000 --concurrency 1,4,16 --methods draft,ar
+    python scripts/load_server.py --serve "--target DIR --draft DIR --port 8011" ...   # starts the server too
+
+Every request is a streamed chat completion (greedy by default) so the client sees the time to the first
+token; the last chunk carries the usage and the server's acceptance statistics. A level sends
+max(--requests, concurrency) requests with at most `concurrency` in flight. Under greedy decoding the script
+also checks that every method gave the same text for the same prompt (speculative decoding is lossless).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import httpx
+
+PROMPTS = [
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "Write a Python function that counts the words in a text file.",
+    "Write a Python function that flattens a nested list of integers.",
+    "Write a Python function that removes duplicates from a list while keeping the order.",
+    "Write a Python function that converts a Roman numeral to an integer.",
+    "Write a Python function that checks whether a number is prime.",
+]
+
+
+@dataclass
+class Sample:
+    prompt: int
+    status: int
+    latency_s: float
+    ttft_s: float | None
+    completion_tokens: int
+    text: str
+    stats: dict = field(default_factory=dict)
+    error: str = ""
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default); with few samples p99 is near the max."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+async def one_request(client: httpx.AsyncClient, model: str, prompt_index: int, method: str, max_tokens: int,
+                      args) -> Sample:
+    body = {"model": model, "messages": [{"role": "user", "content": PROMPTS[prompt_index % len(PROMPTS)]}],
+            "max_tokens": max_tokens, "temperature": args.temperature, "seed": prompt_index, "stream": True,
+            "stream_options": {"include_usage": True},
+            "speculative": {"method": method} | ({"gamma": args.gamma} if method != "ar" and args.gamma else {})}
+    started = time.perf_counter()
+    ttft, parts, usage, stats = None, [], {}, {}
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return Sample(prompt_index, response.status_code, time.perf_counter() - started, None, 0, "",
+                          error=response.text[:200])
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                return Sample(prompt_index, 500, time.perf_counter() - started, ttft, 0, "",
+                              error=chunk["error"]["message"])
+            for choice in chunk["choices"]:
+                if choice.get("speculative_stats"):  # the choice's own statistics (backend, timings, ...)
+                    stats["choice"] = choice["speculative_stats"]
+                content = choice["delta"].get("content")
+                if content:
+                    if ttft is None:
+                        ttft = time.perf_counter() - started
+                    parts.append(content)
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+                stats.update(chunk.get("speculative_stats", {}))
+    return Sample(prompt_index, 200, time.perf_counter() - started, ttft, usage.get("completion_tokens", 0),
+                  "".join(parts), stats)
+
+
+async def run_level(url: str, model: str, method: str, concurrency: int, n_requests: int, max_tokens: int,
+                    args) -> dict:
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(n_requests):
+        queue.put_nowait(i)
+    samples: list[Sample] = []
+    limits = httpx.Limits(max_connections=concurrency + 2)
+    async with httpx.AsyncClient(base_url=url, timeout=args.timeout, limits=limits) as client:
+        async def worker():
+            while not queue.empty():
+                samples.append(await one_request(client, model, queue.get_nowait(), method, max_tokens, args))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - started
+    ok = [s for s in samples if s.status == 200]
+    latencies, ttfts = [s.latency_s for s in ok], [s.ttft_s for s in ok if s.ttft_s is not None]
+    passes = sum(s.stats.get("target_passes", 0) for s in ok)
+    drafted = sum(s.stats.get("drafted", 0) for s in ok)
+    accepted = sum(s.stats.get("accepted", 0) for s in ok)
+    tokens = sum(s.completion_tokens for s in ok)
+    return {
+        "method": method, "concurrency": concurrency, "requests": n_requests, "ok": len(ok),
+        "rejected_429": sum(s.status == 429 for s in samples),
+        "errors": sum(s.status not in (200, 429) for s in samples),
+        "wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "requests_per_s": len(ok) / wall,
+        "latency_p50_s": percentile(latencies, 0.5), "latency_p90_s": percentile(latencies, 0.9),
+        "latency_p99_s": percentile(latencies, 0.99), "ttft_p50_s": percentile(ttfts, 0.5),
+        "ttft_p90_s": percentile(ttfts, 0.9), "tau": tokens / passes if passes else 0.0,
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "samples": [asdict(s) for s in samples],
+    }
+
+
+def markdown(levels: list[dict]) -> str:
+    lines = ["| method | concurrency | requests | ok | 429 | tokens/s | req/s | latency p50 / p90 / p99 (s) "
+             "| TTFT p50 / p90 (s) | τ | acceptance |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"]
+    for r in levels:
+        lines.append(f"| {r['method']} | {r['concurrency']} | {r['requests']} | {r['ok']} | {r['rejected_429']} "
+                     f"| {r['tokens_per_s']:.2f} | {r['requests_per_s']:.3f} | {r['latency_p50_s']:.2f} / "
+                     f"{r['latency_p90_s']:.2f} / {r['latency_p99_s']:.2f} | {r['ttft_p50_s']:.2f} / "
+                     f"{r['ttft_p90_s']:.2f} | {r['tau']:.2f} | "
+                     + (f"{r['acceptance_rate']:.2f}" if r["method"] != "ar" else "-") + " |")
+    return "\n".join(lines)
+
+
+def lossless_check(levels: list[dict]) -> str:
+    """Greedy: the same prompt must give the same text under every method."""
+    by_prompt: dict[int, set[str]] = {}
+    for level in levels:
+        for s in level["samples"]:
+            if s["status"] == 200:
+                by_prompt.setdefault(s["prompt"], set()).add(s["text"])
+    same = sum(len(texts) == 1 for texts in by_prompt.values())
+    return f"{same}/{len(by_prompt)} prompts gave one identical text across all methods and levels"
+
+
+def wait_healthy(url: str, process: subprocess.Popen | None, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        if process is not None and process.poll() is not None:
+            raise SystemExit(f"the server exited with status {process.returncode} before it was healthy")
+        try:
+            response = httpx.get(url + "/health", timeout=2)
+            if response.status_code == 200:
+                return response.json()
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no healthy server at {url} after {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--serve", default=None, help="start `specdraft serve` with these arguments (its --port "
+                        "must match --url) and stop it with SIGTERM at the end")
+    parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument("--methods", default="draft,ar", help="comma-separated speculative methods to compare")
+    parser.add_argument("--gamma", type=int, default=None, help="default: the server's")
+    parser.add_argument("--requests", type=int, default=4, help="requests per level (at least the concurrency)")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds one request may take")
+    parser.add_argument("--out", default=None, help="write every level and sample as JSON here")
+    args = parser.parse_args(argv)
+    levels_c = [int(c) for c in args.concurrency.split(",")]
+    methods = args.methods.split(",")
+
+    process = None
+    if args.serve:
+        command = [sys.executable, "-m", "specdraft.cli", "serve", *shlex.split(args.serve)]
+        print("starting:", shlex.join(command), file=sys.stderr, flush=True)
+        process = subprocess.Popen(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        health = wait_healthy(args.url, process, timeout=600)
+        model = health["model"]
+        print(f"server: {json.dumps(health)}", file=sys.stderr, flush=True)
+        for method in methods:  # warm-up: first-call costs are not the server's steady state
+            asyncio.run(run_level(args.url, model, method, 1, 1, 4, args))
+        levels = []
+        for method in methods:
+            for concurrency in levels_c:
+                level = asyncio.run(run_level(args.url, model, method, concurrency,
+                                              max(args.requests, concurrency), args.max_tokens, args))
+                levels.append(level)
+                print(markdown([level]).splitlines()[-1], file=sys.stderr, flush=True)
+    finally:
+        if process is not None:
+            process.send_signal(signal.SIGTERM)
+            process.wait(120)
+    print(markdown(levels))
+    if args.temperature == 0:
+        print("\n" + lossless_check(levels))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "server": health, "levels": levels}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
