@@ -195,3 +195,17 @@ def test_cli_bench_reports_an_unknown_method_without_traceback(capsys):
 
     assert main(["bench", "--methods", "ar,nope"]) == 2
     assert "unknown benchmark method 'nope'" in capsys.readouterr().err
+
+
+def test_sampling_run_records_no_equality_verdict(tiny_models, tiny_dirs, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps(PROMPTS[2]) + "\n")
+    settings = BenchSettings(prompts=str(prompts), methods=("ar", "hf-ar", "draft"), target=str(tiny_dirs["target"]),
+                             draft=str(tiny_dirs["draft"]), max_new_tokens=6, dtype="float32", temperature=0.8,
+                             seed=3, out=str(tmp_path / "out"), chat=False, warmup_tokens=1)
+    models = BenchModels(settings.model_config(), tiny_models["target"], tiny_models["draft"])
+    summary = run_bench(settings, progress=False, models=models)
+    records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 3 and all(r["identical_to_ar"] is None for r in records)
+    assert summary["results"]["draft"]["overall"]["identical_to_ar"] is None
+    assert "no equality check" in (tmp_path / "out" / "report.md").read_text()
