@@ -188,9 +188,24 @@ async def handle_generation(state: ServerState, request: Request, endpoint: str)
         return error_response(error)
     reply = Reply(state, endpoint, prepared, job, arrived)
     if parsed.stream:
-        return StreamingResponse(reply.events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return EventStream(reply)
     return await reply.collect(request)
+
+
+class EventStream(StreamingResponse):
+    """The SSE response of one job. A client can go before the first event is even asked for, in which case
+    the event generator never starts (and its `finally` never runs): the job is abandoned here instead."""
+
+    def __init__(self, reply: "Reply"):
+        super().__init__(reply.events(), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.reply = reply
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.reply.abandon()
 
 
 def submit(state: ServerState, job: Job) -> None:
@@ -273,6 +288,7 @@ class Reply:
         self.results: dict[int, GenerationResult] = {}
         self.texts: dict[int, list[str]] = {}
         self.first_text_at: float | None = None
+        self.finished = False  # the request's outcome is counted; later, nothing is stopped or counted again
 
     # -- shared bookkeeping --
 
@@ -283,9 +299,18 @@ class Reply:
         self.texts.setdefault(event.choice, []).append(event.text)
 
     def _finish(self, status: str) -> None:
+        if self.finished:
+            return
+        self.finished = True
         self.state.metrics.requests.labels(self.endpoint, status).inc()
         if status == "200":
             self.state.metrics.latency.observe(time.perf_counter() - self.arrived)
+
+    def abandon(self) -> None:
+        """The client went away, or the response was cancelled: stop the job (freeing its slot) and count it."""
+        if not self.finished:
+            self.job.stop(None)
+            self._finish(CLIENT_CLOSED)
 
     def _usage(self) -> dict:
         prompt = sum(len(r.prompt_ids) for i, r in self.results.items() if self.prepared.new_prompt[i])
@@ -323,11 +348,12 @@ class Reply:
                     return JSONResponse(body)
         finally:
             watcher.cancel()
+            self.abandon()
 
     async def _stop_on_disconnect(self, request: Request) -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        self.job.stop(None)
+        self.abandon()
         self.job.events.put_nowait(ErrorEvent(ApiError(int(CLIENT_CLOSED), "the client closed the request")))
 
     def _body(self) -> dict:
@@ -366,7 +392,6 @@ class Reply:
         def sse(payload) -> str:
             return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
-        finished = False
         try:
             if self.chat:  # the role comes first, in a chunk of its own, as OpenAI sends it
                 for index in range(len(self.job.generations)):
@@ -384,13 +409,11 @@ class Reply:
                     yield sse(self._chunk(event.choice, None if self.chat else "", stats.finish_reason,
                                           speculative_stats=stats.to_dict()))
                 elif isinstance(event, ErrorEvent):
-                    finished = True  # counted before the last yields: a client leaving now changes nothing
-                    self._finish(str(event.error.status))
+                    self._finish(str(event.error.status))  # before the last yields: a client leaving now is late
                     yield sse(event.error.body())
                     yield sse("[DONE]")
                     return
                 elif isinstance(event, DoneEvent):
-                    finished = True
                     self._finish("200")
                     options = self.prepared.request.stream_options
                     if options is not None and options.include_usage:
@@ -398,6 +421,4 @@ class Reply:
                     yield sse("[DONE]")
                     return
         finally:
-            if not finished:  # the client went away (the response was cancelled): stop and free the slot
-                self.job.stop(None)
-                self._finish(CLIENT_CLOSED)
+            self.abandon()  # the client went away (the response was cancelled): stop and free the slot
