@@ -46,4 +46,4 @@ serve: fetch
 
 bench-server: fetch
 	$(PY) scripts/load_server.py --url http://127.0.0.1:8031 --serve "--port 8031 --max-queue 16" \
-		--concurrency 1,4,16 --methods draft,ar --requests 4 --max-tokens 32 --out docs/server-load.json
+		--concurrency 1,4,16 --methods draft,ar --requests 4 --max-tokens 32 --out docs/server/load.json
