@@ -21,8 +21,9 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-@pytest.fixture(scope="session")
-def tiny_models(tiny_dirs):
+@pytest.fixture(scope="session", params=["native", "transformers"])
+def tiny_models(tiny_dirs, request):
+    """The tiny models on each backend: every engine test runs on both forwards."""
     from specdraft import load_model
 
-    return {name: load_model(str(path), dtype="float32") for name, path in tiny_dirs.items()}
+    return {name: load_model(str(path), dtype="float32", backend=request.param) for name, path in tiny_dirs.items()}

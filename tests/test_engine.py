@@ -104,7 +104,7 @@ def test_cache_rollback_gives_the_same_logits_as_a_fresh_pass(tiny_models):
         state = model.new_state()
         state.forward(tokens, 1)
         state.truncate(5)
-        assert len(state) == 5 and state.cache.get_seq_length() == 5
+        assert len(state) == 5 and state.cache_length == 5
         after_rollback = state.forward([9, 10], 2)
         fresh = model.new_state().forward(tokens[:5] + [9, 10], 2)
     torch.testing.assert_close(after_rollback, fresh, rtol=1e-5, atol=1e-5)
@@ -115,7 +115,7 @@ def test_sync_keeps_common_prefix_and_returns_the_rest(tiny_models):
         state = tiny_models["target"].new_state()
         state.forward([2, 3, 4, 5], 1)
         assert state.sync([2, 3, 9, 9, 9]) == [9, 9, 9]
-        assert state.token_ids == [2, 3] and state.cache.get_seq_length() == 2
+        assert state.token_ids == [2, 3] and state.cache_length == 2
 
 
 @pytest.mark.parametrize("budget", [1, 2, 5, 7])

@@ -33,13 +33,17 @@ SETTINGS = {
 }
 
 
-@pytest.fixture(scope="module")
-def small_vocab(tmp_path_factory):
+@pytest.fixture(scope="module", params=["native", "transformers"])
+def small_vocab(tmp_path_factory, request):
+    """Target and draft on each backend: the statistical tests (and their negative controls) run on both."""
     from tiny import build_model
 
     root = tmp_path_factory.mktemp("small_vocab")
-    target = load_model(str(build_model(root / "t", seed=11, chars="abcde", init_range=0.5)), "float32")
-    draft = load_model(str(build_model(root / "d", seed=12, chars="abcde", init_range=0.5, layers=1)), "float32")
+    backend = request.param
+    target = load_model(str(build_model(root / "t", seed=11, chars="abcde", init_range=0.5)), "float32",
+                        backend=backend)
+    draft = load_model(str(build_model(root / "d", seed=12, chars="abcde", init_range=0.5, layers=1)), "float32",
+                       backend=backend)
     return target, draft
 
 

@@ -19,7 +19,7 @@ def load_engine(models: ModelConfig, spec: SpecConfig, progress: bool = True,
                 target: LoadedModel | None = None, draft: LoadedModel | None = None) -> Engine:
     """Load what `spec` needs (models already loaded may be passed in and are reused)."""
     set_threads(models.threads)
-    target = target or load_model(models.target, models.dtype, models.cache_dir, progress)
+    target = target or load_model(models.target, models.dtype, models.cache_dir, progress, models.backend)
     if spec.method in NEEDS_DRAFT_MODEL and draft is None and models.draft:
-        draft = load_model(models.draft, models.dtype, models.cache_dir, progress)
+        draft = load_model(models.draft, models.dtype, models.cache_dir, progress, models.backend)
     return Engine(target, build_drafter(spec, target, draft), spec)

@@ -22,6 +22,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", default=None, help="where packaged models live (default $SPECDRAFT_CACHE "
                                                           "or ~/.cache/specdraft)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    parser.add_argument("--backend", default="auto", help="auto (native for Llama/Qwen2, else transformers), "
+                        "native, or transformers")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds requests get to finish after SIGTERM before they end with an error")
     serve.add_argument("--log-level", default="info")
 
+    from .bench.options import add_bench_arguments
+
+    add_bench_arguments(sub.add_parser("bench", help="benchmark methods side by side on a prompt suite"))
+
     answers = sub.add_parser("answers", help="answer-scale propose and verify: a small model N times with a "
                              "verifier against a large model once (docs/answers.md)")
     answers.add_argument("dataset", help="JSONL: id, context, question, answers (or HumanEval rows)")
@@ -78,10 +84,6 @@ def build_parser() -> argparse.ArgumentParser:
     answers.add_argument("--threads", type=int, default=None)
     answers.add_argument("--out", required=True, help="folder for records.jsonl, summary.json, report.md, plot; "
                          "an existing run there with the same settings is resumed")
-
-    from .bench.options import add_bench_arguments
-
-    add_bench_arguments(sub.add_parser("bench", help="benchmark methods side by side on a prompt suite"))
 
     models = sub.add_parser("models", help="the packaged models")
     models_sub = models.add_subparsers(dest="models_command", required=True)
@@ -100,12 +102,12 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_generate(args)
         if args.command == "models":
             return cmd_models(args)
+        if args.command == "answers":
+            return cmd_answers(args)
         if args.command == "bench":
             from .bench.runner import cmd_bench
 
             return cmd_bench(args, sys.argv[1:] if argv is None else argv)
-        if args.command == "answers":
-            return cmd_answers(args)
         if args.command == "serve":
             return cmd_serve(args)
     except SpecdraftError as exc:
@@ -148,7 +150,7 @@ def cmd_answers(args) -> int:
 
 def _configs(args) -> tuple[ModelConfig, SpecConfig, SamplingParams]:
     models = ModelConfig(target=args.target, draft=args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
-                         threads=args.threads)
+                         threads=args.threads, backend=args.backend)
     spec = SpecConfig(method=args.method, gamma=args.gamma, draft_confidence=args.draft_confidence)
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), seed=args.seed)
@@ -159,7 +161,7 @@ def cmd_serve(args) -> int:
     from .server import ServerConfig, serve
 
     models = ModelConfig(target=args.target, draft=None if args.no_draft else args.draft, dtype=args.dtype,
-                         cache_dir=args.cache_dir, threads=args.threads)
+                         cache_dir=args.cache_dir, threads=args.threads, backend=args.backend)
     spec = SpecConfig(method=args.method, gamma=args.gamma, draft_confidence=args.draft_confidence)
     config = ServerConfig(host=args.host, port=args.port, model_name=args.model_name, max_queue=args.max_queue,
                           max_tokens_limit=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,

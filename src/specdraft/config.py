@@ -9,6 +9,7 @@ from .errors import SpecdraftError
 MAX_GAMMA = 32
 METHODS = ("ar", "draft", "prompt-lookup")
 DTYPES = ("auto", "bfloat16", "float32", "float16")
+BACKENDS = ("auto", "native", "transformers")
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "float": "float32", "half": "float16"}
 
 
@@ -77,9 +78,18 @@ class ModelConfig:
     dtype: str = "auto"  # bfloat16 where the CPU computes it natively, else float32 (see resolve_dtype)
     cache_dir: str | None = None
     threads: int | None = None
+    # native: our batch-invariant Llama/Qwen2 forward; transformers: the model's own; auto: native if it applies
+    backend: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+        object.__setattr__(self, "backend", normalize_backend(self.backend))
+
+
+def normalize_backend(name: str) -> str:
+    if name not in BACKENDS:
+        raise SpecdraftError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    return name
 
 
 def normalize_dtype(name: str) -> str:

@@ -44,7 +44,7 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
     deliberately wrong rules as negative controls.
     """
     started = time.perf_counter()
-    target_state = target.new_state()
+    target_state = target.new_state(capacity=len(prompt_ids) + params.max_new_tokens + gamma + 1)
     if len(prompt_ids) > 1:
         target_state.forward(prompt_ids[:-1], 1)
     drafter.begin(prompt_ids)
@@ -156,7 +156,7 @@ class Engine:
         """An iterable of text chunks as they become final; `.result()` afterwards has tokens and statistics."""
         if not prompt_ids:
             raise SpecdraftError("the prompt is empty; give some text to continue")
-        limit = getattr(self.target.model.config, "max_position_embeddings", None)
+        limit = self.target.max_positions
         if limit and len(prompt_ids) + params.max_new_tokens > limit:
             raise SpecdraftError(f"prompt ({len(prompt_ids)} tokens) plus max new tokens ({params.max_new_tokens}) "
                                  f"exceeds the model's context of {limit} tokens; shorten one of them")
@@ -174,7 +174,8 @@ class Generation:
 
     def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams):
         self.engine, self.prompt_ids, self.params = engine, prompt_ids, params
-        self.stats = SpecStats(method=engine.spec.method, gamma=engine.spec.draft_len, prompt_tokens=len(prompt_ids))
+        self.stats = SpecStats(method=engine.spec.method, gamma=engine.spec.draft_len, prompt_tokens=len(prompt_ids),
+                               backend=engine.target.backend, draft_backend=getattr(engine.drafter, "backend", ""))
         self.generator = torch.Generator()
         if params.seed is not None:
             self.generator.manual_seed(params.seed)

@@ -52,6 +52,8 @@ class SpecStats:
 
     method: str = "ar"
     gamma: int = 0
+    backend: str = ""  # the target's forward: "native" or "transformers"
+    draft_backend: str = ""  # the draft model's, when there is one
     target_passes: int = 0
     drafted: int = 0
     accepted: int = 0

@@ -18,6 +18,7 @@ class ModelDrafter:
         check_compatible_vocab(draft, target)
         self.min_confidence = min_confidence  # stop drafting when the draft's top-1 probability drops below
         self.draft = draft
+        self.backend = draft.backend  # shown in the statistics
         self.state = draft.new_state()
 
     def begin(self, prompt_ids: list[int]) -> None:

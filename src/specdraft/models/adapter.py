@@ -1,8 +1,11 @@
 """Loading a causal LM by name or path, and the thin adapter the engine drives: forward with a KV cache.
 
-The adapter never patches the model: it calls the model's own forward with a `DynamicCache` and rolls the
-cache back with `crop`. A `KVState` remembers which token ids its cache holds, so rollback and catch-up are
-one operation: `sync(context)` keeps the common prefix and returns what still has to be fed.
+Two backends behind one interface (`LoadedModel.new_state()` -> a `SequenceState`):
+- `native` (Llama/Qwen2 family, chosen automatically where it applies): `native/llama.py`, batch-invariant
+  C++ kernels over the model's own weights and a preallocated cache whose rollback is a length change;
+- `transformers` (any causal LM): the model's own forward with a `DynamicCache`, rolled back with `crop`.
+Either way a state remembers which token ids its cache holds, so rollback and catch-up are one operation:
+`sync(context)` keeps the common prefix and returns what still has to be fed.
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ from pathlib import Path
 
 import torch
 
-from ..config import resolve_dtype
+from ..config import normalize_backend, resolve_dtype
 from ..errors import SpecdraftError
 from . import fetch
 from .fastpath import WeightMajorLinear
+from .native.llama import NativeLlama, native_unsupported_reason
 
 
 @dataclass
@@ -27,7 +31,13 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
     dtype: torch.dtype
-    weight_major: bool = True  # few-row linears as (W @ x.T).T on CPU: see models/fastpath.py
+    weight_major: bool = True  # transformers backend: few-row linears as (W @ x.T).T, see models/fastpath.py
+    native: NativeLlama | None = None  # set when the native backend runs this model
+    backend_note: str = ""  # why the transformers backend was chosen, when it was
+
+    @property
+    def backend(self) -> str:
+        return "native" if self.native is not None else "transformers"
 
     @property
     def vocab_size(self) -> int:
@@ -44,8 +54,13 @@ class LoadedModel:
             ids.add(int(self.tokenizer.eos_token_id))
         return ids
 
-    def new_state(self) -> "KVState":
-        return KVState(self)
+    @property
+    def max_positions(self) -> int | None:
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+    def new_state(self, capacity: int = 256) -> "SequenceState":
+        """A fresh sequence; `capacity` sizes the native cache up front (it still grows when exceeded)."""
+        return NativeState(self.native, capacity) if self.native is not None else KVState(self)
 
 
 def resolve_model_path(name_or_path: str, cache_dir: str | None = None, progress: bool = True) -> str:
@@ -65,9 +80,12 @@ def resolve_model_path(name_or_path: str, cache_dir: str | None = None, progress
 
 
 def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = None,
-               progress: bool = True) -> LoadedModel:
+               progress: bool = True, backend: str = "auto") -> LoadedModel:
+    """backend: "auto" (native where the model supports it, else transformers), "native" (an error says why
+    not, when not), or "transformers"."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    backend = normalize_backend(backend)
     path = resolve_model_path(name_or_path, cache_dir, progress)
     torch_dtype = getattr(torch, resolve_dtype(dtype))
     try:
@@ -77,31 +95,40 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SpecdraftError(f"could not load model {name_or_path!r}: {first_line}") from None
     model.eval()
-    return LoadedModel(name=name_or_path, path=path, model=model, tokenizer=tokenizer, dtype=torch_dtype)
+    loaded = LoadedModel(name=name_or_path, path=path, model=model, tokenizer=tokenizer, dtype=torch_dtype)
+    if backend == "transformers":
+        loaded.backend_note = "transformers backend requested"
+        return loaded
+    reason = native_unsupported_reason(model)
+    if reason is None:
+        loaded.native = NativeLlama(model)
+    elif backend == "native":
+        raise SpecdraftError(f"{name_or_path!r} cannot use the native backend: {reason}; use --backend auto")
+    else:
+        loaded.backend_note = reason
+    return loaded
 
 
 def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
 
 
-class KVState:
-    """One sequence's KV cache in one model, and the token ids it holds (position i holds token_ids[i])."""
+class SequenceState:
+    """One sequence's KV cache in one model, and the token ids it holds (position i holds token_ids[i]).
 
-    def __init__(self, loaded: LoadedModel):
-        from transformers import DynamicCache
+    Backends implement `forward` and `_drop_last(n)`; rollback and catch-up are shared."""
 
-        self.loaded = loaded
-        self.cache = DynamicCache(config=loaded.model.config)
+    def __init__(self) -> None:
         self.token_ids: list[int] = []
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
     def truncate(self, length: int) -> None:
-        """Roll back to the first `length` tokens: a crop, nothing recomputed."""
+        """Roll back to the first `length` tokens; nothing is recomputed."""
         to_remove = len(self.token_ids) - length
         if to_remove > 0:
-            self.cache.crop(-to_remove)
+            self._drop_last(to_remove)
             del self.token_ids[length:]
 
     def sync(self, context_ids: list[int]) -> list[int]:
@@ -115,6 +142,71 @@ class KVState:
 
     def forward(self, new_ids: list[int], n_logits: int) -> torch.Tensor:
         """Append `new_ids` to the cache; return float32 logits [n_logits, V] of the last n_logits positions."""
+        raise NotImplementedError
+
+    def _drop_last(self, n: int) -> None:
+        raise NotImplementedError
+
+    @property
+    def cache_length(self) -> int:
+        """Positions the cache holds (equals len(self) after every call)."""
+        raise NotImplementedError
+
+    @property
+    def cache_bytes(self) -> int:
+        raise NotImplementedError
+
+
+class NativeState(SequenceState):
+    """A sequence in the native backend: a preallocated cache; rollback changes its length."""
+
+    def __init__(self, native: NativeLlama, capacity: int = 256):
+        super().__init__()
+        self.native = native
+        self.cache = native.new_cache(capacity)
+
+    def forward(self, new_ids: list[int], n_logits: int) -> torch.Tensor:
+        if not new_ids:
+            raise ValueError("forward needs at least one token")
+        logits = self.native.forward(new_ids, self.cache, n_logits)  # [n_logits, V]
+        self.token_ids.extend(new_ids)
+        return logits
+
+    def _drop_last(self, n: int) -> None:
+        self.cache.truncate(self.cache.length - n)
+
+    @property
+    def cache_length(self) -> int:
+        return self.cache.length
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.cache.nbytes
+
+
+class KVState(SequenceState):
+    """A sequence in the transformers backend: the model's own forward with a `DynamicCache`."""
+
+    def __init__(self, loaded: LoadedModel):
+        from transformers import DynamicCache
+
+        super().__init__()
+        self.loaded = loaded
+        self.cache = DynamicCache(config=loaded.model.config)
+
+    def _drop_last(self, n: int) -> None:
+        self.cache.crop(-n)
+
+    @property
+    def cache_length(self) -> int:
+        return self.cache.get_seq_length()
+
+    @property
+    def cache_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for layer in self.cache.layers
+                   for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None)
+
+    def forward(self, new_ids: list[int], n_logits: int) -> torch.Tensor:
         if not new_ids:
             raise ValueError("forward needs at least one token")
         input_ids = torch.tensor([new_ids], dtype=torch.long)  # [1, n]

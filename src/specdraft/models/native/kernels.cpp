@@ -1,0 +1,255 @@
+// CPU kernels for the native Llama/Qwen2 forward (AVX2 + FMA).
+//
+// Every output element is computed by the same sequence of instructions whatever the number of rows (tokens)
+// in the call: a dot product accumulates 8 lanes over k in order, then reduces the lanes in a fixed order.
+// So a verify pass over k tokens gives bit-for-bit the logits that k one-token decode steps would give
+// (batch invariance), and greedy speculative decoding is token-identical to plain decoding by construction.
+//
+// Weights are read in their stored dtype (float32 or bfloat16, widened in registers); activations, the KV
+// cache and all accumulation are float32.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <cmath>
+#include <vector>
+
+namespace {
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+
+inline __m256 load8(const at::BFloat16* p) {
+  // bf16 is the upper half of a float32: widen to 32 bits and shift into place
+  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+inline float to_float(float v) { return v; }
+inline float to_float(at::BFloat16 v) { return static_cast<float>(v); }
+
+// Fixed-order horizontal sum of the 8 lanes.
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  __m128 s = _mm_add_ps(lo, hi);                 // (0+4, 1+5, 2+6, 3+7)
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));        // (0+4+2+6, 1+5+3+7, ..)
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));         // lane0 + lane1
+  return _mm_cvtss_f32(s);
+}
+
+// out[t, n] for R (<= 6) consecutive weight rows and TB (<= 6) consecutive tokens; x rows are K floats apart.
+// Each (row, token) pair owns one accumulator and sees the same instruction sequence in every tile shape, so
+// the tile shape (chosen by the number of tokens) never changes a result. The accumulators are named
+// variables, not an array, so that the compiler keeps them in registers.
+template <typename WT, int R, int TB>
+inline void dot_block(const WT* w, int64_t K, const float* x, float* out, int64_t N, const float* bias) {
+  static_assert(R >= 1 && R <= 6 && TB >= 1 && TB <= 6 && R * TB + R + 1 <= 16, "tile does not fit in 16 ymm");
+  const __m256 zero = _mm256_setzero_ps();
+#define SPECDRAFT_ACC(r) __m256 a##r##0 = zero, a##r##1 = zero, a##r##2 = zero, a##r##3 = zero, \
+                                a##r##4 = zero, a##r##5 = zero;
+  SPECDRAFT_ACC(0) SPECDRAFT_ACC(1) SPECDRAFT_ACC(2) SPECDRAFT_ACC(3) SPECDRAFT_ACC(4) SPECDRAFT_ACC(5)
+#undef SPECDRAFT_ACC
+  const int64_t K8 = K - K % 8;
+  for (int64_t k = 0; k < K8; k += 8) {
+    const __m256 wv0 = load8(w + k);
+    const __m256 wv1 = R > 1 ? load8(w + 1 * K + k) : zero;
+    const __m256 wv2 = R > 2 ? load8(w + 2 * K + k) : zero;
+    const __m256 wv3 = R > 3 ? load8(w + 3 * K + k) : zero;
+    const __m256 wv4 = R > 4 ? load8(w + 4 * K + k) : zero;
+    const __m256 wv5 = R > 5 ? load8(w + 5 * K + k) : zero;
+#define SPECDRAFT_FMA(r, j) if constexpr (R > r) a##r##j = _mm256_fmadd_ps(wv##r, xv, a##r##j);
+#define SPECDRAFT_STEP(j)                                                                    \
+    if constexpr (TB > j) {                                                                  \
+      const __m256 xv = _mm256_loadu_ps(x + j * K + k);                                      \
+      SPECDRAFT_FMA(0, j) SPECDRAFT_FMA(1, j) SPECDRAFT_FMA(2, j) SPECDRAFT_FMA(3, j)        \
+      SPECDRAFT_FMA(4, j) SPECDRAFT_FMA(5, j)                                                \
+    }
+    SPECDRAFT_STEP(0) SPECDRAFT_STEP(1) SPECDRAFT_STEP(2) SPECDRAFT_STEP(3) SPECDRAFT_STEP(4) SPECDRAFT_STEP(5)
+#undef SPECDRAFT_STEP
+#undef SPECDRAFT_FMA
+  }
+  const __m256 acc[6][6] = {{a00, a01, a02, a03, a04, a05}, {a10, a11, a12, a13, a14, a15},
+                            {a20, a21, a22, a23, a24, a25}, {a30, a31, a32, a33, a34, a35},
+                            {a40, a41, a42, a43, a44, a45}, {a50, a51, a52, a53, a54, a55}};
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < TB; ++j) {
+      float tail = 0.f;
+      for (int64_t k = K8; k < K; ++k) tail += to_float(w[r * K + k]) * x[j * K + k];
+      float v = hsum(acc[r][j]) + tail;
+      if (bias) v += bias[r];
+      out[j * N + r] = v;
+    }
+  }
+}
+
+// Rows [0, rows) (rows divides 12, or 1 for the tail) against all T tokens, in tiles whose row count grows as
+// the token count of the tile shrinks: few tokens need more independent rows to hide the FMA latency.
+template <typename WT, int R, int TB>
+inline void tile_rows(const WT* w, int64_t rows, int64_t K, const float* x, float* out, int64_t N,
+                      const float* bias) {
+  for (int64_t r = 0; r < rows; r += R)
+    dot_block<WT, R, TB>(w + r * K, K, x, out + r, N, bias ? bias + r : nullptr);
+}
+
+template <typename WT>
+inline void rows_all_tokens(const WT* w, int64_t rows, int64_t K, const float* x, int64_t T, float* out,
+                            int64_t N, const float* bias) {
+  if (rows != 12) {  // the last rows of the matrix, one at a time
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* b = bias ? bias + r : nullptr;
+      int64_t t = 0;
+      for (; t + 6 <= T; t += 6) dot_block<WT, 1, 6>(w + r * K, K, x + t * K, out + t * N + r, N, b);
+      for (; t < T; ++t) dot_block<WT, 1, 1>(w + r * K, K, x + t * K, out + t * N + r, N, b);
+    }
+    return;
+  }
+  int64_t t = 0;
+  for (; t + 6 <= T; t += 6) tile_rows<WT, 2, 6>(w, 12, K, x + t * K, out + t * N, N, bias);
+  const float* xt = x + t * K;
+  float* ot = out + t * N;
+  switch (T - t) {
+    case 1: tile_rows<WT, 6, 1>(w, 12, K, xt, ot, N, bias); break;
+    case 2: tile_rows<WT, 4, 2>(w, 12, K, xt, ot, N, bias); break;
+    case 3: tile_rows<WT, 3, 3>(w, 12, K, xt, ot, N, bias); break;
+    case 4: tile_rows<WT, 2, 4>(w, 12, K, xt, ot, N, bias); break;
+    case 5: tile_rows<WT, 2, 5>(w, 12, K, xt, ot, N, bias); break;
+    default: break;
+  }
+}
+
+template <typename WT>
+void linear_impl(const float* x, const WT* w, const float* bias, float* out, int64_t T, int64_t K, int64_t N) {
+  constexpr int64_t G = 12;  // rows per work item
+  const int64_t groups = (N + G - 1) / G;
+  // Threads split the weight rows (each streams its own contiguous slice of memory); the split never changes
+  // what any single output element computes.
+  at::parallel_for(0, groups, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const int64_t n = g * G, rows = std::min(G, N - n);
+      rows_all_tokens<WT>(w + n * K, rows, K, x, T, out + n, N, bias ? bias + n : nullptr);
+    }
+  });
+}
+
+}  // namespace
+
+// x: [T, K] float32, weight: [N, K] float32 or bfloat16, bias: [N] float32 or None  ->  [T, N] float32
+torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x must be [T, K] float32");
+  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.size(1) == x.size(1), "weight must be [N, K]");
+  const int64_t T = x.size(0), K = x.size(1), N = weight.size(0);
+  const float* bias_ptr = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->numel() == N && bias->is_contiguous(), "bad bias");
+    bias_ptr = bias->data_ptr<float>();
+  }
+  auto out = torch::empty({T, N}, x.options());
+  if (weight.scalar_type() == torch::kFloat) {
+    linear_impl<float>(x.data_ptr<float>(), weight.data_ptr<float>(), bias_ptr, out.data_ptr<float>(), T, K, N);
+  } else if (weight.scalar_type() == torch::kBFloat16) {
+    linear_impl<at::BFloat16>(x.data_ptr<float>(), weight.data_ptr<at::BFloat16>(), bias_ptr,
+                              out.data_ptr<float>(), T, K, N);
+  } else {
+    TORCH_CHECK(false, "weight must be float32 or bfloat16");
+  }
+  return out;
+}
+
+// x: [T, D] float32, weight: [D] float32 -> x / rms(x) * weight, each row reduced in a fixed order
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x must be [T, D] float32");
+  TORCH_CHECK(weight.scalar_type() == torch::kFloat && weight.numel() == x.size(1), "weight must be [D] float32");
+  const int64_t T = x.size(0), D = x.size(1);
+  auto out = torch::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = xp + t * D;
+    __m256 acc = _mm256_setzero_ps();
+    const int64_t D8 = D - D % 8;
+    for (int64_t d = 0; d < D8; d += 8) {
+      __m256 v = _mm256_loadu_ps(row + d);
+      acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    float sum = hsum(acc);
+    for (int64_t d = D8; d < D; ++d) sum += row[d] * row[d];
+    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(D) + static_cast<float>(eps));
+    for (int64_t d = 0; d < D; ++d) op[t * D + d] = wp[d] * (row[d] * inv);
+  }
+  return out;
+}
+
+// Causal attention of T new queries against a cache that already holds their keys and values.
+// q: [T, H, Dh]; k_cache, v_cache: [Hkv, C, Dh] (C = capacity); query t sits at position start + t and sees
+// keys 0 .. start + t. Grouped-query attention: head h reads kv head h / (H / Hkv).  ->  [T, H, Dh]
+torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, int64_t start) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat && q.is_contiguous(), "q must be [T, H, Dh] float32");
+  TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be [Hkv, C, Dh]");
+  const int64_t T = q.size(0), H = q.size(1), Dh = q.size(2);
+  const int64_t Hkv = k_cache.size(0), C = k_cache.size(1);
+  TORCH_CHECK(k_cache.size(2) == Dh && H % Hkv == 0 && start + T <= C, "attention shapes do not match");
+  TORCH_CHECK(Dh % 8 == 0, "head size must be a multiple of 8");
+  const int64_t group = H / Hkv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+  auto out = torch::empty_like(q);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, T * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(start + T);
+    std::vector<__m256> acc(Dh / 8);
+    for (int64_t idx = begin; idx < end; ++idx) {
+      const int64_t t = idx / H, h = idx % H, kvh = h / group;
+      const int64_t n_keys = start + t + 1;
+      const float* qrow = qp + (t * H + h) * Dh;
+      const float* keys = kp + kvh * C * Dh;
+      const float* values = vp + kvh * C * Dh;
+      float max_score = -INFINITY;
+      for (int64_t j = 0; j < n_keys; ++j) {
+        __m256 s = _mm256_setzero_ps();
+        for (int64_t d = 0; d < Dh; d += 8)
+          s = _mm256_fmadd_ps(_mm256_loadu_ps(qrow + d), _mm256_loadu_ps(keys + j * Dh + d), s);
+        scores[j] = hsum(s) * scale;
+        max_score = std::max(max_score, scores[j]);
+      }
+      float total = 0.f;
+      for (int64_t j = 0; j < n_keys; ++j) {
+        scores[j] = std::exp(scores[j] - max_score);
+        total += scores[j];
+      }
+      for (auto& a : acc) a = _mm256_setzero_ps();
+      for (int64_t j = 0; j < n_keys; ++j) {
+        const __m256 p = _mm256_set1_ps(scores[j]);
+        for (int64_t d8 = 0; d8 < Dh / 8; ++d8)
+          acc[d8] = _mm256_fmadd_ps(p, _mm256_loadu_ps(values + j * Dh + d8 * 8), acc[d8]);
+      }
+      const __m256 inv = _mm256_set1_ps(1.0f / total);
+      float* orow = op + (t * H + h) * Dh;
+      for (int64_t d8 = 0; d8 < Dh / 8; ++d8) _mm256_storeu_ps(orow + d8 * 8, _mm256_mul_ps(acc[d8], inv));
+    }
+  });
+  return out;
+}
+
+// silu(gate) * up, element-wise: gate, up [T, I] float32  ->  [T, I]
+torch::Tensor silu_mul(torch::Tensor gate, torch::Tensor up) {
+  TORCH_CHECK(gate.scalar_type() == torch::kFloat && gate.is_contiguous() && up.is_contiguous() &&
+              gate.sizes() == up.sizes(), "gate and up must be float32 tensors of one shape");
+  auto out = torch::empty_like(gate);
+  const float* gp = gate.data_ptr<float>();
+  const float* up_ = up.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, gate.numel(), 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) op[i] = gp[i] / (1.0f + std::exp(-gp[i])) * up_[i];
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("linear", &linear, "batch-invariant x @ W.T (+ b), float32 or bfloat16 weights");
+  m.def("rms_norm", &rms_norm, "row-wise RMSNorm, fixed reduction order");
+  m.def("attention", &attention, "causal GQA attention of new queries against the KV cache");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up");
+}

@@ -1,0 +1,61 @@
+"""Build (once, cached on disk) and load the C++ kernels of the native forward; report why when impossible."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+_SOURCE = Path(__file__).with_name("kernels.cpp")
+_loaded = None
+_failure: str | None = None
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((line for line in f if line.startswith("flags")), "").split())
+    except OSError:
+        return set()
+
+
+def build_dir() -> Path:
+    """Compiled artifacts live in the specdraft cache, keyed by the source's hash: paid once per machine."""
+    from .. import fetch
+
+    digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    return fetch.cache_root(None) / "kernels" / f"{sys.implementation.cache_tag}-{digest}"
+
+
+def load_kernels():
+    """The compiled module, or None when this platform cannot have it (see `unavailable_reason`)."""
+    global _loaded, _failure
+    if _loaded is not None or _failure is not None:
+        return _loaded
+    if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= _cpu_flags():
+        _failure = "the native kernels need an x86-64 CPU with AVX2 and FMA"
+        return None
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        _failure = "no C++ compiler found (install g++ or set CXX)"
+        return None
+    # torch finds ninja on PATH; the one pip installs sits next to this interpreter
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    try:
+        from torch.utils.cpp_extension import load
+
+        directory = build_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        _loaded = load(name="specdraft_kernels", sources=[str(_SOURCE)], build_directory=str(directory),
+                       extra_cflags=["-O3", "-mavx2", "-mfma"], verbose=False)
+    except Exception as exc:  # a compiler or toolchain problem: fall back to transformers, say why
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        _failure = f"building the native kernels failed: {lines[-1] if lines else type(exc).__name__}"
+    return _loaded
+
+
+def unavailable_reason() -> str | None:
+    load_kernels()
+    return _failure

@@ -1,0 +1,200 @@
+"""A native forward for the Llama/Qwen2 family, reading the weights of an already loaded Hugging Face model.
+
+Why: the generic transformers forward is correct for every causal LM but computes a k-token verify pass
+with different kernels than a 1-token decode step, so the two round differently (and cost 2-3x more for
+2-16 rows on this CPU). Here every matrix product, norm and attention row goes through `kernels.cpp`, whose
+results do not depend on how many tokens a pass holds: verify == decode bit for bit, in float32 and in
+bfloat16 weights alike. Activations and the KV cache are float32; weights stay in the model's dtype and are
+shared with the Hugging Face model (no copy).
+
+The cache is preallocated ([layers, kv_heads, capacity, head_dim] per K and V) and grows by doubling;
+rolling back is a change of length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .kernels import load_kernels, unavailable_reason
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # inverse frequencies fixed at load time
+# Passes longer than this (prompt prefill) use torch's matmul: faster for many rows, and batch invariance
+# matters only between verify passes and decode steps, which are all far shorter.
+MAX_KERNEL_ROWS = 32
+
+
+def native_unsupported_reason(hf_model) -> str | None:
+    """Why this model cannot run natively (None when it can)."""
+    config = hf_model.config
+    model_type = getattr(config, "model_type", "")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model type {model_type!r} is not in the native family ({', '.join(SUPPORTED_MODEL_TYPES)})"
+    dtype = next(hf_model.parameters()).dtype
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"native weights must be float32 or bfloat16, not {dtype}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r} (native supports silu)"
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type not in STATIC_ROPE_TYPES:
+        return f"rope type {rope_type!r} (native supports {', '.join(STATIC_ROPE_TYPES)})"
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if layer_types != {"full_attention"} or getattr(config, "use_sliding_window", False):
+        return "sliding-window attention layers"
+    if getattr(config, "mlp_bias", False) or getattr(config, "pretraining_tp", 1) != 1:
+        return "MLP biases or tensor-parallel pretraining layout"
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head_dim % 8:
+        return f"head size {head_dim} is not a multiple of 8"
+    return unavailable_reason()
+
+
+@dataclass
+class _Layer:
+    input_norm: torch.Tensor  # [D] float32
+    q: torch.Tensor  # [H * Dh, D]
+    q_bias: torch.Tensor | None
+    k: torch.Tensor  # [Hkv * Dh, D]
+    k_bias: torch.Tensor | None
+    v: torch.Tensor  # [Hkv * Dh, D]
+    v_bias: torch.Tensor | None
+    o: torch.Tensor  # [D, H * Dh]
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor  # [D] float32
+    gate: torch.Tensor  # [I, D]
+    up: torch.Tensor  # [I, D]
+    down: torch.Tensor  # [D, I]
+
+
+def _bias(linear: torch.nn.Linear) -> torch.Tensor | None:
+    return None if linear.bias is None else linear.bias.detach().float().contiguous()
+
+
+class NativeLlama:
+    """Forward passes of a Llama/Qwen2 model over a `NativeCache`."""
+
+    def __init__(self, hf_model):
+        reason = native_unsupported_reason(hf_model)
+        if reason:
+            raise ValueError(reason)
+        self.ops = load_kernels()
+        config = hf_model.config
+        base = hf_model.model
+        self.n_heads = config.num_attention_heads
+        self.n_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
+        self.eps = float(config.rms_norm_eps)
+        self.max_positions = int(getattr(config, "max_position_embeddings", 4096))
+        self.weight_dtype = base.embed_tokens.weight.dtype
+        self.embed = base.embed_tokens.weight.detach()  # [V, D]
+        self.lm_head = hf_model.get_output_embeddings().weight.detach()  # [V, D] (may be the embedding)
+        self.final_norm = base.norm.weight.detach().float().contiguous()
+        self.layers = []
+        for layer in base.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.layers.append(_Layer(
+                input_norm=layer.input_layernorm.weight.detach().float().contiguous(),
+                q=attn.q_proj.weight.detach(), q_bias=_bias(attn.q_proj),
+                k=attn.k_proj.weight.detach(), k_bias=_bias(attn.k_proj),
+                v=attn.v_proj.weight.detach(), v_bias=_bias(attn.v_proj),
+                o=attn.o_proj.weight.detach(), o_bias=_bias(attn.o_proj),
+                post_norm=layer.post_attention_layernorm.weight.detach().float().contiguous(),
+                gate=mlp.gate_proj.weight.detach(), up=mlp.up_proj.weight.detach(),
+                down=mlp.down_proj.weight.detach()))
+        # rotary tables for every position, computed once as transformers does (float32 angles)
+        rotary = base.rotary_emb
+        inv_freq = rotary.inv_freq.detach().float()  # [Dh / 2]
+        positions = torch.arange(self.max_positions, dtype=torch.float32)
+        angles = positions[:, None] * inv_freq[None, :]  # [P, Dh / 2]
+        table = torch.cat([angles, angles], dim=-1)  # [P, Dh]
+        scaling = float(getattr(rotary, "attention_scaling", 1.0))
+        self.cos, self.sin = table.cos() * scaling, table.sin() * scaling
+
+    @property
+    def weight_bytes(self) -> int:
+        tensors = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed else [self.lm_head])
+        for layer in self.layers:
+            tensors += [t for t in vars(layer).values() if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def new_cache(self, capacity: int = 256) -> "NativeCache":
+        return NativeCache(len(self.layers), self.n_kv_heads, self.head_dim, capacity)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [T, K] float32 @ weight [N, K]^T (+ bias) -> [T, N] float32."""
+        if x.shape[0] <= MAX_KERNEL_ROWS:
+            return self.ops.linear(x, weight, bias)
+        return F.linear(x, weight.float(), bias)
+
+    def _rope(self, x: torch.Tensor, positions: slice) -> torch.Tensor:
+        """x [T, heads, Dh] rotated by its positions (the half-split convention of Llama/Qwen2)."""
+        cos, sin = self.cos[positions, None, :], self.sin[positions, None, :]  # [T, 1, Dh]
+        half = self.head_dim // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    def forward(self, token_ids: list[int], cache: "NativeCache", n_logits: int) -> torch.Tensor:
+        """Append `token_ids` at cache.length; return float32 logits [n_logits, V] of the last n_logits."""
+        ops = self.ops
+        n_new = len(token_ids)
+        start = cache.length
+        if start + n_new > self.max_positions:
+            raise ValueError(f"position {start + n_new} is past the model's {self.max_positions} positions")
+        cache.reserve(start + n_new)
+        positions = slice(start, start + n_new)
+        hidden = self.embed[torch.tensor(token_ids, dtype=torch.long)].float()  # [T, D]
+        for index, layer in enumerate(self.layers):
+            x = ops.rms_norm(hidden, layer.input_norm, self.eps)  # [T, D]
+            q = self._linear(x, layer.q, layer.q_bias).view(n_new, self.n_heads, self.head_dim)
+            k = self._linear(x, layer.k, layer.k_bias).view(n_new, self.n_kv_heads, self.head_dim)
+            v = self._linear(x, layer.v, layer.v_bias).view(n_new, self.n_kv_heads, self.head_dim)
+            cache.keys[index, :, positions] = self._rope(k, positions).transpose(0, 1)  # [Hkv, T, Dh]
+            cache.values[index, :, positions] = v.transpose(0, 1)
+            attended = ops.attention(self._rope(q, positions).contiguous(), cache.keys[index], cache.values[index],
+                                     start)  # [T, H, Dh]
+            hidden = hidden + self._linear(attended.view(n_new, -1), layer.o, layer.o_bias)
+            x = ops.rms_norm(hidden, layer.post_norm, self.eps)
+            gated = ops.silu_mul(self._linear(x, layer.gate, None), self._linear(x, layer.up, None))  # [T, I]
+            hidden = hidden + self._linear(gated, layer.down, None)
+        cache.length = start + n_new
+        last = ops.rms_norm(hidden[-n_logits:].contiguous(), self.final_norm, self.eps)  # [n_logits, D]
+        return self._linear(last, self.lm_head, None)  # [n_logits, V]
+
+
+class NativeCache:
+    """Preallocated K and V for one sequence: [layers, kv_heads, capacity, head_dim] float32 each."""
+
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int):
+        shape = (n_layers, n_kv_heads, capacity, head_dim)
+        self.keys = torch.zeros(shape)
+        self.values = torch.zeros(shape)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes holding the cached positions (not the spare capacity)."""
+        per_position = self.keys[:, :, :1].numel() * self.keys.element_size() * 2
+        return per_position * self.length
+
+    def reserve(self, length: int) -> None:
+        """Make room for `length` positions; grows by doubling, keeping what is cached."""
+        if length <= self.capacity:
+            return
+        capacity = max(length, 2 * self.capacity)
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = torch.zeros(old.shape[0], old.shape[1], capacity, old.shape[3])
+            new[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, new)
+
+    def truncate(self, length: int) -> None:
+        """Roll back to the first `length` positions: only the length changes."""
+        self.length = min(self.length, length)

@@ -1,0 +1,133 @@
+"""The native Llama/Qwen2 forward: same numbers as transformers, batch invariance, the cache, the choice."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from specdraft import Engine, SamplingParams, SpecConfig, load_model
+from specdraft.drafters import ModelDrafter
+from specdraft.errors import SpecdraftError
+from specdraft.models.native.llama import MAX_KERNEL_ROWS, native_unsupported_reason
+from tiny import build_model
+
+TOKENS = [3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 11, 2, 6]
+
+
+@pytest.fixture(scope="module")
+def tiny_native(tmp_path_factory):
+    root = tmp_path_factory.mktemp("native")
+    out = {}
+    for arch in ("qwen2", "llama"):
+        path = build_model(root / arch, seed=5, arch=arch, hidden=64, layers=2)
+        for dtype in ("float32", "bfloat16"):
+            out[arch, dtype] = load_model(str(path), dtype, backend="native")
+    return out
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_native_logits_match_transformers(tiny_native, arch, dtype):
+    """Native computes in float32 over the stored weights: compare with transformers running the same
+    weights in float32 (for a bf16 model: its bf16 weights, widened)."""
+    model = tiny_native[arch, dtype]
+    assert model.backend == "native"
+    reference_model = copy.deepcopy(model.model).float()
+    with torch.inference_mode():
+        reference = reference_model(input_ids=torch.tensor([TOKENS])).logits[0]  # [T, V]
+        native = model.new_state().forward(TOKENS, len(TOKENS))
+    torch.testing.assert_close(native, reference, atol=1e-4, rtol=0)
+    assert torch.equal(native.argmax(-1), reference.argmax(-1))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_verify_pass_equals_single_steps_bit_for_bit(tiny_native, dtype):
+    """Batch invariance: scoring k tokens in one pass gives exactly the logits of k one-token steps."""
+    model = tiny_native["qwen2", dtype]
+    with torch.inference_mode():
+        one_pass = model.new_state().forward(TOKENS, len(TOKENS))  # [T, V]
+        stepwise_state = model.new_state()
+        steps = torch.cat([stepwise_state.forward([t], 1) for t in TOKENS])
+        for k in (2, 3, 5, 7):  # chunked passes of every tile shape the kernels use
+            state = model.new_state()
+            chunks = [state.forward(TOKENS[i:i + k], len(TOKENS[i:i + k])) for i in range(0, len(TOKENS), k)]
+            assert torch.equal(torch.cat(chunks), steps), f"chunks of {k} differ from single steps"
+    assert torch.equal(one_pass, steps)
+
+
+def test_transformers_backend_is_not_batch_invariant_here_negative_control(tiny_native, tiny_dirs):
+    """The bitwise check above can fail: the generic forward's multi-row matmuls round differently.
+    (If a future torch made this batch invariant, this control would need another witness.)"""
+    model = load_model(str(tiny_dirs["target"]), "float32", backend="transformers")
+    tokens = TOKENS * 3
+    with torch.inference_mode():
+        one_pass = model.new_state().forward(tokens, len(tokens))
+        state = model.new_state()
+        steps = torch.cat([state.forward([t], 1) for t in tokens])
+    torch.testing.assert_close(one_pass, steps, atol=1e-4, rtol=0)
+    assert not torch.equal(one_pass, steps)
+
+
+def test_rollback_is_a_length_change_and_growth_keeps_the_cache(tiny_native):
+    model = tiny_native["llama", "float32"]
+    with torch.inference_mode():
+        state = model.new_state(capacity=4)  # forces growth by doubling
+        full = state.forward(TOKENS, len(TOKENS))
+        assert state.cache.capacity >= len(TOKENS) and state.cache_length == len(TOKENS)
+        keys_before = state.cache.keys.data_ptr()
+        state.truncate(6)
+        assert state.cache_length == 6 and state.cache.keys.data_ptr() == keys_before  # nothing reallocated
+        again = state.forward(TOKENS[6:], len(TOKENS) - 6)
+    assert torch.equal(again, full[6:])
+    assert state.cache_bytes == len(TOKENS) * 2 * model.native.n_kv_heads * model.native.head_dim * 2 * 4
+
+
+def test_long_passes_use_the_matmul_path_and_agree(tiny_native):
+    model = tiny_native["qwen2", "float32"]
+    tokens = (TOKENS * 5)[: MAX_KERNEL_ROWS + 9]
+    with torch.inference_mode():
+        prefill = model.new_state().forward(tokens, len(tokens))
+        state = model.new_state()
+        steps = torch.cat([state.forward([t], 1) for t in tokens])
+    torch.testing.assert_close(prefill, steps, atol=1e-4, rtol=0)
+
+
+def test_greedy_speculation_is_token_identical_in_bf16_too(tiny_native):
+    """In bf16 the transformers forward is not batch invariant; the native one is, so greedy speculative
+    decoding equals greedy decoding token for token in bf16 as well."""
+    target, draft = tiny_native["qwen2", "bfloat16"], tiny_native["llama", "bfloat16"]
+    ar = Engine(target, None, SpecConfig("ar"))
+    spec = Engine(target, ModelDrafter(draft, target), SpecConfig("draft", 4))
+    params = SamplingParams(max_new_tokens=40)
+    for prompt in ("abc ab", "j. ih", "a"):
+        ids = ar.encode(prompt, chat=False)
+        expected, got = ar.generate(ids, params), spec.generate(ids, params)
+        assert got.token_ids == expected.token_ids
+        assert got.stats.backend == "native" and got.stats.draft_backend == "native"
+
+
+def _unsupported_model_dir(tmp_path):
+    path = build_model(tmp_path / "gelu", seed=6)
+    config_file = path / "config.json"
+    config = json.loads(config_file.read_text())
+    config["hidden_act"] = "gelu"
+    config_file.write_text(json.dumps(config))
+    return path
+
+
+def test_auto_falls_back_to_transformers_and_says_why(tmp_path):
+    model = load_model(str(_unsupported_model_dir(tmp_path)), "float32")
+    assert model.backend == "transformers" and "gelu" in model.backend_note
+    assert native_unsupported_reason(model.model) == model.backend_note
+    result = Engine(model, None, SpecConfig("ar")).generate([3, 4, 5], SamplingParams(max_new_tokens=3))
+    assert result.stats.backend == "transformers"
+
+
+def test_forcing_native_on_an_unsupported_model_is_a_clear_error(tmp_path):
+    with pytest.raises(SpecdraftError, match="cannot use the native backend: activation 'gelu'"):
+        load_model(str(_unsupported_model_dir(tmp_path)), "float32", backend="native")
+    with pytest.raises(SpecdraftError, match="unknown backend"):
+        load_model(str(_unsupported_model_dir(tmp_path)), "float32", backend="fast")
