@@ -2,8 +2,8 @@
 
 Tiny random models (tests/tiny.py) with a 32768-token context and a one-line chat template. Torch runs on one
 thread here: on a shared 2-core machine, tiny matrices on two threads are ~10x slower, not faster.
-A "long" request asks for 30000 tokens (minutes of work, the detokenizer being O(n^2)); tests that need the worker busy start
-one and then stop it by disconnecting, so nothing here waits for it to finish.
+A "long" request asks for 30000 tokens (minutes of work, the detokenizer being O(n^2)); tests that need the
+worker busy start one and then stop it by disconnecting, so nothing here waits for it to finish.
 """
 
 from __future__ import annotations

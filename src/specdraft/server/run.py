@@ -39,8 +39,8 @@ def build_server(app, config: ServerConfig) -> DrainingServer:
 def serve(models: ModelConfig, spec: SpecConfig, config: ServerConfig, progress: bool = True) -> None:
     """Load the target (and the draft, when one is named: any request may then ask for method 'draft')."""
     set_threads(models.threads)
-    target = load_model(models.target, models.dtype, models.cache_dir, progress)
-    draft = load_model(models.draft, models.dtype, models.cache_dir, progress) if models.draft else None
+    target = load_model(models.target, models.dtype, models.cache_dir, progress, models.backend)
+    draft = load_model(models.draft, models.dtype, models.cache_dir, progress, models.backend) if models.draft else None
     app = create_app(config, spec, target, draft)
     server = build_server(app, config)
     print(f"specdraft: serving {app.state.server.model_name!r} ({spec.method}, gamma {spec.draft_len}) on "
