@@ -214,7 +214,12 @@ def run_question(task, row: dict, small: LoadedModel, large: LoadedModel, verifi
 
 
 def model_params(loaded: LoadedModel) -> int:
-    return sum(p.numel() for p in loaded.model.parameters())
+    """Parameters that cost FLOPs per token: all but the input embedding table (a lookup), unless it is tied to
+    the LM head (then it is the head's matmul and counts once)."""
+    model = loaded.model
+    total = sum(p.numel() for p in model.parameters())
+    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    return total if embedding is head else total - embedding.numel()
 
 
 def run(config: AnswersConfig, log=sys.stderr) -> dict:
