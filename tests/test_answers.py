@@ -382,7 +382,7 @@ def test_runner_end_to_end_on_tiny_models(tmp_path, tiny_dirs, tiny_models):
     rows = _tiny_dataset(dataset, tiny_models)
     out = tmp_path / "out"
     args = ["answers", str(dataset), "--small", str(tiny_dirs["draft"]), "--large", str(tiny_dirs["target"]),
-            "--n", "3", "--max-new-tokens", "4", "--dtype", "float32", "--out", str(out)]
+            "--n", "3", "--max-new-tokens", "4", "--out", str(out)]  # --dtype auto: resolved, yet resumable
     assert main(args) == 0
     records = [json.loads(line) for line in (out / "records.jsonl").open()]
     summary = json.loads((out / "summary.json").read_text())

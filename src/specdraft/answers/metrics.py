@@ -73,7 +73,7 @@ def report_markdown(summary: dict) -> str:
     s = summary["settings"]
     what = "pass@1 on hidden tests" if s.get("task") == "code" else "normalised EM"
     lines = [f"{summary['asked']} questions, task {s.get('task')}, verifier {s.get('verifier')}, n={summary.get('n')}, "
-             f"temperature {s.get('temperature')}, max new tokens {s.get('max_new_tokens')}, {s.get('dtype')}; "
+             f"temperature {s.get('temperature')}, max new tokens {s.get('max_new_tokens')}, {s.get('torch_dtype')}; "
              f"small {s.get('small')}, large {s.get('large')}", "",
              f"| strategy | accuracy ({what}, abstain = wrong) | F1 | coverage | precision on answered | "
              "tokens small / q | tokens large / q | GFLOPs / q | wall s / q |",

@@ -245,7 +245,7 @@ def run(config: AnswersConfig, log=sys.stderr) -> dict:
         small = load_model(config.small, config.dtype, progress=False)
         large = load_model(config.large, config.dtype, progress=False)
         settings.update({"small_params": model_params(small), "large_params": model_params(large),
-                         "dtype": str(small.dtype).removeprefix("torch.")})
+                         "torch_dtype": str(small.dtype).removeprefix("torch.")})
         settings_path.write_text(json.dumps(settings, indent=1) + "\n")
     else:  # everything asked for is recorded: summarise only
         settings = json.loads(settings_path.read_text())
