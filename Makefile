@@ -27,7 +27,7 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not real"
 
-# Quick benchmark (one prompt per category, 48 new tokens; ~15-20 min on a 2-core AVX2 machine), results in
+# Quick benchmark (one prompt per category, 48 new tokens; 25 min on the busy 2-core CI machine), results in
 # docs/bench/quick. The full suite (all 140 prompts, every method) is `make bench-full`: hours, see docs/benchmarks.md.
 BENCH_QUICK := --limit 1 --max-new-tokens 48 --methods ar,hf-ar,hf-assisted,draft,prompt-lookup --gamma 3
 bench: fetch
