@@ -63,10 +63,10 @@ def summarize(records: list[dict], settings: dict) -> dict:
     table = [strategy_metrics(records, s, n, sp, lp) for s in STRATEGIES]
     curve = {s: [strategy_metrics(records, s, k, sp, lp)["accuracy"] for k in range(1, n + 1)]
              for s in CURVE_STRATEGIES}
-    curve_coverage = {s: [strategy_metrics(records, s, k, sp, lp)["coverage"] for k in range(1, n + 1)]
-                      for s in ("small-verified", "cascade")}
+    verified = [strategy_metrics(records, "small-verified", k, sp, lp) for k in range(1, n + 1)]
+    curve_verified = {"coverage": [m["coverage"] for m in verified], "precision": [m["precision"] for m in verified]}
     return {"settings": settings, "asked": len(records), "n": n, "table": table, "curve": curve,
-            "curve_coverage": curve_coverage}
+            "curve_verified": curve_verified}
 
 
 def report_markdown(summary: dict) -> str:
@@ -97,19 +97,29 @@ def plot_curve(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+    fig, (ax, ax_cov) = plt.subplots(1, 2, figsize=(10, 4.2), dpi=120, gridspec_kw={"width_ratios": [3, 2]})
     ns = list(range(1, summary["n"] + 1))
     for name, values in summary["curve"].items():
         ax.plot(ns, values, marker="o", label=f"{name} (small x N)" if name != "cascade" else "cascade")
     table = {row["strategy"]: row for row in summary["table"]}
-    for name, style in (("small-greedy", ":"), ("large-greedy", "--"), ("large-verified", "-.")):
-        ax.axhline(table[name]["accuracy"], linestyle=style, color="gray", label=name)
+    for name, style, color in (("small-greedy", ":", "tab:gray"), ("large-greedy", "--", "black"),
+                               ("large-verified", "-.", "tab:purple")):
+        ax.axhline(table[name]["accuracy"], linestyle=style, color=color, label=name)
     ax.set_xlabel("N (samples from the small model)")
     ax.set_ylabel("accuracy (abstentions wrong)")
     ax.set_xticks(ns)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(f"{summary['asked']} questions, task {summary['settings'].get('task')}")
+    for name, values in summary.get("curve_verified", {}).items():
+        ax_cov.plot(ns, values, marker=".", label=name)
+    ax_cov.set_xlabel("N")
+    ax_cov.set_ylabel("share")
+    ax_cov.set_xticks(ns)
+    ax_cov.set_ylim(0, 1.05)
+    ax_cov.grid(alpha=0.3)
+    ax_cov.legend(fontsize=8)
+    ax_cov.set_title("small x N verified: coverage, precision")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
