@@ -254,7 +254,7 @@ def code_candidates(human_eval_jsonl: bytes) -> list[tuple[str, list[str]]]:
     for line in human_eval_jsonl.decode().splitlines():
         problem = json.loads(line)
         out.append((problem["task_id"], ["Complete the following Python function.\n\n```python\n"
-                                         f"{problem['prompt'].strip()}\n```"]))
+                                         f"{problem['prompt'].rstrip()}\n```"]))
     return out
 
 
