@@ -359,6 +359,11 @@ def test_unknown_model_is_a_404(server):
     _assert_openai_error(server.http.get("/v1/models/gpt-9"), 404)
 
 
+def test_oversized_body_is_a_413(server):
+    body = {"model": MODEL, "prompt": "a" * (server.config.max_body_bytes + 1)}
+    _assert_openai_error(server.http.post("/v1/completions", json=body), 413)
+
+
 def test_unknown_route_is_an_openai_shaped_404(server):
     _assert_openai_error(server.http.post("/v1/embeddings", json={"model": MODEL, "input": "abc"}), 404)
 

@@ -178,6 +178,9 @@ async def handle_generation(state: ServerState, request: Request, endpoint: str)
     arrived = time.perf_counter()
     try:
         model = CompletionRequest if endpoint == COMPLETIONS else ChatRequest
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > state.config.max_body_bytes:  # refuse before reading it
+            raise ApiError(413, f"request body is {declared} bytes; the limit is {state.config.max_body_bytes}")
         parsed = parse_request(await request.body(), model, state.config)
         check_model(state, parsed.model)
         prepared = await run_in_threadpool(prepare, state, parsed, endpoint)
