@@ -4,10 +4,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny import build_model  # noqa: E402
+
+# Tiny models gain nothing from a second thread, and torch's thread barriers make every tiny op ~100x slower
+# whenever another process holds a core. The real-model tests set all cores themselves (test_real_models.py).
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -131,3 +131,14 @@ def test_forcing_native_on_an_unsupported_model_is_a_clear_error(tmp_path):
         load_model(str(_unsupported_model_dir(tmp_path)), "float32", backend="native")
     with pytest.raises(SpecdraftError, match="unknown backend"):
         load_model(str(_unsupported_model_dir(tmp_path)), "float32", backend="fast")
+
+
+def test_auto_dtype_gives_the_native_backend_bf16_weights(tiny_dirs):
+    from specdraft.config import cpu_has_native_bf16
+
+    native = load_model(str(tiny_dirs["target"]), "auto")
+    assert native.backend == "native" and native.dtype == torch.bfloat16
+    assert native.native.layers[0].gate.dtype == torch.bfloat16  # shared with the HF model, not copied
+    assert native.native.layers[0].gate.data_ptr() == native.model.model.layers[0].mlp.gate_proj.weight.data_ptr()
+    generic = load_model(str(tiny_dirs["target"]), "auto", backend="transformers")
+    assert generic.dtype == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)

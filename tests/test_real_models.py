@@ -12,6 +12,7 @@ import torch
 
 from specdraft import Engine, SamplingParams, SpecConfig, SpecdraftError, load_model
 from specdraft.drafters import ModelDrafter, PromptLookupDrafter
+from specdraft.models.adapter import set_threads
 
 pytestmark = pytest.mark.real
 
@@ -21,6 +22,13 @@ PROMPTS = [
     "Translate to English: Guten Morgen, wie geht es dir?",
 ]
 NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module", autouse=True)
+def all_cores():
+    set_threads(None)
+    yield
+    torch.set_num_threads(1)  # back to the tiny-model setting of conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -75,7 +75,7 @@ class ModelConfig:
 
     target: str = "qwen2.5-coder-1.5b-instruct"
     draft: str | None = "qwen2.5-coder-0.5b-instruct"
-    dtype: str = "auto"  # bfloat16 where the CPU computes it natively, else float32 (see resolve_dtype)
+    dtype: str = "auto"  # bf16 weights on the native backend; else bf16 only with native bf16 hardware (load_model)
     cache_dir: str | None = None
     threads: int | None = None
     # native: our batch-invariant Llama/Qwen2 forward; transformers: the model's own; auto: native if it applies
