@@ -291,6 +291,23 @@ def _record(samples: list[tuple[str, bool]], large: tuple[str, bool], greedy: st
             "grades": {}}
 
 
+def test_majority_gives_the_winning_value_in_its_most_common_then_shortest_form():
+    answers = ["60 weddings", "60", "61", "60"]
+    assert majority(answers, [vote_key(a) for a in answers]) == "60"
+    answers = ["Sixty", "60 weddings"]
+    assert majority(answers, [vote_key(a) for a in answers]) == "Sixty"
+
+
+def test_value_match_counts_the_same_figure_written_differently():
+    from specdraft.answers.metrics import value_match
+
+    assert value_match("62%", ["62"]) == 1.0
+    assert value_match("2", ["two", "two versions"]) == 1.0
+    assert value_match("$1,840", ["1840"]) == 1.0
+    assert value_match("63%", ["62"]) == 0.0
+    assert value_match("the mayor", ["62"]) == 0.0
+
+
 def test_majority_breaks_ties_by_first_seen():
     assert majority(["a", "b", "b", "a"], ["a", "b", "b", "a"]) == "a"
     assert majority(["8", "eight", "9"], [vote_key(a) for a in ["8", "eight", "9"]]) == "8"
@@ -366,7 +383,11 @@ def _recompute(records: list[dict], strategy: str, n: int) -> tuple[float, float
         else:
             pool = samples if strategy == "small-majority" else [s for s in samples if s["verdict"]["ok"]]
             keys = [s["key"] for s in pool]
-            answer = max(pool, key=lambda s: (keys.count(s["key"]), -keys.index(s["key"])))["answer"] if pool else None
+            answer = None
+            if pool:
+                winner = max(pool, key=lambda s: (keys.count(s["key"]), -keys.index(s["key"])))["key"]
+                forms = [s["answer"] for s in pool if s["key"] == winner]
+                answer = sorted(forms, key=lambda a: (-forms.count(a), len(a), forms.index(a)))[0]
             if answer is None and strategy == "cascade":
                 answer = r["large"]["greedy"]["answer"]
         if answer is not None:

@@ -7,6 +7,7 @@ Words: *asked* = questions; *answered* = questions where the strategy did not ab
   precision = EM on answered (the share of given answers that are right)
   accuracy  = EM on asked, an abstention counting as wrong (= coverage x precision)
   f1        = token F1 on asked, an abstention scoring 0
+  same value = the answer states the same figure or date as a gold answer (normalize.py), on asked
 For the code task "EM" is pass@1 on the hidden tests (F1 the same).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .normalize import exact_match, same_value, value_answer
 from .strategies import CURVE_STRATEGIES, STRATEGIES, select
 
 
@@ -25,19 +27,32 @@ def read_records(path: str | Path) -> list[dict]:
 
 def _grade(record: dict, answer: str | None) -> dict:
     if answer is None:
-        return {"em": 0.0, "f1": 0.0}
-    return record["grades"][answer]
+        return {"em": 0.0, "f1": 0.0, "value": 0.0}
+    grade = dict(record["grades"][answer])
+    grade["value"] = value_match(answer, record["golds"]) if record["golds"] else grade["em"]
+    return grade
+
+
+def value_match(answer: str, golds: list[str]) -> float:
+    """1.0 when the answer gives the same figure or date as a gold answer ("62%" for "62", "2" for "two"), by
+    the verifier's normalisation (units may be left out on one side); also 1.0 on a normalised exact match."""
+    if exact_match(answer, golds):
+        return 1.0
+    value = value_answer(answer)
+    return float(value is not None and any((g := value_answer(gold)) is not None and same_value(value, g)
+                                           for gold in golds))
 
 
 def strategy_metrics(records: list[dict], strategy: str, n: int, small_params: int, large_params: int) -> dict:
     asked = len(records)
-    answered = em = f1 = small_tokens = large_tokens = wall = 0.0
+    answered = em = f1 = value = small_tokens = large_tokens = wall = 0.0
     for record in records:
         chosen = select(record, strategy, n)
         grade = _grade(record, chosen.answer)
         answered += chosen.answer is not None
         em += grade["em"]
         f1 += grade["f1"]
+        value += grade["value"]
         small_tokens += chosen.small_tokens
         large_tokens += chosen.large_tokens
         wall += chosen.wall_s
@@ -48,6 +63,7 @@ def strategy_metrics(records: list[dict], strategy: str, n: int, small_params: i
             "accuracy": em / asked if asked else 0.0,
             "f1": f1 / asked if asked else 0.0,
             "f1_answered": f1 / answered if answered else 0.0,
+            "value_accuracy": value / asked if asked else 0.0,
             "tokens_small_per_q": small_tokens / asked if asked else 0.0,
             "tokens_large_per_q": large_tokens / asked if asked else 0.0,
             "gflops_per_q": flops / asked / 1e9 if asked else 0.0,
@@ -75,12 +91,13 @@ def report_markdown(summary: dict) -> str:
     lines = [f"{summary['asked']} questions, task {s.get('task')}, verifier {s.get('verifier')}, n={summary.get('n')}, "
              f"temperature {s.get('temperature')}, max new tokens {s.get('max_new_tokens')}, {s.get('torch_dtype')}; "
              f"small {s.get('small')}, large {s.get('large')}", "",
-             f"| strategy | accuracy ({what}, abstain = wrong) | F1 | coverage | precision on answered | "
-             "tokens small / q | tokens large / q | GFLOPs / q | wall s / q |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"| strategy | accuracy ({what}, abstain = wrong) | F1 | same value | coverage | "
+             "precision on answered | tokens small / q | tokens large / q | GFLOPs / q | wall s / q |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in summary["table"]:
         name = row["strategy"] + (f" (N={row['n']})" if row["strategy"] in CURVE_STRATEGIES else "")
-        lines.append(f"| {name} | {row['accuracy']:.3f} | {row['f1']:.3f} | {row['coverage']:.3f} | "
+        lines.append(f"| {name} | {row['accuracy']:.3f} | {row['f1']:.3f} | {row['value_accuracy']:.3f} | "
+                     f"{row['coverage']:.3f} | "
                      f"{row['precision']:.3f} | {row['tokens_small_per_q']:.1f} | {row['tokens_large_per_q']:.1f} | "
                      f"{row['gflops_per_q']:.1f} | {row['wall_s_per_q']:.2f} |")
     if summary.get("curve"):

@@ -1,7 +1,7 @@
 """Selection strategies: from one question's record (answers, verdicts) to the answer each strategy gives.
 
   small-greedy     the small model's greedy answer
-  small-majority   majority vote over the first N sampled answers (ties: the answer seen first)
+  small-majority   majority vote over the first N sampled answers (see `majority`)
   small-verified   majority vote over the verified ones among them; abstain when none is verified
   cascade          small-verified, else the large model's greedy answer
   large-greedy     the large model's greedy answer
@@ -30,12 +30,16 @@ class Selection:
 
 
 def majority(answers: list[str], keys: list[str]) -> str | None:
-    """The answer whose key is most common (ties: the key seen first); None for no answers."""
+    """The most common key wins (ties: the key seen first); it is given in its most common written form
+    (ties: the shortest, then the first seen), so "60", "60 weddings", "60" answers "60". None for no answers."""
     if not answers:
         return None
     counts = Counter(keys)
     best = max(counts.values())
-    return next(a for a, k in zip(answers, keys) if counts[k] == best)
+    winner = next(k for k in keys if counts[k] == best)
+    forms = [a for a, k in zip(answers, keys) if k == winner]
+    form_counts = Counter(forms)
+    return min(forms, key=lambda a: (-form_counts[a], len(a), forms.index(a)))
 
 
 def select(record: dict, strategy: str, n: int) -> Selection:
