@@ -45,5 +45,5 @@ serve: fetch
 	$(VENV)/bin/specdraft serve --port 8000
 
 bench-server: fetch
-	$(PY) scripts/load_server.py --url http://127.0.0.1:8031 --serve "--port 8031 --max-queue 16" \
+	$(PY) scripts/load_server.py --url http://127.0.0.1:8031 --serve "--port 8031 --dtype float32 --max-queue 16 --log-level warning" \
 		--concurrency 1,4,16 --methods draft,ar --requests 4 --max-tokens 32 --out docs/server/load.json
