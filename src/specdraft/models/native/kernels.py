@@ -23,11 +23,25 @@ def _cpu_flags() -> set[str]:
 
 
 def build_dir() -> Path:
-    """Compiled artifacts live in the specdraft cache, keyed by the source's hash: paid once per machine."""
+    """Compiled artifacts live in the specdraft cache, keyed by the source, Python and torch versions: the
+    build (about 30 s) is paid once per machine, later processes import the library directly."""
+    import torch
+
     from .. import fetch
 
-    digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
-    return fetch.cache_root(None) / "kernels" / f"{sys.implementation.cache_tag}-{digest}"
+    key = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    return fetch.cache_root(None) / "kernels" / f"{sys.implementation.cache_tag}-{key}"
+
+
+def _import_built(library: Path):
+    import importlib.util
+
+    import torch  # noqa: F401  (the extension links against torch's libraries, loaded by this import)
+
+    spec = importlib.util.spec_from_file_location("specdraft_kernels", library)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def load_kernels():
@@ -47,6 +61,10 @@ def load_kernels():
         from torch.utils.cpp_extension import load
 
         directory = build_dir()
+        library = directory / "specdraft_kernels.so"
+        if library.is_file():
+            _loaded = _import_built(library)
+            return _loaded
         directory.mkdir(parents=True, exist_ok=True)
         _loaded = load(name="specdraft_kernels", sources=[str(_SOURCE)], build_directory=str(directory),
                        extra_cflags=["-O3", "-mavx2", "-mfma"], verbose=False)
