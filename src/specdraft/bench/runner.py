@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import SpecConfig, resolve_dtype
+from ..config import SpecConfig
 from ..engine import Engine
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel, load_model, set_threads
@@ -229,7 +229,8 @@ def run_info(settings: BenchSettings, models: BenchModels) -> dict:
     import transformers
 
     return {
-        "settings": {**asdict(settings), "dtype_resolved": resolve_dtype(settings.dtype)},
+        # the dtype the target was loaded in (auto gives the native backend bf16 weights, see load_model)
+        "settings": {**asdict(settings), "dtype_resolved": str(models.target.dtype).removeprefix("torch.")},
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": {"cpu": _cpu_model(), "cores": len(os.sched_getaffinity(0)),
                     "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
