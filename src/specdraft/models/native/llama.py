@@ -116,13 +116,6 @@ class NativeLlama:
         scaling = float(getattr(rotary, "attention_scaling", 1.0))
         self.cos, self.sin = table.cos() * scaling, table.sin() * scaling
 
-    @property
-    def weight_bytes(self) -> int:
-        tensors = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed else [self.lm_head])
-        for layer in self.layers:
-            tensors += [t for t in vars(layer).values() if t is not None]
-        return sum(t.numel() * t.element_size() for t in tensors)
-
     def new_cache(self, capacity: int = 256) -> "NativeCache":
         return NativeCache(len(self.layers), self.n_kv_heads, self.head_dim, capacity)
 
