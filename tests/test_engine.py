@@ -29,14 +29,14 @@ class WrongDrafter:
     def __init__(self, target):
         self.target = target
 
-    def begin(self, prompt_ids):
+    def begin(self, prompt_ids, features=None):
         pass
 
     def propose(self, context_ids, k, params, generator):
         logits = self.target.model(torch.tensor([context_ids])).logits[0, -1]
         return Draft(torch.full((k,), (int(logits.argmax()) + 1) % logits.shape[-1], dtype=torch.long))
 
-    def on_accept(self, context_ids):
+    def on_accept(self, context_ids, features=None):
         pass
 
 

@@ -44,10 +44,12 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
     deliberately wrong rules as negative controls.
     """
     started = time.perf_counter()
-    target_state = target.new_state(capacity=len(prompt_ids) + params.max_new_tokens + gamma + 1)
+    # a drafter that reads the target's hidden states (EAGLE) names the layers; every pass then keeps them
+    target_state = target.new_state(capacity=len(prompt_ids) + params.max_new_tokens + gamma + 1,
+                                    feature_layers=getattr(drafter, "feature_layers", ()))
     if len(prompt_ids) > 1:
         target_state.forward(prompt_ids[:-1], 1)
-    drafter.begin(prompt_ids)
+    drafter.begin(prompt_ids, target_state.features)  # features: [n_prompt - 1, n_taps, D] or None
     stats.time_prefill_s += time.perf_counter() - started
     context = list(prompt_ids)
     budget = params.max_new_tokens
@@ -68,7 +70,8 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
         # rollback: keep the pending token and the accepted draft tokens; the new last token becomes pending
         target_state.truncate(len(context) + result.n_accepted)
         context.extend(result.tokens)
-        drafter.on_accept(context)
+        kept_features = None if target_state.features is None else target_state.features[: result.n_accepted + 1]
+        drafter.on_accept(context, kept_features)  # the taps of the pending token and the accepted drafts
         t2 = time.perf_counter()
         stats.time_draft_s += t1 - t0
         stats.time_verify_s += t2 - t1

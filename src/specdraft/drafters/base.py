@@ -11,17 +11,25 @@ from ..types import Draft
 
 
 class Drafter(Protocol):
+    """Optional member: `feature_layers: tuple[int, ...]`, the target layers whose hidden states the drafter
+    reads (indexing of Hugging Face's `output_hidden_states`); absent or () for drafters that read none.
+    `features` below is then None; otherwise float32 [n, len(feature_layers), D], one row per target position
+    the call reports, in sequence order."""
+
     name: str
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        """A new sequence starts: prefill whatever state the drafter keeps."""
+    def begin(self, prompt_ids: list[int], features: torch.Tensor | None = None) -> None:
+        """A new sequence starts: prefill whatever state the drafter keeps. features: the target's taps of
+        prompt_ids[:-1] (the positions the target has cached; the last prompt token is pending)."""
 
     def propose(self, context_ids: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Draft:
         """Propose up to k tokens continuing context_ids (prompt + everything emitted so far)."""
 
-    def on_accept(self, context_ids: list[int]) -> None:
-        """The target kept some tokens; context_ids is the new full sequence. Roll back what was rejected."""
+    def on_accept(self, context_ids: list[int], features: torch.Tensor | None = None) -> None:
+        """The target kept some tokens; context_ids is the new full sequence. Roll back what was rejected.
+        features: the taps of the positions this pass added to the target's cache (the previously pending
+        token and the accepted draft tokens: context_ids[-n - 1:-1] for n rows)."""
 
 
 class NoDrafter:
@@ -29,11 +37,11 @@ class NoDrafter:
 
     name = "ar"
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], features=None) -> None:
         pass
 
     def propose(self, context_ids, k, params, generator) -> Draft:
         return Draft(torch.empty(0, dtype=torch.long))
 
-    def on_accept(self, context_ids: list[int]) -> None:
+    def on_accept(self, context_ids: list[int], features=None) -> None:
         pass

@@ -21,7 +21,7 @@ class ModelDrafter:
         self.backend = draft.backend  # shown in the statistics
         self.state = draft.new_state()
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], features=None) -> None:
         self.state = self.draft.new_state()
         if len(prompt_ids) > 1:
             self.state.forward(prompt_ids[:-1], 1)
@@ -49,7 +49,7 @@ class ModelDrafter:
         draft_probs = torch.stack(rows) if rows else None  # [k, V_draft]
         return Draft(torch.tensor(token_ids, dtype=torch.long), draft_probs)
 
-    def on_accept(self, context_ids: list[int]) -> None:
+    def on_accept(self, context_ids: list[int], features=None) -> None:
         self.state.sync(context_ids)  # drop rejected draft tokens; the new token is fed at the next propose
 
 

@@ -16,14 +16,14 @@ class PromptLookupDrafter:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], features=None) -> None:
         pass
 
     def propose(self, context_ids, k, params, generator) -> Draft:
         return Draft(torch.tensor(find_continuation(context_ids, k, self.max_ngram, self.min_ngram),
                                   dtype=torch.long))
 
-    def on_accept(self, context_ids: list[int]) -> None:
+    def on_accept(self, context_ids: list[int], features=None) -> None:
         pass
 
 

@@ -58,9 +58,25 @@ class LoadedModel:
     def max_positions(self) -> int | None:
         return getattr(self.model.config, "max_position_embeddings", None)
 
-    def new_state(self, capacity: int = 256) -> "SequenceState":
-        """A fresh sequence; `capacity` sizes the native cache up front (it still grows when exceeded)."""
-        return NativeState(self.native, capacity) if self.native is not None else KVState(self)
+    @property
+    def n_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    def new_state(self, capacity: int = 256, feature_layers: tuple[int, ...] = ()) -> "SequenceState":
+        """A fresh sequence; `capacity` sizes the native cache up front (it still grows when exceeded).
+
+        feature_layers: residual-stream taps every forward keeps in `state.features` (indexing of Hugging Face's
+        `output_hidden_states`: 0 the embedding, i the input of layer i, n_layers the final-normed state)."""
+        bad = [i for i in feature_layers if not 0 <= i <= self.n_layers]
+        if bad:
+            raise SpecdraftError(f"feature layers {bad} are outside 0..{self.n_layers} for {self.name!r}")
+        state = NativeState(self.native, capacity) if self.native is not None else KVState(self)
+        state.feature_layers = tuple(feature_layers)
+        return state
 
 
 def resolve_model_path(name_or_path: str, cache_dir: str | None = None, progress: bool = True) -> str:
@@ -127,6 +143,9 @@ class SequenceState:
 
     def __init__(self) -> None:
         self.token_ids: list[int] = []
+        self.feature_layers: tuple[int, ...] = ()
+        # float32 [n_new, len(feature_layers), D]: the taps of every token the last forward computed (None: no taps)
+        self.features: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -175,7 +194,8 @@ class NativeState(SequenceState):
     def forward(self, new_ids: list[int], n_logits: int) -> torch.Tensor:
         if not new_ids:
             raise ValueError("forward needs at least one token")
-        logits = self.native.forward(new_ids, self.cache, n_logits)  # [n_logits, V]
+        logits, self.features = self.native.forward_with_features(new_ids, self.cache, n_logits,
+                                                                  self.feature_layers)  # [n_logits, V]
         self.token_ids.extend(new_ids)
         return logits
 
@@ -221,6 +241,8 @@ class KVState(SequenceState):
         few_rows = self.loaded.weight_major and 1 < len(new_ids) <= WeightMajorLinear.MAX_ROWS
         with WeightMajorLinear() if few_rows else contextlib.nullcontext():
             out = self.loaded.model(input_ids=input_ids, cache=self.cache, use_cache=True,
-                                    logits_to_keep=n_logits)
+                                    logits_to_keep=n_logits, output_hidden_states=bool(self.feature_layers))
+        self.features = (torch.stack([out.hidden_states[i][0] for i in self.feature_layers], dim=1).float()
+                         if self.feature_layers else None)  # [n, n_taps, D]
         self.token_ids.extend(new_ids)
         return out.logits[0, -n_logits:].float()  # [n_logits, V]

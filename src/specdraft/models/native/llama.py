@@ -134,7 +134,15 @@ class NativeLlama:
 
     def forward(self, token_ids: list[int], cache: "NativeCache", n_logits: int) -> torch.Tensor:
         """Append `token_ids` at cache.length; return float32 logits [n_logits, V] of the last n_logits."""
+        return self.forward_with_features(token_ids, cache, n_logits)[0]
+
+    def forward_with_features(self, token_ids: list[int], cache: "NativeCache", n_logits: int,
+                              feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`forward`, also returning the residual stream of every new token at `feature_layers`
+        (Hugging Face's `output_hidden_states` indexing: 0 is the embedding, i the input of layer i, and
+        n_layers the final-normed state the LM head reads) as float32 [T, len(feature_layers), D], or None."""
         ops = self.ops
+        taps: dict[int, torch.Tensor] = {}
         n_new = len(token_ids)
         start = cache.length
         if start + n_new > self.max_positions:
@@ -143,6 +151,8 @@ class NativeLlama:
         positions = slice(start, start + n_new)
         hidden = self.embed[torch.tensor(token_ids, dtype=torch.long)].float()  # [T, D]
         for index, layer in enumerate(self.layers):
+            if index in feature_layers:
+                taps[index] = hidden  # [T, D]; the loop rebinds `hidden`, so this tensor is not mutated
             x = ops.rms_norm(hidden, layer.input_norm, self.eps)  # [T, D]
             q = self._linear(x, layer.q, layer.q_bias).view(n_new, self.n_heads, self.head_dim)
             k = self._linear(x, layer.k, layer.k_bias).view(n_new, self.n_kv_heads, self.head_dim)
@@ -156,8 +166,13 @@ class NativeLlama:
             gated = ops.silu_mul(self._linear(x, layer.gate, None), self._linear(x, layer.up, None))  # [T, I]
             hidden = hidden + self._linear(gated, layer.down, None)
         cache.length = start + n_new
-        last = ops.rms_norm(hidden[-n_logits:].contiguous(), self.final_norm, self.eps)  # [n_logits, D]
-        return self._linear(last, self.lm_head, None)  # [n_logits, V]
+        if not feature_layers:
+            last = ops.rms_norm(hidden[-n_logits:].contiguous(), self.final_norm, self.eps)  # [n_logits, D]
+            return self._linear(last, self.lm_head, None), None  # [n_logits, V]
+        normed = ops.rms_norm(hidden.contiguous(), self.final_norm, self.eps)  # [T, D]
+        taps[len(self.layers)] = normed
+        features = torch.stack([taps[i] for i in feature_layers], dim=1)  # [T, n_taps, D]
+        return self._linear(normed[-n_logits:].contiguous(), self.lm_head, None), features  # [n_logits, V]
 
 
 class NativeCache:
