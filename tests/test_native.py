@@ -85,6 +85,23 @@ def test_rollback_is_a_length_change_and_growth_keeps_the_cache(tiny_native):
     assert state.cache_bytes == len(TOKENS) * 2 * model.native.n_kv_heads * model.native.head_dim * 2 * 4
 
 
+def test_kernels_are_built_with_openmp_and_thread_count_never_changes_a_result(tiny_native):
+    """at::parallel_for is sequential unless the extension is compiled with OpenMP: it was, silently, once."""
+    model = tiny_native["qwen2", "bfloat16"]
+    assert model.native.ops.parallel_backend() == "openmp"
+    x = torch.randn(6, 96, generator=torch.Generator().manual_seed(0))  # [T, K]
+    weight = torch.randn(1000, 96, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)  # [N, K]
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_thread = model.native.ops.linear(x, weight, None)
+        torch.set_num_threads(2)
+        two_threads = model.native.ops.linear(x, weight, None)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one_thread, two_threads)
+
+
 def test_long_passes_use_the_matmul_path_and_agree(tiny_native):
     model = tiny_native["qwen2", "float32"]
     tokens = (TOKENS * 5)[: MAX_KERNEL_ROWS + 9]

@@ -247,7 +247,18 @@ torch::Tensor silu_mul(torch::Tensor gate, torch::Tensor up) {
   return out;
 }
 
+// How at::parallel_for runs in this build: it is a header template, parallel only when this file is compiled
+// with OpenMP (-fopenmp); without it every kernel silently runs on one thread.
+std::string parallel_backend() {
+#ifdef _OPENMP
+  return "openmp";
+#else
+  return "sequential";
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("parallel_backend", &parallel_backend, "\"openmp\" when the kernels use several threads");
   m.def("linear", &linear, "batch-invariant x @ W.T (+ b), float32 or bfloat16 weights");
   m.def("rms_norm", &rms_norm, "row-wise RMSNorm, fixed reduction order");
   m.def("attention", &attention, "causal GQA attention of new queries against the KV cache");

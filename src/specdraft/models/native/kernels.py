@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 _SOURCE = Path(__file__).with_name("kernels.cpp")
+# -fopenmp matters: at::parallel_for is a header template that runs sequentially unless the extension itself is
+# compiled with OpenMP (it then shares torch's libgomp and follows torch.set_num_threads).
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
 _loaded = None
 _failure: str | None = None
 
@@ -29,7 +32,8 @@ def build_dir() -> Path:
 
     from .. import fetch
 
-    key = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    fingerprint = _SOURCE.read_bytes() + torch.__version__.encode() + " ".join(_FLAGS).encode()
+    key = hashlib.sha256(fingerprint).hexdigest()[:12]
     return fetch.cache_root(None) / "kernels" / f"{sys.implementation.cache_tag}-{key}"
 
 
@@ -67,7 +71,7 @@ def load_kernels():
             return _loaded
         directory.mkdir(parents=True, exist_ok=True)
         _loaded = load(name="specdraft_kernels", sources=[str(_SOURCE)], build_directory=str(directory),
-                       extra_cflags=["-O3", "-mavx2", "-mfma"], verbose=False)
+                       extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # a compiler or toolchain problem: fall back to transformers, say why
         lines = [line for line in str(exc).splitlines() if line.strip()]
         _failure = f"building the native kernels failed: {lines[-1] if lines else type(exc).__name__}"
