@@ -54,3 +54,310 @@ def test_no_taps_requested_means_no_features(tiny_models):
 def test_feature_layer_out_of_range_is_a_user_error(tiny_models):
     with pytest.raises(SpecdraftError, match="outside"):
         tiny_models["target"].new_state(feature_layers=(0, 3))
+
+
+# ------------------------------------------------------------------------------------------------ the head
+
+from specdraft import Engine, SamplingParams, SpecConfig  # noqa: E402
+from specdraft.drafters import EagleDrafter  # noqa: E402
+from specdraft.models.eagle_head import head_config_for, new_head  # noqa: E402
+from specdraft.train.eagle_data import vocab_hash  # noqa: E402
+
+PROMPTS = ["abc ab", "j. ihg", "a", "dead beef cafe. dead be"]
+GREEDY = SamplingParams(max_new_tokens=24)
+
+
+def tiny_head(target, draft_vocab: int = 8, seed: int = 0, layers=(0, 1, 2), scale: float = 1.0):
+    """An untrained head over a reduced vocabulary (a lossless engine must not care how bad it is)."""
+    config = head_config_for(target.name, target.model.config, target.vocab_size, layers, draft_vocab,
+                             vocab_hash(target.tokenizer), intermediate_size=48)
+    draft_to_target = torch.arange(target.vocab_size - draft_vocab, target.vocab_size)  # drops <unk>, <eos>, ...
+    model = target.model
+    head = new_head(config, model.get_input_embeddings().weight, model.get_output_embeddings().weight,
+                    model.model.norm.weight, draft_to_target, seed=seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.mul_(scale)
+    return head
+
+
+def eagle_engine(target, head, gamma: int = 4) -> Engine:
+    return Engine(target, EagleDrafter(head, target), SpecConfig("eagle", gamma, eagle_head="(in memory)"))
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+def test_greedy_eagle_equals_autoregressive(tiny_models, gamma):
+    target = tiny_models["target"]
+    head = tiny_head(target)
+    for prompt in PROMPTS:
+        ids = Engine(target).encode(prompt, chat=False)
+        expected = Engine(target).generate(ids, GREEDY)
+        got = eagle_engine(target, head, gamma).generate(ids, GREEDY)
+        assert got.token_ids == expected.token_ids, prompt
+        assert got.stats.drafted > 0 or len(ids) == 1
+
+
+# ------------------------------------------------------------------------------------------------ training
+
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['content'] }}.{% endfor %}"
+                 "{% if add_generation_prompt %} {% endif %}")
+
+
+@pytest.fixture(scope="module")
+def tiny_features(tmp_path_factory):
+    """The real collection pipeline on the tiny target (its character tokenizer given a trivial chat template)."""
+    from tiny import build_model
+
+    from specdraft.train.eagle_data import CollectConfig, collect
+
+    root = tmp_path_factory.mktemp("eagle_data")
+    target_dir = build_model(root / "target", seed=5, layers=3)
+    config_path = target_dir / "tokenizer_config.json"
+    import json
+
+    tokenizer_config = json.loads(config_path.read_text())
+    tokenizer_config["chat_template"] = CHAT_TEMPLATE
+    config_path.write_text(json.dumps(tokenizer_config))
+    folder = collect(CollectConfig(target=str(target_dir), out=str(root / "features"), tokens=400, max_len=48,
+                                   layers=(1, 2, 3), backend="native", threads=1), progress=False)
+    return target_dir, folder
+
+
+def test_collected_features_match_a_fresh_forward(tiny_features):
+    from specdraft.train.eagle_data import FeatureStore
+
+    target_dir, folder = tiny_features
+    store = FeatureStore(folder)
+    assert store.n_tokens >= 400 and store.meta["layers"] == [1, 2, 3]
+    tokens, taps, final = store.sequence(0)
+    model = load_model(str(target_dir), "float32", backend="transformers")
+    with torch.inference_mode():
+        hidden = model.model(input_ids=tokens[None], output_hidden_states=True).hidden_states
+    expected = torch.stack([hidden[i][0] for i in (1, 2, 3)], dim=1)
+    torch.testing.assert_close(taps, expected, rtol=1e-2, atol=1e-2)  # stored in bf16
+    torch.testing.assert_close(final, hidden[3][0], rtol=1e-2, atol=1e-2)
+
+
+def train_config(folder, out, steps):
+    from specdraft.train.config import TrainConfig
+
+    return TrainConfig(data=str(folder), out=str(out), steps=steps, ttt_steps=3, window=24, draft_vocab=10,
+                       intermediate_size=32, lr=3e-3, warmup_steps=2, checkpoint_every=3)
+
+
+def test_training_lowers_the_loss(tiny_features, tmp_path):
+    from specdraft.train.eagle_train import Trainer
+
+    _, folder = tiny_features
+    trainer = Trainer(train_config(folder, tmp_path / "head", 30), progress=False)
+    trainer.run()
+    first = sum(r["loss"] for r in trainer.history[:5]) / 5
+    last = sum(r["loss"] for r in trainer.history[-5:]) / 5
+    assert last < first
+    assert (tmp_path / "head" / "loss.png").is_file() and (tmp_path / "head" / "train_log.jsonl").is_file()
+    assert "val_agreement" in trainer.history[-1]
+
+
+def test_resumed_training_reaches_the_same_state(tiny_features, tmp_path):
+    from specdraft.train.eagle_train import Trainer
+
+    _, folder = tiny_features
+    straight = Trainer(train_config(folder, tmp_path / "straight", 9), progress=False)
+    straight.run()
+    interrupted = Trainer(train_config(folder, tmp_path / "resumed", 9), progress=False)
+    interrupted.run(stop_after=4)  # killed after step 4: the checkpoint holds step 3, step 4 is redone
+    assert interrupted.step == 4
+    resumed = Trainer(train_config(folder, tmp_path / "resumed", 9), progress=False)
+    assert resumed.step == 3
+    resumed.run()
+    assert resumed.step == straight.step == 9
+    assert [r["loss"] for r in resumed.history] == [r["loss"] for r in straight.history]
+    for name, tensor in straight.head.state_dict().items():
+        assert torch.equal(tensor, resumed.head.state_dict()[name]), name
+    other = Trainer(train_config(folder, tmp_path / "other", 9), progress=False)
+    other.run(stop_after=3)  # a run that really differs (fewer steps) must not compare equal: the check can fail
+    assert not torch.equal(other.head.fc.weight, straight.head.fc.weight)
+
+
+def test_resuming_with_other_settings_is_a_user_error(tiny_features, tmp_path):
+    from dataclasses import replace
+
+    from specdraft.train.eagle_train import Trainer
+
+    _, folder = tiny_features
+    Trainer(train_config(folder, tmp_path / "run", 3), progress=False).run()
+    with pytest.raises(SpecdraftError, match="other settings"):
+        Trainer(replace(train_config(folder, tmp_path / "run", 3), lr=1e-2), progress=False)
+
+
+def test_head_cache_rollback_matches_a_fresh_head_pass(tiny_models):
+    """After many passes with rejections, the head's committed rows equal one pass over the same taps."""
+    target = tiny_models["target"]
+    head = tiny_head(target)
+    drafter = EagleDrafter(head, target)
+    engine = Engine(target, drafter, SpecConfig("eagle", 4, eagle_head="(in memory)"))
+    ids = engine.encode("dead beef cafe. dead be", chat=False)
+    result = engine.generate(ids, SamplingParams(max_new_tokens=20))
+    assert result.stats.target_passes > 1
+    sequence = ids + result.token_ids
+    drafter.cache.truncate(drafter.committed)
+    with torch.inference_mode():
+        state = target.new_state(feature_layers=drafter.feature_layers)
+        state.forward(sequence[: drafter.committed], 1)
+        from specdraft.models.eagle_head import HeadCache
+
+        fresh = HeadCache(head.config)
+        head.step(head.fuse(state.features), torch.tensor(sequence[1: drafter.committed + 1]), fresh)
+    n = drafter.committed
+    torch.testing.assert_close(drafter.cache.keys[:, :n], fresh.keys[:, :n], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(drafter.cache.values[:, :n], fresh.values[:, :n], rtol=1e-4, atol=1e-4)
+
+
+def test_draft_probs_are_zero_outside_the_reduced_vocabulary(tiny_models):
+    target = tiny_models["target"]
+    head = tiny_head(target, draft_vocab=5)
+    drafter = EagleDrafter(head, target)
+    ids = [2, 3, 4, 5]
+    with torch.inference_mode():
+        state = target.new_state(feature_layers=drafter.feature_layers)
+        state.forward(ids[:-1], 1)
+    drafter.begin(ids, state.features)
+    draft = drafter.propose(ids, 3, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    assert draft.draft_probs.shape == (3, target.vocab_size)
+    outside = ~head.t2d
+    assert float(draft.draft_probs[:, outside].abs().sum()) == 0.0
+    torch.testing.assert_close(draft.draft_probs.sum(-1), torch.ones(3))
+    assert bool(head.t2d[draft.token_ids].all())
+
+
+# ------------------------------------------------------------------------------------------------ sampling
+
+@pytest.fixture(scope="module", params=["native", "transformers"])
+def small_vocab_target(tmp_path_factory, request):
+    from tiny import build_model
+
+    root = tmp_path_factory.mktemp("eagle_small_vocab")
+    return load_model(str(build_model(root / "t", seed=11, chars="abcde", init_range=0.5)), "float32",
+                      backend=request.param)
+
+
+def eagle_pvalue(target, head, params, rule=None) -> float:
+    """The chi-square test of tests/test_exactness.py (same N and threshold) with the EAGLE drafter."""
+    import numpy as np
+    from scipy.stats import chisquare
+    from test_exactness import N_SAMPLES, PROMPT, exact_joint, outcome
+
+    engine = Engine(target, EagleDrafter(head, target), SpecConfig("eagle", 3, eagle_head="(in memory)"),
+                    **({"sampling_rule": rule} if rule else {}))
+    expected = exact_joint(target, params)
+    counts = dict.fromkeys(expected, 0)
+    for seed in range(N_SAMPLES):
+        key = outcome(engine.generate(PROMPT, SamplingParams(**{**params.__dict__, "seed": seed})),
+                      target.eos_token_ids)
+        counts[key] = counts.get(key, 0) + 1
+    observed = np.array([counts[k] for k in counts], dtype=float)
+    expected_counts = np.array([expected.get(k, 0.0) * N_SAMPLES for k in counts])
+    if (expected_counts[observed > 0] == 0).any():
+        return 0.0
+    small = expected_counts < 5
+    observed = np.append(observed[~small], observed[small].sum())
+    expected_counts = np.append(expected_counts[~small], expected_counts[small].sum())
+    keep = expected_counts > 0
+    observed, expected_counts = observed[keep], expected_counts[keep]
+    expected_counts *= observed.sum() / expected_counts.sum()
+    return float(chisquare(observed, expected_counts).pvalue)
+
+
+def peaky_head(target):
+    """A head over 4 of the 7 ids (<unk> and two letters left out), sharp enough to differ from the target."""
+    return tiny_head(target, draft_vocab=4, seed=3, layers=(0, 1, 2), scale=4.0)
+
+
+@pytest.mark.parametrize("setting", ["T=1", "T=0.7,top-k=3"])
+def test_sampled_eagle_output_follows_the_target_distribution(small_vocab_target, setting):
+    from test_exactness import N_SAMPLES, P_THRESHOLD, SETTINGS
+
+    pvalue = eagle_pvalue(small_vocab_target, peaky_head(small_vocab_target), SETTINGS[setting])
+    assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
+
+
+def test_negative_control_always_accepting_eagle_drafts_fails(small_vocab_target):
+    from test_acceptance import always_accept
+    from test_exactness import N_SAMPLES, P_THRESHOLD, SETTINGS
+
+    pvalue = eagle_pvalue(small_vocab_target, peaky_head(small_vocab_target), SETTINGS["T=1"], always_accept)
+    assert pvalue < P_THRESHOLD, f"the wrong rule passed: p-value {pvalue:.2e} at N={N_SAMPLES}"
+
+
+# ------------------------------------------------------------------------------------------------ export, errors
+
+EAGLE3_TENSORS = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
+                  "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
+                  "midlayer.post_attention_layernorm.weight", "midlayer.self_attn.q_proj.weight",
+                  "midlayer.self_attn.k_proj.weight", "midlayer.self_attn.v_proj.weight",
+                  "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight",
+                  "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight"}
+
+
+def test_eagle3_export_round_trip(tiny_models, tmp_path):
+    import json
+
+    from safetensors.torch import load_file
+
+    from specdraft.models.eagle_head import export_eagle3, load_head
+
+    target = tiny_models["target"]
+    head = tiny_head(target, draft_vocab=6)
+    folder = export_eagle3(head, tmp_path / "eagle3", dtype=torch.float32)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["draft_vocab_size"] == 6 and config["vocab_size"] == target.vocab_size
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    tensors = load_file(str(folder / "model.safetensors"))
+    assert set(tensors) == EAGLE3_TENSORS
+    assert tensors["fc.weight"].shape == (target.hidden_size, 3 * target.hidden_size)
+    assert torch.equal(tensors["d2t"] + torch.arange(6), head.d2t)  # offsets, as vLLM and SGLang add them
+    assert tensors["t2d"].dtype == torch.bool and int(tensors["t2d"].sum()) == 6
+    loaded = load_head(str(folder), target)
+    for name, tensor in head.state_dict().items():
+        assert torch.equal(tensor, loaded.state_dict()[name]), name
+    ids = Engine(target).encode("abc ab", chat=False)
+    first = eagle_engine(target, head).generate(ids, GREEDY)
+    again = eagle_engine(target, loaded).generate(ids, GREEDY)
+    assert first.token_ids == again.token_ids and first.stats.accepted == again.stats.accepted
+
+
+def test_saved_head_loads_by_name_from_the_heads_folder(tiny_models, tmp_path, monkeypatch):
+    from specdraft.drafters import build_drafter
+    from specdraft.models.eagle_head import load_head, save_head
+
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path))
+    target = tiny_models["target"]
+    head = tiny_head(target)
+    save_head(head, tmp_path / "heads" / "tiny-head")
+    assert torch.equal(load_head("tiny-head", target).fc.weight, head.fc.weight)
+    drafter = build_drafter(SpecConfig("eagle", 3, eagle_head="tiny-head"), target, None)
+    assert drafter.feature_layers == (0, 1, 2)
+
+
+def test_missing_head_is_a_user_error(tiny_models, tmp_path, monkeypatch):
+    from specdraft.drafters import build_drafter
+    from specdraft.models.eagle_head import load_head
+
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path))
+    with pytest.raises(SpecdraftError, match="needs a trained head"):
+        build_drafter(SpecConfig("eagle", 3), tiny_models["target"], None)
+    with pytest.raises(SpecdraftError, match="no EAGLE head 'nowhere'"):
+        load_head("nowhere", tiny_models["target"])
+
+
+@pytest.mark.parametrize("other", [dict(hidden=48), dict(chars="klmnopqrstuv")], ids=["hidden", "vocabulary"])
+def test_head_for_another_target_is_refused(tiny_models, tmp_path, other):
+    from tiny import build_model
+
+    from specdraft.models.eagle_head import load_head, save_head
+
+    save_head(tiny_head(tiny_models["target"]), tmp_path / "head")
+    wrong = load_model(str(build_model(tmp_path / "wrong", seed=9, **other)), "float32")
+    with pytest.raises(SpecdraftError, match="was trained for"):
+        load_head(str(tmp_path / "head"), wrong)

@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--gamma", type=int, default=3, help=f"draft tokens per target pass (1..{MAX_GAMMA})")
     gen.add_argument("--draft-confidence", type=float, default=0.0,
                      help="stop drafting when the draft's top-1 probability is below this (0: always draft gamma)")
+    gen.add_argument("--eagle-head", default=None, help="method eagle: a trained head's name or folder")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     gen.add_argument("--top-k", type=int, default=0)
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--gamma", type=int, default=3, help=f"default draft tokens per target pass (1..{MAX_GAMMA})")
     serve.add_argument("--draft-confidence", type=float, default=0.0,
                        help="default: stop drafting when the draft's top-1 probability is below this")
+    serve.add_argument("--eagle-head", default=None, help="method eagle: a trained head's name or folder")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--model-name", default=None, help="the model id clients send (default: --target)")
@@ -67,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench.options import add_bench_arguments
 
     add_bench_arguments(sub.add_parser("bench", help="benchmark methods side by side on a prompt suite"))
+
+    from .train.options import add_train_arguments
+
+    add_train_arguments(sub.add_parser("train", help="train a drafter on this machine (EAGLE head), export it"))
 
     answers = sub.add_parser("answers", help="answer-scale propose and verify: a small model N times with a "
                              "verifier against a large model once (docs/answers.md)")
@@ -108,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
             from .bench.runner import cmd_bench
 
             return cmd_bench(args, sys.argv[1:] if argv is None else argv)
+        if args.command == "train":
+            from .train.eagle_train import cmd_train
+
+            return cmd_train(args)
         if args.command == "serve":
             return cmd_serve(args)
     except SpecdraftError as exc:
@@ -151,7 +161,8 @@ def cmd_answers(args) -> int:
 def _configs(args) -> tuple[ModelConfig, SpecConfig, SamplingParams]:
     models = ModelConfig(target=args.target, draft=args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
                          threads=args.threads, backend=args.backend)
-    spec = SpecConfig(method=args.method, gamma=args.gamma, draft_confidence=args.draft_confidence)
+    spec = SpecConfig(method=args.method, gamma=args.gamma, draft_confidence=args.draft_confidence,
+                      eagle_head=args.eagle_head)
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), seed=args.seed)
     return models, spec, params
@@ -162,7 +173,8 @@ def cmd_serve(args) -> int:
 
     models = ModelConfig(target=args.target, draft=None if args.no_draft else args.draft, dtype=args.dtype,
                          cache_dir=args.cache_dir, threads=args.threads, backend=args.backend)
-    spec = SpecConfig(method=args.method, gamma=args.gamma, draft_confidence=args.draft_confidence)
+    spec = SpecConfig(method=args.method, gamma=args.gamma, draft_confidence=args.draft_confidence,
+                      eagle_head=args.eagle_head)
     config = ServerConfig(host=args.host, port=args.port, model_name=args.model_name, max_queue=args.max_queue,
                           max_tokens_limit=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
                           shutdown_timeout_s=args.shutdown_timeout, log_level=args.log_level)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from .errors import SpecdraftError
 
 MAX_GAMMA = 32
-METHODS = ("ar", "draft", "prompt-lookup")
+METHODS = ("ar", "draft", "prompt-lookup", "eagle")
 DTYPES = ("auto", "bfloat16", "float32", "float16")
 BACKENDS = ("auto", "native", "transformers")
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "float": "float32", "half": "float16"}
@@ -53,6 +53,8 @@ class SpecConfig:
     # prompt lookup: longest and shortest n-gram to match in the context
     lookup_max_ngram: int = 3
     lookup_min_ngram: int = 1
+    # method eagle: a trained EAGLE head, by name (~/.cache/specdraft/heads/NAME) or folder (ours or EAGLE-3 layout)
+    eagle_head: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

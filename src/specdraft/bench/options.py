@@ -21,6 +21,7 @@ class BenchSettings:
     draft: str | None = ModelConfig.draft
     gammas: tuple[int, ...] = (3,)
     draft_confidence: float = 0.0
+    eagle_head: str | None = None  # method eagle: a trained head's name or folder
     max_new_tokens: int = 128
     dtype: str = "auto"
     backend: str = "auto"  # our methods' forward: auto, native or transformers (transformers' methods: their own)
@@ -59,6 +60,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gamma", default="3", help="draft tokens per pass; a comma list sweeps (e.g. 2,3,4,6)")
     parser.add_argument("--draft-confidence", type=float, default=0.0,
                         help="our draft method: stop drafting when the draft's top-1 probability is below this")
+    parser.add_argument("--eagle-head", default=None, help="method eagle: a trained head's name or folder")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (equality is checked exactly "
                         "in float32; in bf16 the divergence rate is reported)")
@@ -87,7 +89,8 @@ def settings_from_args(args: argparse.Namespace, command: str = "") -> BenchSett
         raise SpecdraftError("--max-new-tokens and --warmup-tokens must be >= 1")
     return BenchSettings(prompts=args.prompts, categories=_comma_list(args.categories), limit=args.limit,
                          methods=methods, target=args.target, draft=args.draft, gammas=gammas,
-                         draft_confidence=args.draft_confidence, max_new_tokens=args.max_new_tokens,
+                         draft_confidence=args.draft_confidence, eagle_head=args.eagle_head,
+                         max_new_tokens=args.max_new_tokens,
                          dtype=normalize_dtype(args.dtype), backend=normalize_backend(args.backend),
                          temperature=args.temperature, seed=args.seed,
                          out=args.out, chat=not args.no_chat, warmup_tokens=args.warmup_tokens,

@@ -59,7 +59,7 @@ def build_variants(settings: BenchSettings, models: BenchModels) -> list[Variant
     for method in check_methods(settings):
         for gamma in settings.gammas if method.uses_gamma else (None,):
             spec = SpecConfig(method="draft", gamma=gamma or settings.gammas[0],
-                              draft_confidence=settings.draft_confidence)
+                              draft_confidence=settings.draft_confidence, eagle_head=settings.eagle_head)
             label = f"{method.name}-g{gamma}" if sweep and gamma is not None else method.name
             variants.append(Variant(label, method, gamma, method.build(models, spec)))
     return variants

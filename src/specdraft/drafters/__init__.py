@@ -8,6 +8,7 @@ from ..config import SpecConfig
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel
 from .base import Drafter, NoDrafter
+from .eagle import EagleDrafter
 from .model import ModelDrafter
 from .prompt_lookup import PromptLookupDrafter
 
@@ -16,6 +17,7 @@ DRAFTERS: dict[str, Callable[[SpecConfig, LoadedModel, LoadedModel | None], Draf
     "ar": lambda spec, target, draft: NoDrafter(),
     "prompt-lookup": lambda spec, target, draft: PromptLookupDrafter(spec.lookup_max_ngram, spec.lookup_min_ngram),
     "draft": lambda spec, target, draft: ModelDrafter(_require(draft), target, spec.draft_confidence),
+    "eagle": lambda spec, target, draft: EagleDrafter.load(_require_head(spec), target),
 }
 
 NEEDS_DRAFT_MODEL = {"draft"}
@@ -27,9 +29,16 @@ def _require(draft: LoadedModel | None) -> LoadedModel:
     return draft
 
 
+def _require_head(spec: SpecConfig) -> str:
+    if not spec.eagle_head:
+        raise SpecdraftError("method 'eagle' needs a trained head (--eagle-head NAME_OR_PATH); train one with "
+                             "`specdraft train eagle --out NAME`")
+    return spec.eagle_head
+
+
 def build_drafter(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:
     return DRAFTERS[spec.method](spec, target, draft)
 
 
-__all__ = ["Drafter", "DRAFTERS", "NEEDS_DRAFT_MODEL", "build_drafter", "ModelDrafter", "NoDrafter",
+__all__ = ["Drafter", "DRAFTERS", "EagleDrafter", "NEEDS_DRAFT_MODEL", "build_drafter", "ModelDrafter", "NoDrafter",
            "PromptLookupDrafter"]

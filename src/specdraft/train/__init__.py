@@ -1,0 +1,1 @@
+"""Training drafters on this machine: data collection from the target, training loops, export."""

@@ -1,0 +1,355 @@
+"""Training an EAGLE head with training-time test (EAGLE-3): the head is unrolled on its own outputs.
+
+For a collected sequence of T tokens t_0..t_{T-1} with the target's taps f_i and target distributions p_i
+(p_i = the target's next-token distribution at position i, recomputed from its final-normed state through
+its LM head restricted to the draft vocabulary, renormalised there), one training step runs, for every anchor
+position a = 0..T-2 at once:
+
+  step 1  row (fc(f_a), t_{a+1}) at position a, attending to step-1 rows 0..a      -> predicts p_{a+1}
+  step j  row (out_{j-1}(a), t_{a+j}) at position a+j-1, attending to step-1 rows 0..a and to the rows of
+          steps 2..j of the same anchor (exactly the rows the head's cache holds when it drafts token j)
+                                                                                    -> predicts p_{a+j}
+
+The loss is sum_j w^(j-1) * CE(p_{a+j}, head_j(a)) over anchors with a + j <= T - 1 (soft targets: the
+target's whole distribution over the draft vocabulary), w = 0.8 by default. Gradients flow through the
+unrolled steps. AdamW, linear warmup then cosine decay.
+
+Resume: every `checkpoint_every` steps the head, the optimizer and the log are saved atomically; the data
+order is a pure function of (seed, epoch) and nothing else draws random numbers, so a resumed run reaches
+the same state as an uninterrupted one (tests/test_eagle.py checks it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import SpecdraftError
+from ..models.eagle_head import EagleHead, EagleHeadConfig, head_config_for, heads_root, new_head, save_head
+from .config import TrainConfig
+from .eagle_data import FeatureStore
+
+CHECKPOINT = "checkpoint.pt"
+LOG = "train_log.jsonl"
+
+
+def head_folder(out: str) -> Path:
+    """A bare name goes under ~/.cache/specdraft/heads/; anything with a path separator is a folder."""
+    return Path(out).expanduser() if ("/" in out or out.startswith(("~", "."))) else heads_root() / out
+
+
+@dataclass
+class TargetTensors:
+    """The target weights the head trains against: embedding, LM head and final norm (read from safetensors,
+    not the whole model), plus its Hugging Face config."""
+
+    hf_config: object
+    embed: torch.Tensor  # [V, D]
+    lm_head: torch.Tensor  # [V, D]
+    final_norm: torch.Tensor  # [D]
+
+    @classmethod
+    def load(cls, model_path: str) -> "TargetTensors":
+        from safetensors import safe_open
+        from transformers import AutoConfig
+
+        folder = Path(model_path)
+        config = AutoConfig.from_pretrained(folder)
+        wanted = {"model.embed_tokens.weight": None, "lm_head.weight": None, "model.norm.weight": None}
+        for file in sorted(folder.glob("*.safetensors")):
+            with safe_open(str(file), "pt") as f:
+                for name in wanted:
+                    if name in f.keys():
+                        wanted[name] = f.get_tensor(name).float()
+        if wanted["model.embed_tokens.weight"] is None or wanted["model.norm.weight"] is None:
+            raise SpecdraftError(f"{folder} has no embed_tokens / norm weights in safetensors files")
+        lm_head = wanted["lm_head.weight"] if wanted["lm_head.weight"] is not None else wanted[
+            "model.embed_tokens.weight"]  # tied embeddings
+        return cls(config, wanted["model.embed_tokens.weight"], lm_head, wanted["model.norm.weight"])
+
+
+def choose_draft_vocab(counts: torch.Tensor, size: int) -> torch.Tensor:
+    """The `size` most frequent target ids (ties: lower id first), ascending. counts: [V] int64."""
+    order = sorted(range(counts.shape[0]), key=lambda i: (-int(counts[i]), i))[:size]
+    return torch.tensor(sorted(order), dtype=torch.long)
+
+
+def ttt_losses(head: EagleHead, tokens: torch.Tensor, taps: torch.Tensor, target_probs: torch.Tensor,
+               ttt_steps: int, start: int = 0) -> tuple[list[torch.Tensor], list[float]]:
+    """The unrolled forward of one window of a sequence (see the module docstring).
+
+    tokens [T] int64; taps [T, 3, D_t] float32; target_probs [T, V_draft] float32 (row i = p_i); `start` is
+    the window's first position in its sequence (rotary positions; the window attends only within itself).
+    Returns per unrolled step the mean soft cross-entropy (a tensor) and the top-1 agreement with the target.
+    """
+    c = head.config
+    n = tokens.shape[0] - 1  # anchors a = 0..T-2
+    group = c.num_attention_heads // c.num_key_value_heads
+    scale = 1.0 / math.sqrt(c.head_dim)
+    anchors = torch.arange(n)
+    causal = anchors[None, :] <= anchors[:, None]  # [n, n]: step-1 key b visible to anchor a when b <= a
+    hidden = head.fuse(taps[:n])  # [n, D]
+    step1_keys = step1_values = None
+    own_keys: list[torch.Tensor] = []  # per step >= 2: [H, n, Dh], the anchor's own rows
+    own_values: list[torch.Tensor] = []
+    losses, agreement = [], []
+    for j in range(1, ttt_steps + 1):
+        valid = n - (j - 1)  # anchors whose target position a + j exists (a + j <= T - 1)
+        if valid <= 0:
+            break
+        next_ids = tokens[torch.clamp(anchors + j, max=tokens.shape[0] - 1)]  # [n]
+        q, k, v = head.qkv(hidden, next_ids, start + anchors + (j - 1))  # [n, H|Hkv, Dh]
+        q = q.transpose(0, 1)  # [H, n, Dh]
+        k = k.transpose(0, 1).repeat_interleave(group, 0)  # [H, n, Dh]
+        v = v.transpose(0, 1).repeat_interleave(group, 0)
+        if j == 1:
+            step1_keys, step1_values = k, v
+            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)  # [H, n, Dh]
+        else:
+            own_keys.append(k)
+            own_values.append(v)
+            scores = (q @ step1_keys.transpose(1, 2)) * scale  # [H, n, n]
+            scores = scores.masked_fill(~causal, float("-inf"))
+            diag = torch.stack([(q * key).sum(-1) for key in own_keys], dim=-1) * scale  # [H, n, j - 1]
+            weights = torch.cat([scores, diag], dim=-1).softmax(dim=-1)  # [H, n, n + j - 1]
+            attended = weights[..., :n] @ step1_values  # [H, n, Dh]
+            for s, value in enumerate(own_values):
+                attended = attended + weights[..., n + s: n + s + 1] * value
+        out = head.finish(hidden, attended.transpose(0, 1).reshape(n, -1))  # [n, D]
+        logits = head.draft_logits(out[:valid])  # [valid, V_draft]
+        wanted = target_probs[j: j + valid]  # [valid, V_draft]: p_{a + j}
+        losses.append(-(wanted * logits.log_softmax(-1)).sum(-1).mean())
+        agreement.append(float((logits.argmax(-1) == wanted.argmax(-1)).float().mean()))
+        hidden = out
+    return losses, agreement
+
+
+class Trainer:
+    """One training run: builds or resumes the head, steps, checkpoints, logs, plots, saves."""
+
+    def __init__(self, config: TrainConfig, progress: bool = True):
+        self.config = config
+        self.progress = progress
+        self.store = FeatureStore(config.data)
+        meta = self.store.meta
+        usable = [i for i, s in enumerate(self.store.sequences) if s["length"] >= 8]
+        if len(usable) < 2:
+            raise SpecdraftError(f"{config.data} holds {len(usable)} usable sequences; collect more (--tokens)")
+        n_val = max(1, int(len(usable) * config.validation_fraction))
+        # (sequence, start, length) windows; held-out sequences are the last ones of the ranked corpus
+        self.train_ids = self._windows(usable[:-n_val])
+        self.val_ids = self._windows(usable[-n_val:])
+        self.folder = head_folder(config.out)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.target = TargetTensors.load(meta["target_path"])
+        self.steps = config.steps or max(1, int(config.epochs * len(self.train_ids)))
+        ckpt_path = self.folder / CHECKPOINT
+        if ckpt_path.is_file():
+            ckpt = torch.load(ckpt_path, weights_only=False)
+            if ckpt["train_config"] != self._identity():
+                raise SpecdraftError(f"{self.folder} holds a run with other settings; choose another --out or "
+                                     f"delete {ckpt_path}")
+            head_config = EagleHeadConfig.from_dict(ckpt["head_config"])
+            self.head = EagleHead(head_config, self.target.embed)
+            self.head.load_state_dict(ckpt["head"])
+            self.optimizer = self._optimizer()
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+            self.step = ckpt["step"]
+            self.history = ckpt["history"]
+        else:
+            counts = torch.zeros(meta["vocab_size"], dtype=torch.long)
+            for i in sorted({w[0] for w in self.train_ids}):
+                counts += torch.bincount(self.store.sequence(i)[0], minlength=meta["vocab_size"])
+            draft_to_target = choose_draft_vocab(counts, config.draft_vocab)
+            head_config = head_config_for(meta["target"], self.target.hf_config, meta["vocab_size"],
+                                          tuple(meta["layers"]), config.draft_vocab, meta["vocab_hash"],
+                                          config.intermediate_size)
+            covered = float(counts[draft_to_target].sum()) / max(1, int(counts.sum()))
+            head_config.extra = {"data": str(self.store.folder), "data_tokens": self.store.n_tokens,
+                                 "collect_dtype": meta.get("collect_dtype"), "train": asdict(config),
+                                 "draft_vocab_coverage": covered}
+            self.head = new_head(head_config, self.target.embed, self.target.lm_head, self.target.final_norm,
+                                 draft_to_target, seed=config.seed)
+            self.optimizer = self._optimizer()
+            self.step = 0
+            self.history: list[dict] = []
+        self.draft_lm_head = self.target.lm_head[self.head.d2t]  # [V_draft, D]: the target's head, draft rows
+
+    def _windows(self, sequences: list[int]) -> list[tuple[int, int, int]]:
+        out = []
+        for i in sequences:
+            length = self.store.sequences[i]["length"]
+            for start in range(0, length, self.config.window):
+                if length - start >= 8:
+                    out.append((i, start, min(self.config.window, length - start)))
+        return out
+
+    def _identity(self) -> dict:
+        """The settings a checkpoint must share to be resumed (everything but the step count)."""
+        d = asdict(self.config)
+        d.pop("steps")
+        d.pop("checkpoint_every")
+        d["data"] = str(Path(d["data"]).expanduser().resolve())
+        return d
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        params = [p for p in self.head.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay,
+                                 betas=(0.9, 0.95))
+
+    def lr_at(self, step: int) -> float:
+        c = self.config
+        if step < c.warmup_steps:
+            return c.lr * (step + 1) / c.warmup_steps
+        progress = min(1.0, (step - c.warmup_steps) / max(1, self.steps - c.warmup_steps))
+        return c.lr * (c.min_lr_ratio + (1 - c.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    def window_for_step(self, step: int) -> tuple[int, int, int]:
+        """The data order: a permutation per epoch drawn from (seed, epoch) alone."""
+        epoch, index = divmod(step, len(self.train_ids))
+        order = torch.randperm(len(self.train_ids), generator=torch.Generator().manual_seed(
+            self.config.seed * 100_003 + epoch))
+        return self.train_ids[int(order[index])]
+
+    def _batch(self, window: tuple[int, int, int]):
+        index, start, length = window
+        tokens, taps, final = self.store.sequence(index, start, length)
+        with torch.no_grad():
+            target_probs = (final @ self.draft_lm_head.T).softmax(-1)  # [T, V_draft]
+        return tokens, taps, target_probs
+
+    def train_step(self, step: int) -> dict:
+        c = self.config
+        window = self.window_for_step(step)
+        tokens, taps, target_probs = self._batch(window)
+        self.head.train()
+        losses, agreement = ttt_losses(self.head, tokens, taps, target_probs, c.ttt_steps, start=window[1])
+        loss = sum(c.step_weight ** j * l for j, l in enumerate(losses))
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(step)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.head.parameters(), c.grad_clip))
+        self.optimizer.step()
+        return {"step": step + 1, "loss": float(loss.detach()), "step_losses": [float(l.detach()) for l in losses],
+                "agreement": agreement, "tokens": int(tokens.shape[0]), "lr": self.lr_at(step),
+                "grad_norm": grad_norm}
+
+    @torch.no_grad()
+    def validate(self) -> dict:
+        """Mean per-step loss and top-1 agreement with the target on the held-out sequences."""
+        self.head.eval()
+        sums, agree, weight = [0.0] * self.config.ttt_steps, [0.0] * self.config.ttt_steps, 0
+        for window in self.val_ids:
+            tokens, taps, target_probs = self._batch(window)
+            losses, agreement = ttt_losses(self.head, tokens, taps, target_probs, self.config.ttt_steps,
+                                           start=window[1])
+            for j, (l, a) in enumerate(zip(losses, agreement)):
+                sums[j] += float(l) * tokens.shape[0]
+                agree[j] += a * tokens.shape[0]
+            weight += tokens.shape[0]
+        return {"val_step_losses": [s / weight for s in sums], "val_agreement": [a / weight for a in agree]}
+
+    def checkpoint(self) -> None:
+        ckpt = {"train_config": self._identity(), "head_config": asdict(self.head.config),
+                "head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step,
+                "history": self.history}
+        tmp = self.folder / (CHECKPOINT + ".tmp")
+        torch.save(ckpt, tmp)
+        os.replace(tmp, self.folder / CHECKPOINT)
+        with open(self.folder / (LOG + ".tmp"), "w") as f:
+            for record in self.history:
+                f.write(json.dumps(record) + "\n")
+        os.replace(self.folder / (LOG + ".tmp"), self.folder / LOG)
+        plot_history(self.history, self.folder / "loss.png")
+
+    def run(self, stop_after: int | None = None) -> EagleHead:
+        """Train to `self.steps` (or stop after `stop_after` more steps: a deliberate interruption)."""
+        from tqdm import tqdm
+
+        bar = tqdm(total=self.steps, initial=self.step, unit="step", disable=not self.progress, desc="train",
+                   smoothing=0.05)
+        started, done_now, tokens_now = time.time(), 0, 0
+        while self.step < self.steps:
+            if stop_after is not None and done_now >= stop_after:
+                break
+            record = self.train_step(self.step)
+            self.step += 1
+            done_now += 1
+            tokens_now += record["tokens"]
+            record["elapsed_s"] = time.time() - started
+            self.history.append(record)
+            bar.update(1)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", acc1=f"{record['agreement'][0]:.2f}",
+                            tok_s=f"{tokens_now / max(time.time() - started, 1e-9):.0f}")
+            if self.step % self.config.checkpoint_every == 0 or self.step == self.steps:
+                if self.step == self.steps:
+                    self.history[-1].update(self.validate())
+                self.checkpoint()
+        bar.close()
+        if self.step >= self.steps:
+            self.head.config.extra["steps"] = self.step
+            self.head.config.extra["final"] = {k: v for k, v in self.history[-1].items() if k.startswith("val_")}
+            save_head(self.head, self.folder)
+        return self.head
+
+
+def plot_history(history: list[dict], path: Path) -> None:
+    """Training loss (smoothed) per unrolled step, and held-out agreement where measured."""
+    if not history:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [r["step"] for r in history]
+    n_ttt = max(len(r["step_losses"]) for r in history)
+    window = max(1, len(history) // 50)
+    for j in range(n_ttt):
+        values = [r["step_losses"][j] if j < len(r["step_losses"]) else float("nan") for r in history]
+        smooth = [sum(values[max(0, i - window + 1): i + 1]) / len(values[max(0, i - window + 1): i + 1])
+                  for i in range(len(values))]
+        ax.plot(steps, smooth, label=f"draft step {j + 1}")
+    ax.set_xlabel("training step (one window each)")
+    ax.set_ylabel(f"cross-entropy to the target (moving mean of {window})")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------- command line
+
+def cmd_train(args) -> int:
+    from ..models.adapter import load_model, set_threads
+    from ..models.eagle_head import export_eagle3, load_head
+    from .eagle_data import CollectConfig, collect
+
+    if args.train_command == "eagle-export":
+        target = load_model(args.target, "auto", progress=False)
+        print(export_eagle3(load_head(args.head, target), args.out))
+        return 0
+    set_threads(args.threads)
+    data = args.data or str(Path("~/.cache/specdraft/eagle-data").expanduser() / Path(args.target).name)
+    collect(CollectConfig(target=args.target, out=data, tokens=args.tokens, max_len=args.max_len,
+                          dtype=args.collect_dtype, threads=args.threads))
+    config = TrainConfig(data=data, out=args.out, steps=args.steps, epochs=args.epochs, ttt_steps=args.ttt_steps,
+                         window=args.window, draft_vocab=args.draft_vocab, intermediate_size=args.intermediate_size,
+                         lr=args.lr, checkpoint_every=args.checkpoint_every, seed=args.seed)
+    trainer = Trainer(config)
+    head = trainer.run()
+    print(f"head: {trainer.folder} ({trainer.step} steps; log {trainer.folder / LOG}, plot "
+          f"{trainer.folder / 'loss.png'}); use it with --method eagle --eagle-head {args.out}")
+    if args.export:
+        print(f"EAGLE-3 layout: {export_eagle3(head, args.export)}")
+    return 0

@@ -1,0 +1,37 @@
+"""`specdraft train` flags (no torch import here: the CLI builds its parser fast)."""
+
+from __future__ import annotations
+
+from .config import TrainConfig
+
+
+def add_train_arguments(parser) -> None:
+    """`specdraft train eagle ...` and `specdraft train eagle-export ...`."""
+    from ..models.fetch import DEFAULT_TARGET
+
+    sub = parser.add_subparsers(dest="train_command", required=True)
+    eagle = sub.add_parser("eagle", help="collect the target's features over the pinned-package corpus, then "
+                           "train an EAGLE-3-style head (resumes both phases)")
+    defaults = TrainConfig(data="", out="")
+    eagle.add_argument("--target", default=DEFAULT_TARGET)
+    eagle.add_argument("--out", required=True, help="head name (saved in ~/.cache/specdraft/heads/NAME) or folder")
+    eagle.add_argument("--data", default=None, help="feature folder (default ~/.cache/specdraft/eagle-data/TARGET)")
+    eagle.add_argument("--tokens", type=int, default=100_000, help="tokens of training text to collect")
+    eagle.add_argument("--max-len", type=int, default=512, help="tokens per collected sequence")
+    eagle.add_argument("--collect-dtype", default="float32", help="target weights while collecting (fp32 "
+                       "prefill through MKL was faster than the bf16 kernels here: docs/eagle.md)")
+    eagle.add_argument("--steps", type=int, default=None, help="training steps (default: --epochs over the data)")
+    eagle.add_argument("--epochs", type=float, default=defaults.epochs)
+    eagle.add_argument("--ttt-steps", type=int, default=defaults.ttt_steps, help="unrolled draft steps")
+    eagle.add_argument("--window", type=int, default=defaults.window, help="tokens per training step")
+    eagle.add_argument("--draft-vocab", type=int, default=defaults.draft_vocab)
+    eagle.add_argument("--intermediate-size", type=int, default=defaults.intermediate_size)
+    eagle.add_argument("--lr", type=float, default=defaults.lr)
+    eagle.add_argument("--checkpoint-every", type=int, default=defaults.checkpoint_every)
+    eagle.add_argument("--seed", type=int, default=0)
+    eagle.add_argument("--threads", type=int, default=None)
+    eagle.add_argument("--export", default=None, help="also write the EAGLE-3 layout (vLLM, SGLang) here")
+    export = sub.add_parser("eagle-export", help="write a trained head in the EAGLE-3 layout vLLM and SGLang load")
+    export.add_argument("head", help="head name or folder")
+    export.add_argument("out", help="output folder")
+    export.add_argument("--target", default=DEFAULT_TARGET)
