@@ -116,6 +116,15 @@ def test_report_and_figures_are_written(bench_run):
     assert summary["memory"]["target_weight_bytes"] > 0 and summary["memory"]["draft_kv_bytes_longest_turn"] > 0
 
 
+def test_start_up_costs_are_reported_apart_from_the_timings(bench_run):
+    _, summary, records, out = bench_run
+    startup = summary["startup"]
+    assert set(startup["warmup_s"]) == {r["label"] for r in records}  # every method warmed up once
+    assert all(seconds > 0 for seconds in startup["warmup_s"].values())
+    assert startup["native_kernels"]["kernels"] in ("built", "imported", "unavailable", "not loaded")
+    assert "## Start-up (once per process, outside every timing)" in (out / "report.md").read_text()
+
+
 def test_compare_tokens_flags_a_different_token():
     assert compare_tokens([5, 6, 7], [5, 6, 7]) == (True, None)
     assert compare_tokens([5, 9, 7], [5, 6, 7]) == (False, 1)

@@ -152,9 +152,27 @@ def format_report(summary: dict, figures: list[str]) -> str:
         f"draft {_gib(mem.get('draft_kv_bytes_longest_turn'))} (2 · layers · kv heads · head dim · tokens · bytes)",
         f"- peak resident memory of the process {_gib(mem.get('peak_rss_bytes'))}", "",
     ]
+    lines += startup_section(summary.get("startup"))
     lines += divergence_section(summary)
     lines += [f"![{Path(f).stem}]({f})" for f in figures]
     return "\n".join(lines) + "\n"
+
+
+def startup_section(startup: dict | None) -> list[str]:
+    """One-off costs (model loading, the native kernels' build or import, each method's warm-up): paid once per
+    process, never inside a timed generation."""
+    if not startup:
+        return []
+    kernels = startup.get("native_kernels", {})
+    kernel_text = kernels.get("kernels", "-")
+    if "seconds" in kernels:
+        kernel_text += f" in {kernels['seconds']:.1f} s"
+    warmups = ", ".join(f"{label} {s:.1f} s" for label, s in startup.get("warmup_s", {}).items()) or "-"
+    loads = ", ".join(f"{role} {startup[key]:.1f} s" for role, key in (("target", "target_load_s"),
+                                                                        ("draft", "draft_load_s")) if key in startup)
+    return ["## Start-up (once per process, outside every timing)", "",
+            f"- model loading: {loads or '-'}", f"- native kernels: {kernel_text} (built once per machine into the "
+            "specdraft cache, imported afterwards)", f"- warm-up generation per method: {warmups}", ""]
 
 
 def divergence_section(summary: dict) -> list[str]:

@@ -20,6 +20,7 @@ import os
 import platform
 import resource
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from ..config import SpecConfig
 from ..engine import Engine
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel, load_model, set_threads
+from ..models.native.kernels import startup_info as kernel_startup_info
 from .methods import BenchModels, GenerateTurn, Method, TurnOutput, get_method
 from .options import BenchSettings
 from .suite import load_prompts
@@ -135,14 +137,18 @@ def mark_equality(records: list[dict], greedy: bool) -> None:
 
 
 def run_prompts(settings: BenchSettings, variants: list[Variant], target: LoadedModel, prompts: list[dict],
-                on_prompt_done=None, progress: bool = True) -> list[dict]:
-    """Warm up, then every variant on every prompt (rotating order); returns all records."""
+                on_prompt_done=None, progress: bool = True, warmup_s: dict | None = None) -> list[dict]:
+    """Warm up, then every variant on every prompt (rotating order); returns all records. `warmup_s`, when
+    given, receives each variant's warm-up wall time (a one-off cost, reported apart from the timings)."""
     from tqdm import tqdm
 
     params = settings.sampling()
     for variant in variants:  # warm-up: one-off costs (allocations, lazy init) stay out of the timings
         conversation = Conversation(target, settings.chat)
+        started = time.perf_counter()
         variant.generate(conversation.prompt_ids(prompts[0]["turns"][0]), settings.sampling(settings.warmup_tokens))
+        if warmup_s is not None:
+            warmup_s[variant.label] = time.perf_counter() - started
     records: list[dict] = []
     total = sum(len(p["turns"]) for p in prompts) * len(variants)
     with tqdm(total=total, unit="turn", desc="bench", file=sys.stderr, disable=not progress,
@@ -249,14 +255,21 @@ def run_bench(settings: BenchSettings, progress: bool = True, models: BenchModel
 
     prompts = load_prompts(settings.prompts, list(settings.categories) or None, settings.limit)
     methods = check_methods(settings)  # fail before loading gigabytes
+    startup: dict = {}  # one-off costs, paid once per process and kept out of every timing
     if models is None:
         set_threads(settings.threads)
         config = settings.model_config()
+        started = time.perf_counter()
         target = load_model(config.target, config.dtype, config.cache_dir, progress, config.backend)
+        startup["target_load_s"] = time.perf_counter() - started
         needs_draft = any(m.needs_draft for m in methods)
+        started = time.perf_counter()
         draft = (load_model(config.draft, config.dtype, config.cache_dir, progress, config.backend)
                  if needs_draft else None)
+        if draft is not None:
+            startup["draft_load_s"] = time.perf_counter() - started
         models = BenchModels(config, target, draft)
+    startup["native_kernels"] = kernel_startup_info()
     variants = build_variants(settings, models)
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -267,7 +280,9 @@ def run_bench(settings: BenchSettings, progress: bool = True, models: BenchModel
                 sink.write(json.dumps(r, ensure_ascii=False) + "\n")
             sink.flush()
 
-        records = run_prompts(settings, variants, models.target, prompts, write, progress)
+        startup["warmup_s"] = {}
+        records = run_prompts(settings, variants, models.target, prompts, write, progress, startup["warmup_s"])
+    info["startup"] = startup
     info["memory"] = memory_info(models, variants, records)
     info["machine"]["load_average_at_end"] = os.getloadavg()  # other processes distort timings: say so
     summary = summarize(records, info)

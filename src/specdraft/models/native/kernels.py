@@ -7,6 +7,7 @@ import os
 import platform
 import shutil
 import sys
+import time
 from pathlib import Path
 
 _SOURCE = Path(__file__).with_name("kernels.cpp")
@@ -15,6 +16,7 @@ _SOURCE = Path(__file__).with_name("kernels.cpp")
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
 _loaded = None
 _failure: str | None = None
+_startup: dict = {}  # how this process got the kernels: {"kernels": "built" | "imported", "seconds": float}
 
 
 def _cpu_flags() -> set[str]:
@@ -61,6 +63,7 @@ def load_kernels():
         return None
     # torch finds ninja on PATH; the one pip installs sits next to this interpreter
     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    started = time.perf_counter()
     try:
         from torch.utils.cpp_extension import load
 
@@ -68,10 +71,12 @@ def load_kernels():
         library = directory / "specdraft_kernels.so"
         if library.is_file():
             _loaded = _import_built(library)
+            _startup.update(kernels="imported", seconds=time.perf_counter() - started)
             return _loaded
         directory.mkdir(parents=True, exist_ok=True)
         _loaded = load(name="specdraft_kernels", sources=[str(_SOURCE)], build_directory=str(directory),
                        extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
+        _startup.update(kernels="built", seconds=time.perf_counter() - started)
     except Exception as exc:  # a compiler or toolchain problem: fall back to transformers, say why
         lines = [line for line in str(exc).splitlines() if line.strip()]
         _failure = f"building the native kernels failed: {lines[-1] if lines else type(exc).__name__}"
@@ -81,3 +86,8 @@ def load_kernels():
 def unavailable_reason() -> str | None:
     load_kernels()
     return _failure
+
+
+def startup_info() -> dict:
+    """The one-off cost of the kernels in this process: built here (once per machine) or imported from the cache."""
+    return dict(_startup) if _startup else {"kernels": "unavailable" if _failure else "not loaded"}
