@@ -26,6 +26,19 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                         "native, or transformers")
 
 
+def _add_tree_args(parser: argparse.ArgumentParser) -> None:
+    defaults = SpecConfig()
+    parser.add_argument("--tree-budget", type=int, default=defaults.tree_budget,
+                        help="tree methods: draft nodes per target pass (the verify pass covers budget + 1 tokens)")
+    parser.add_argument("--tree-depth", type=int, default=defaults.tree_depth, help="tree methods: levels at most")
+    parser.add_argument("--tree-branch", type=int, default=defaults.tree_branch,
+                        help="tree methods: most likely children tried per expanded node")
+
+
+def _tree_knobs(args) -> dict:
+    return dict(tree_budget=args.tree_budget, tree_depth=args.tree_depth, tree_branch=args.tree_branch)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdraft", description="Lossless speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -37,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--gamma", type=int, default=3, help=f"draft tokens per target pass (1..{MAX_GAMMA})")
     gen.add_argument("--draft-confidence", type=float, default=0.0,
                      help="stop drafting when the draft's top-1 probability is below this (0: always draft gamma)")
+    _add_tree_args(gen)
     gen.add_argument("--eagle-head", default=None, help="method eagle: a trained head's name or folder")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
@@ -55,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--gamma", type=int, default=3, help=f"default draft tokens per target pass (1..{MAX_GAMMA})")
     serve.add_argument("--draft-confidence", type=float, default=0.0,
                        help="default: stop drafting when the draft's top-1 probability is below this")
+    _add_tree_args(serve)
     serve.add_argument("--eagle-head", default=None, help="method eagle: a trained head's name or folder")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -162,7 +177,7 @@ def _configs(args) -> tuple[ModelConfig, SpecConfig, SamplingParams]:
     models = ModelConfig(target=args.target, draft=args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
                          threads=args.threads, backend=args.backend)
     spec = SpecConfig(method=args.method, gamma=args.gamma, draft_confidence=args.draft_confidence,
-                      eagle_head=args.eagle_head)
+                      eagle_head=args.eagle_head, **_tree_knobs(args))
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), seed=args.seed)
     return models, spec, params
@@ -174,7 +189,7 @@ def cmd_serve(args) -> int:
     models = ModelConfig(target=args.target, draft=None if args.no_draft else args.draft, dtype=args.dtype,
                          cache_dir=args.cache_dir, threads=args.threads, backend=args.backend)
     spec = SpecConfig(method=args.method, gamma=args.gamma, draft_confidence=args.draft_confidence,
-                      eagle_head=args.eagle_head)
+                      eagle_head=args.eagle_head, **_tree_knobs(args))
     config = ServerConfig(host=args.host, port=args.port, model_name=args.model_name, max_queue=args.max_queue,
                           max_tokens_limit=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
                           shutdown_timeout_s=args.shutdown_timeout, log_level=args.log_level)

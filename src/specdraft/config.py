@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from .errors import SpecdraftError
 
 MAX_GAMMA = 32
-METHODS = ("ar", "draft", "prompt-lookup", "eagle")
+METHODS = ("ar", "draft", "prompt-lookup", "draft-tree", "eagle")
+TREE_METHODS = ("draft-tree",)  # methods whose draft is a token tree: their depth plays gamma's part
+MAX_TREE_BUDGET = 64
 DTYPES = ("auto", "bfloat16", "float32", "float16")
 BACKENDS = ("auto", "native", "transformers")
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "float": "float32", "half": "float16"}
@@ -55,6 +57,15 @@ class SpecConfig:
     lookup_min_ngram: int = 1
     # method eagle: a trained EAGLE head, by name (~/.cache/specdraft/heads/NAME) or folder (ours or EAGLE-3 layout)
     eagle_head: str | None = None
+    # token trees (EAGLE-2-style dynamic trees, drafters/tree.py): at most tree_budget draft nodes, tree_depth
+    # levels, the tree_branch most likely children of each expanded node. The verify pass covers budget + 1
+    # tokens. Default from the verify-cost curve T(k)/T(1) measured on a quiet machine, 2 threads, bf16 native,
+    # 1.5B target (2026-11-29): k=2 1.22, 3 1.44, 4 1.75, 6 2.04, 8 2.66, 16 4.30. The step from 4 to 6 tokens
+    # is the cheapest per token on that curve, so 5 nodes (a 6-token pass, about 2 steps). A faster k > 1 kernel
+    # flattens the curve and favours larger budgets: re-measure and override (--tree-budget).
+    tree_budget: int = 5
+    tree_depth: int = 4
+    tree_branch: int = 2
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -65,10 +76,20 @@ class SpecConfig:
             raise SpecdraftError(f"draft confidence must be in [0, 1), got {self.draft_confidence}")
         if not (1 <= self.lookup_min_ngram <= self.lookup_max_ngram):
             raise SpecdraftError("prompt lookup needs 1 <= min n-gram <= max n-gram")
+        if not (1 <= self.tree_budget <= MAX_TREE_BUDGET):
+            raise SpecdraftError(f"tree budget (draft nodes per pass) must be between 1 and {MAX_TREE_BUDGET}, "
+                                 f"got {self.tree_budget}")
+        if not (1 <= self.tree_depth <= MAX_GAMMA):
+            raise SpecdraftError(f"tree depth must be between 1 and {MAX_GAMMA}, got {self.tree_depth}")
+        if self.tree_branch < 1:
+            raise SpecdraftError(f"tree branch (children per expanded node) must be >= 1, got {self.tree_branch}")
 
     @property
     def draft_len(self) -> int:
-        return 0 if self.method == "ar" else self.gamma
+        """The most draft tokens one pass can accept: gamma for a chain, the depth for a tree."""
+        if self.method == "ar":
+            return 0
+        return self.tree_depth if self.method in TREE_METHODS else self.gamma
 
 
 @dataclass(frozen=True)

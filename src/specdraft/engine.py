@@ -3,7 +3,9 @@ with an empty draft.
 
 Cache convention: the target's cache holds every token of the sequence except the last one (the *pending*
 token, emitted but not yet run through the target). A pass feeds [pending, d_1 .. d_k] and gets k + 1 rows of
-logits: row i scores the position after d_i, row 0 the position after the pending token.
+logits: row i scores the position after d_i, row 0 the position after the pending token. A tree draft is fed
+the same way, flattened, with a tree attention mask and positions start + depth (SequenceState.verify); the
+accepted path then moves to consecutive cache positions (SequenceState.keep_verified).
 """
 
 from __future__ import annotations
@@ -14,17 +16,19 @@ from typing import Callable, Iterator
 
 import torch
 
-from .acceptance import accept_greedy, accept_rejection
+from .acceptance import accept_draft, accept_rejection, accept_tree_rejection
 from .config import SamplingParams, SpecConfig
 from .drafters.base import Drafter, NoDrafter
 from .errors import SpecdraftError
 from .models.adapter import LoadedModel
-from .sampling import processed_probs
 from .types import Acceptance, GenerationResult, SpecStats
 
 
 # (draft_ids [k], draft_probs [k, V] | None, target_probs [k + 1, V], generator) -> Acceptance
 SamplingRule = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Generator | None], Acceptance]
+# (draft_ids [k], parents [k], draft_probs [k, V] | None, target_probs [k + 1, V], generator) -> Acceptance
+TreeSamplingRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Generator | None],
+                            Acceptance]
 
 
 @dataclass
@@ -37,11 +41,13 @@ class StreamChunk:
 
 def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], params: SamplingParams,
                   gamma: int, generator: torch.Generator | None, stats: SpecStats,
-                  sampling_rule: SamplingRule = accept_rejection) -> Iterator[list[int]]:
+                  sampling_rule: SamplingRule = accept_rejection,
+                  tree_sampling_rule: TreeSamplingRule = accept_tree_rejection) -> Iterator[list[int]]:
     """Run the loop; yield the tokens each target pass emits. The caller stops it (EOS, stop, budget).
 
-    `sampling_rule` decides acceptance when sampling (greedy always uses `accept_greedy`); tests swap in
-    deliberately wrong rules as negative controls.
+    `sampling_rule` / `tree_sampling_rule` decide acceptance of chain / tree drafts when sampling (greedy always
+    keeps the longest path matching the target's argmax); tests swap in deliberately wrong rules as negative
+    controls.
     """
     started = time.perf_counter()
     # a drafter that reads the target's hidden states (EAGLE) names the layers; every pass then keeps them
@@ -58,24 +64,21 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
         t0 = time.perf_counter()
         draft = drafter.propose(context, min(gamma, budget - 1), params, generator)
         t1 = time.perf_counter()
-        # verify: one target pass over the pending token and the k draft tokens
-        draft_ids = draft.token_ids.tolist()
-        target_logits = target_state.forward(context[-1:] + draft_ids, draft.k + 1)  # [k + 1, V]
-        # accept
-        if params.greedy:
-            result: Acceptance = accept_greedy(draft.token_ids, target_logits.argmax(dim=-1))
-        else:
-            result = sampling_rule(draft.token_ids, draft.draft_probs, processed_probs(target_logits, params),
-                                   generator)
-        # rollback: keep the pending token and the accepted draft tokens; the new last token becomes pending
-        target_state.truncate(len(context) + result.n_accepted)
+        # verify: one target pass over the pending token and the k draft nodes (a tree: with a tree mask)
+        target_logits = target_state.verify(context[-1], draft)  # [k + 1, V]
+        # accept: greedy or sampling, chain or tree (a chain is a tree without branches)
+        result: Acceptance = accept_draft(draft, target_logits, params, generator, sampling_rule, tree_sampling_rule)
+        # rollback: keep the pending token and the accepted path (moved to consecutive positions in a tree);
+        # the new last token becomes pending
+        target_state.keep_verified(result.accepted_nodes)
         context.extend(result.tokens)
         kept_features = None if target_state.features is None else target_state.features[: result.n_accepted + 1]
-        drafter.on_accept(context, kept_features)  # the taps of the pending token and the accepted drafts
+        # the taps of the pending token and the accepted drafts (keep_verified put a tree's path in order)
+        drafter.on_accept(context, kept_features)
         t2 = time.perf_counter()
         stats.time_draft_s += t1 - t0
         stats.time_verify_s += t2 - t1
-        stats.record(draft.k, result.n_accepted)
+        stats.record(draft.k, result.n_accepted, None if draft.parents is None else draft.depth)
         budget -= len(result.tokens)
         yield result.tokens
 
@@ -126,9 +129,11 @@ class Engine:
     """A target model, a drafter and a speculative configuration; `stream` and `generate` run the loop."""
 
     def __init__(self, target: LoadedModel, drafter: Drafter | None = None, spec: SpecConfig | None = None,
-                 sampling_rule: SamplingRule = accept_rejection):
+                 sampling_rule: SamplingRule = accept_rejection,
+                 tree_sampling_rule: TreeSamplingRule = accept_tree_rejection):
         self.target = target
         self.sampling_rule = sampling_rule
+        self.tree_sampling_rule = tree_sampling_rule
         self.drafter: Drafter = drafter or NoDrafter()
         self.spec = spec or SpecConfig(method="ar")
         if self.spec.draft_len == 0:
@@ -207,7 +212,7 @@ class Generation:
         stats.finish_reason = "length"
         with torch.inference_mode():
             passes = decode_passes(engine.target, engine.drafter, self.prompt_ids, params, engine.spec.draft_len,
-                                   self.generator, stats, engine.sampling_rule)
+                                   self.generator, stats, engine.sampling_rule, engine.tree_sampling_rule)
             try:
                 for tokens in passes:
                     tokens = tokens[: params.max_new_tokens - len(checker.token_ids)]

@@ -11,21 +11,24 @@ from .base import Drafter, NoDrafter
 from .eagle import EagleDrafter
 from .model import ModelDrafter
 from .prompt_lookup import PromptLookupDrafter
+from .tree import TreeDrafter
 
 # Each builder takes (spec, target, draft model or None) and returns a drafter.
 DRAFTERS: dict[str, Callable[[SpecConfig, LoadedModel, LoadedModel | None], Drafter]] = {
     "ar": lambda spec, target, draft: NoDrafter(),
     "prompt-lookup": lambda spec, target, draft: PromptLookupDrafter(spec.lookup_max_ngram, spec.lookup_min_ngram),
     "draft": lambda spec, target, draft: ModelDrafter(_require(draft), target, spec.draft_confidence),
+    "draft-tree": lambda spec, target, draft: TreeDrafter(_require(draft, "draft-tree"), target, spec.tree_budget,
+                                                          spec.tree_depth, spec.tree_branch),
     "eagle": lambda spec, target, draft: EagleDrafter.load(_require_head(spec), target),
 }
 
-NEEDS_DRAFT_MODEL = {"draft"}
+NEEDS_DRAFT_MODEL = {"draft", "draft-tree"}
 
 
-def _require(draft: LoadedModel | None) -> LoadedModel:
+def _require(draft: LoadedModel | None, method: str = "draft") -> LoadedModel:
     if draft is None:
-        raise SpecdraftError("method 'draft' needs a draft model (--draft NAME_OR_PATH)")
+        raise SpecdraftError(f"method {method!r} needs a draft model (--draft NAME_OR_PATH)")
     return draft
 
 
@@ -41,4 +44,4 @@ def build_drafter(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | No
 
 
 __all__ = ["Drafter", "DRAFTERS", "EagleDrafter", "NEEDS_DRAFT_MODEL", "build_drafter", "ModelDrafter", "NoDrafter",
-           "PromptLookupDrafter"]
+           "PromptLookupDrafter", "TreeDrafter"]

@@ -19,6 +19,7 @@ import torch
 
 from ..config import normalize_backend, normalize_dtype, resolve_dtype
 from ..errors import SpecdraftError
+from ..types import Draft
 from . import fetch
 from .fastpath import WeightMajorLinear
 from .native.llama import NativeLlama, native_unsupported_reason
@@ -139,10 +140,17 @@ def set_threads(threads: int | None) -> None:
 class SequenceState:
     """One sequence's KV cache in one model, and the token ids it holds (position i holds token_ids[i]).
 
-    Backends implement `forward` and `_drop_last(n)`; rollback and catch-up are shared."""
+    Backends implement `forward` (with optional explicit positions and tree mask), `_drop_last(n)` and
+    `_move(source, destination)`; rollback, catch-up and token trees are shared.
+
+    Token trees: the last cached positions may form a *tree region* (see `forward_tree`): candidate nodes that
+    each attend to the sequence before the region, their ancestors and themselves, at position
+    `tree_start + depth`. `keep_tree_path` turns one root-to-node path into the sequence's continuation."""
 
     def __init__(self) -> None:
         self.token_ids: list[int] = []
+        self.tree_parents: list[int] = []  # the tree region's nodes: parent index within the region, -1 a root
+        self.tree_depths: list[int] = []  # 0 for a root (position tree_start), parent's + 1 below
         self.feature_layers: tuple[int, ...] = ()
         # float32 [n_new, len(feature_layers), D]: the taps of every token the last forward computed (None: no taps)
         self.features: torch.Tensor | None = None
@@ -154,13 +162,16 @@ class SequenceState:
         """Roll back to the first `length` tokens; nothing is recomputed."""
         to_remove = len(self.token_ids) - length
         if to_remove > 0:
+            in_tree = max(0, length - self.tree_start)  # tree nodes that stay (a region keeps its earlier nodes)
+            del self.tree_parents[in_tree:], self.tree_depths[in_tree:]
             self._drop_last(to_remove)
             del self.token_ids[length:]
 
     def sync(self, context_ids: list[int]) -> list[int]:
-        """Keep the longest cached prefix of `context_ids`; return the ids that still need a forward pass."""
+        """Keep the longest cached prefix of `context_ids`; return the ids that still need a forward pass.
+        A tree region is dropped (its nodes are candidates, not a sequence): keep a path of it first."""
         common = 0
-        limit = min(len(self.token_ids), len(context_ids))
+        limit = min(self.tree_start, len(context_ids))
         while common < limit and self.token_ids[common] == context_ids[common]:
             common += 1
         self.truncate(common)
@@ -172,6 +183,83 @@ class SequenceState:
 
     def _drop_last(self, n: int) -> None:
         raise NotImplementedError
+
+    def _move(self, source: torch.Tensor, destination: torch.Tensor) -> None:
+        """Copy the K/V of cache positions source [n] int64 to destination [n]."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------------------------------------- token trees
+
+    @property
+    def tree_start(self) -> int:
+        """Where the tree region begins (len(self) when there is none)."""
+        return len(self.token_ids) - len(self.tree_parents)
+
+    def forward_tree(self, new_ids: list[int], parents: list[int], n_logits: int) -> torch.Tensor:
+        """Append tree nodes in one pass; return float32 logits [n_logits, V] of the last n_logits of them.
+
+        parents[i]: the region index of new node i's parent (the region holds the nodes appended by earlier
+        forward_tree calls since the last keep/truncate, then these), -1 for a child of the sequence's last
+        cached token; a parent comes before its child. Node i sits at position tree_start + depth and sees the
+        sequence before the region, its ancestors and itself: its logits are those of its branch run as a chain."""
+        if not new_ids or len(parents) != len(new_ids):
+            raise ValueError("forward_tree needs one parent per new token, and at least one token")
+        n_old = len(self.tree_parents)
+        region_parents = self.tree_parents + list(parents)
+        depths = list(self.tree_depths)
+        for index in range(n_old, len(region_parents)):
+            parent = region_parents[index]
+            if not -1 <= parent < index:
+                raise ValueError(f"tree node {index - n_old}: parent {parent} is not an earlier node (or -1)")
+            depths.append(0 if parent < 0 else depths[parent] + 1)
+        tree_mask = torch.zeros(len(new_ids), len(region_parents), dtype=torch.bool)  # [T, region]
+        for row in range(len(new_ids)):
+            node = n_old + row
+            while node >= 0:  # the node and its ancestors
+                tree_mask[row, node] = True
+                node = region_parents[node]
+        positions = torch.tensor(depths[n_old:], dtype=torch.long) + self.tree_start  # [T]
+        logits = self.forward(new_ids, n_logits, positions=positions, tree_mask=tree_mask)
+        self.tree_parents, self.tree_depths = region_parents, depths
+        return logits
+
+    def keep_tree_path(self, path: list[int]) -> None:
+        """Keep the region's nodes `path` (a root, then a child of each) as the sequence's next tokens and drop
+        the rest of the region. Their K/V move to consecutive positions; rotary positions already match
+        (a node at depth d sits at tree_start + d). Features of the last pass (if it built the region) follow."""
+        for step, node in enumerate(path):
+            expected_parent = path[step - 1] if step else -1
+            if not 0 <= node < len(self.tree_parents) or self.tree_parents[node] != expected_parent:
+                raise ValueError(f"{path} is not a root-to-node path of the cached tree")
+        start = self.tree_start
+        moved = [(start + node, start + step) for step, node in enumerate(path) if node != step]
+        if moved:
+            source, destination = torch.tensor(moved, dtype=torch.long).T  # [n] each
+            self._move(source, destination)
+        kept_ids = [self.token_ids[start + node] for node in path]
+        features = getattr(self, "features", None)
+        if features is not None and features.shape[0] == len(self.tree_parents):  # rows are the region's nodes
+            self.features = features[path]
+        self.tree_parents, self.tree_depths = [], []
+        self.truncate(start + len(path))
+        self.token_ids[start:] = kept_ids
+
+    def verify(self, pending: int, draft: Draft) -> torch.Tensor:
+        """One target pass over the pending token and the draft; float32 logits [k + 1, V]: row 0 after the
+        pending token, row i + 1 after draft node i. A chain takes the plain causal pass; either way the pass is
+        left as a tree region for `keep_verified`."""
+        if self.tree_parents:
+            raise ValueError("a tree is still cached: keep a path of it (or truncate) before the next pass")
+        ids = [pending] + draft.token_ids.tolist()
+        if draft.parents is not None:
+            return self.forward_tree(ids, [-1] + [parent + 1 for parent in draft.parent_list], len(ids))
+        logits = self.forward(ids, len(ids))
+        self.tree_parents, self.tree_depths = list(range(-1, len(ids) - 1)), list(range(len(ids)))
+        return logits
+
+    def keep_verified(self, accepted_nodes: list[int]) -> None:
+        """After `verify`: keep the pending token and the accepted draft nodes (root to leaf), drop the rest."""
+        self.keep_tree_path([0] + [node + 1 for node in accepted_nodes])
 
     @property
     def cache_length(self) -> int:
@@ -191,16 +279,21 @@ class NativeState(SequenceState):
         self.native = native
         self.cache = native.new_cache(capacity)
 
-    def forward(self, new_ids: list[int], n_logits: int) -> torch.Tensor:
+    def forward(self, new_ids: list[int], n_logits: int, positions: torch.Tensor | None = None,
+                tree_mask: torch.Tensor | None = None) -> torch.Tensor:
         if not new_ids:
             raise ValueError("forward needs at least one token")
         logits, self.features = self.native.forward_with_features(new_ids, self.cache, n_logits,
-                                                                  self.feature_layers)  # [n_logits, V]
+                                                                  self.feature_layers, positions,
+                                                                  tree_mask)  # [n_logits, V]
         self.token_ids.extend(new_ids)
         return logits
 
     def _drop_last(self, n: int) -> None:
         self.cache.truncate(self.cache.length - n)
+
+    def _move(self, source: torch.Tensor, destination: torch.Tensor) -> None:
+        self.cache.move(source, destination)
 
     @property
     def cache_length(self) -> int:
@@ -224,6 +317,26 @@ class KVState(SequenceState):
     def _drop_last(self, n: int) -> None:
         self.cache.crop(-n)
 
+    def _move(self, source: torch.Tensor, destination: torch.Tensor) -> None:
+        for layer in self.cache.layers:  # keys, values: [1, Hkv, S, Dh]
+            layer.keys[:, :, destination] = layer.keys[:, :, source]
+            layer.values[:, :, destination] = layer.values[:, :, source]
+
+    def _tree_attention_mask(self, tree_mask: torch.Tensor) -> torch.Tensor:
+        """tree_mask [T, W] over the last W positions -> the additive 4D mask [1, 1, T, cached + T] that the
+        model's own forward takes as is (0 where a token sees a key, the dtype's minimum elsewhere)."""
+        implementation = getattr(self.loaded.model.config, "_attn_implementation", "eager")
+        if implementation not in ("eager", "sdpa"):
+            raise SpecdraftError(f"token trees need a custom attention mask, which {self.loaded.name!r}'s "
+                                 f"{implementation!r} attention does not take; load it with eager or sdpa "
+                                 f"attention, or use a chain method")
+        n_new, width = tree_mask.shape
+        total = self.cache.get_seq_length() + n_new
+        visible = torch.ones(n_new, total, dtype=torch.bool)  # [T, total]
+        visible[:, total - width:] = tree_mask
+        dtype = self.loaded.model.dtype
+        return torch.zeros(1, 1, n_new, total, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
+
     @property
     def cache_length(self) -> int:
         return self.cache.get_seq_length()
@@ -233,15 +346,18 @@ class KVState(SequenceState):
         return sum(t.numel() * t.element_size() for layer in self.cache.layers
                    for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None)
 
-    def forward(self, new_ids: list[int], n_logits: int) -> torch.Tensor:
+    def forward(self, new_ids: list[int], n_logits: int, positions: torch.Tensor | None = None,
+                tree_mask: torch.Tensor | None = None) -> torch.Tensor:
         if not new_ids:
             raise ValueError("forward needs at least one token")
         input_ids = torch.tensor([new_ids], dtype=torch.long)  # [1, n]
+        tree = {} if tree_mask is None else {"position_ids": positions[None],  # [1, n]
+                                             "attention_mask": self._tree_attention_mask(tree_mask)}
         # 1-row linears are fast as they are, and the mode costs a Python call per torch op: only few-row passes
         few_rows = self.loaded.weight_major and 1 < len(new_ids) <= WeightMajorLinear.MAX_ROWS
         with WeightMajorLinear() if few_rows else contextlib.nullcontext():
             out = self.loaded.model(input_ids=input_ids, cache=self.cache, use_cache=True,
-                                    logits_to_keep=n_logits, output_hidden_states=bool(self.feature_layers))
+                                    logits_to_keep=n_logits, output_hidden_states=bool(self.feature_layers), **tree)
         self.features = (torch.stack([out.hidden_states[i][0] for i in self.feature_layers], dim=1).float()
                          if self.feature_layers else None)  # [n, n_taps, D]
         self.token_ids.extend(new_ids)

@@ -233,6 +233,78 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_
   return out;
 }
 
+// Tree attention: the same arithmetic as `attention`, over an explicit set of keys per query. Query t sees
+// keys 0 .. prefix - 1 and key prefix + j wherever mask[t, j] is set; mask: [T, W] bool, prefix + W <= C (the
+// new tokens' own keys are the last T of those W). Visible keys are visited in increasing position, exactly as
+// `attention` visits them, so a node whose visible keys are its root-to-node branch gets bit for bit the
+// output that the branch run as a chain gets from `attention` (same scores, same max, same sums in the same
+// order).  ->  [T, H, Dh]
+torch::Tensor tree_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, int64_t prefix,
+                             torch::Tensor mask) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat && q.is_contiguous(), "q must be [T, H, Dh] float32");
+  TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be [Hkv, C, Dh]");
+  TORCH_CHECK(mask.dim() == 2 && mask.scalar_type() == torch::kBool && mask.is_contiguous() &&
+              mask.size(0) == q.size(0), "mask must be [T, W] bool");
+  const int64_t T = q.size(0), H = q.size(1), Dh = q.size(2), W = mask.size(1);
+  const int64_t Hkv = k_cache.size(0), C = k_cache.size(1);
+  TORCH_CHECK(k_cache.size(2) == Dh && H % Hkv == 0 && prefix >= 0 && prefix + W <= C,
+              "tree attention shapes do not match");
+  TORCH_CHECK(Dh % 8 == 0, "head size must be a multiple of 8");
+  const int64_t group = H / Hkv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+  auto out = torch::empty_like(q);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  const bool* mp = mask.data_ptr<bool>();
+  float* op = out.data_ptr<float>();
+  // visible key positions of each query, in increasing order
+  std::vector<std::vector<int64_t>> visible(T);
+  for (int64_t t = 0; t < T; ++t) {
+    visible[t].reserve(prefix + W);
+    for (int64_t j = 0; j < prefix; ++j) visible[t].push_back(j);
+    for (int64_t j = 0; j < W; ++j)
+      if (mp[t * W + j]) visible[t].push_back(prefix + j);
+  }
+  at::parallel_for(0, T * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(prefix + W);
+    std::vector<__m256> acc(Dh / 8);
+    for (int64_t idx = begin; idx < end; ++idx) {
+      const int64_t t = idx / H, h = idx % H, kvh = h / group;
+      const std::vector<int64_t>& keys_of_t = visible[t];
+      const int64_t n_keys = static_cast<int64_t>(keys_of_t.size());
+      const float* qrow = qp + (t * H + h) * Dh;
+      const float* keys = kp + kvh * C * Dh;
+      const float* values = vp + kvh * C * Dh;
+      float max_score = -INFINITY;
+      for (int64_t i = 0; i < n_keys; ++i) {
+        const int64_t j = keys_of_t[i];
+        __m256 s = _mm256_setzero_ps();
+        for (int64_t d = 0; d < Dh; d += 8)
+          s = _mm256_fmadd_ps(_mm256_loadu_ps(qrow + d), _mm256_loadu_ps(keys + j * Dh + d), s);
+        scores[i] = hsum(s) * scale;
+        max_score = std::max(max_score, scores[i]);
+      }
+      float total = 0.f;
+      for (int64_t i = 0; i < n_keys; ++i) {
+        scores[i] = std::exp(scores[i] - max_score);
+        total += scores[i];
+      }
+      for (auto& a : acc) a = _mm256_setzero_ps();
+      for (int64_t i = 0; i < n_keys; ++i) {
+        const int64_t j = keys_of_t[i];
+        const __m256 p = _mm256_set1_ps(scores[i]);
+        for (int64_t d8 = 0; d8 < Dh / 8; ++d8)
+          acc[d8] = _mm256_fmadd_ps(p, _mm256_loadu_ps(values + j * Dh + d8 * 8), acc[d8]);
+      }
+      const __m256 inv = _mm256_set1_ps(1.0f / total);
+      float* orow = op + (t * H + h) * Dh;
+      for (int64_t d8 = 0; d8 < Dh / 8; ++d8) _mm256_storeu_ps(orow + d8 * 8, _mm256_mul_ps(acc[d8], inv));
+    }
+  });
+  return out;
+}
+
 // silu(gate) * up, element-wise: gate, up [T, I] float32  ->  [T, I]
 torch::Tensor silu_mul(torch::Tensor gate, torch::Tensor up) {
   TORCH_CHECK(gate.scalar_type() == torch::kFloat && gate.is_contiguous() && up.is_contiguous() &&
@@ -262,5 +334,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "batch-invariant x @ W.T (+ b), float32 or bfloat16 weights");
   m.def("rms_norm", &rms_norm, "row-wise RMSNorm, fixed reduction order");
   m.def("attention", &attention, "causal GQA attention of new queries against the KV cache");
+  m.def("tree_attention", &tree_attention, "GQA attention of new queries against chosen keys (token trees)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
 }

@@ -125,19 +125,25 @@ class NativeLlama:
             return self.ops.linear(x, weight, bias)
         return F.linear(x, weight, bias)
 
-    def _rope(self, x: torch.Tensor, positions: slice) -> torch.Tensor:
+    def _rope(self, x: torch.Tensor, positions: slice | torch.Tensor) -> torch.Tensor:
         """x [T, heads, Dh] rotated by its positions (the half-split convention of Llama/Qwen2)."""
         cos, sin = self.cos[positions, None, :], self.sin[positions, None, :]  # [T, 1, Dh]
         half = self.head_dim // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
 
-    def forward(self, token_ids: list[int], cache: "NativeCache", n_logits: int) -> torch.Tensor:
-        """Append `token_ids` at cache.length; return float32 logits [n_logits, V] of the last n_logits."""
-        return self.forward_with_features(token_ids, cache, n_logits)[0]
+    def forward(self, token_ids: list[int], cache: "NativeCache", n_logits: int,
+                positions: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Append `token_ids` at cache.length; return float32 logits [n_logits, V] of the last n_logits.
+
+        A token tree (see SequenceState.forward_tree): positions [T] int64, the rotary position of each new token
+        (default: its cache slot); tree_mask [T, W] bool over the last W cache slots (these T among them): which
+        of them each new token sees, besides every slot before them."""
+        return self.forward_with_features(token_ids, cache, n_logits, (), positions, tree_mask)[0]
 
     def forward_with_features(self, token_ids: list[int], cache: "NativeCache", n_logits: int,
-                              feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+                              feature_layers: tuple[int, ...] = (), positions: torch.Tensor | None = None,
+                              tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`forward`, also returning the residual stream of every new token at `feature_layers`
         (Hugging Face's `output_hidden_states` indexing: 0 is the embedding, i the input of layer i, and
         n_layers the final-normed state the LM head reads) as float32 [T, len(feature_layers), D], or None."""
@@ -148,7 +154,8 @@ class NativeLlama:
         if start + n_new > self.max_positions:
             raise ValueError(f"position {start + n_new} is past the model's {self.max_positions} positions")
         cache.reserve(start + n_new)
-        positions = slice(start, start + n_new)
+        slots = slice(start, start + n_new)
+        positions = slots if positions is None else positions  # rotary positions: the slots, or a tree's depths
         hidden = self.embed[torch.tensor(token_ids, dtype=torch.long)].float()  # [T, D]
         for index, layer in enumerate(self.layers):
             if index in feature_layers:
@@ -157,10 +164,14 @@ class NativeLlama:
             q = self._linear(x, layer.q, layer.q_bias).view(n_new, self.n_heads, self.head_dim)
             k = self._linear(x, layer.k, layer.k_bias).view(n_new, self.n_kv_heads, self.head_dim)
             v = self._linear(x, layer.v, layer.v_bias).view(n_new, self.n_kv_heads, self.head_dim)
-            cache.keys[index, :, positions] = self._rope(k, positions).transpose(0, 1)  # [Hkv, T, Dh]
-            cache.values[index, :, positions] = v.transpose(0, 1)
-            attended = ops.attention(self._rope(q, positions).contiguous(), cache.keys[index], cache.values[index],
-                                     start)  # [T, H, Dh]
+            cache.keys[index, :, slots] = self._rope(k, positions).transpose(0, 1)  # [Hkv, T, Dh]
+            cache.values[index, :, slots] = v.transpose(0, 1)
+            q = self._rope(q, positions).contiguous()
+            if tree_mask is None:
+                attended = ops.attention(q, cache.keys[index], cache.values[index], start)  # [T, H, Dh]
+            else:
+                attended = ops.tree_attention(q, cache.keys[index], cache.values[index],
+                                              start + n_new - tree_mask.shape[1], tree_mask)  # [T, H, Dh]
             hidden = hidden + self._linear(attended.view(n_new, -1), layer.o, layer.o_bias)
             x = ops.rms_norm(hidden, layer.post_norm, self.eps)
             gated = ops.silu_mul(self._linear(x, layer.gate, None), self._linear(x, layer.up, None))  # [T, I]
@@ -208,3 +219,9 @@ class NativeCache:
     def truncate(self, length: int) -> None:
         """Roll back to the first `length` positions: only the length changes."""
         self.length = min(self.length, length)
+
+    def move(self, source: torch.Tensor, destination: torch.Tensor) -> None:
+        """Copy the K/V of slots `source` [n] int64 to slots `destination` [n] (a tree's accepted path moving to
+        consecutive slots); the length is unchanged."""
+        for cached in (self.keys, self.values):
+            cached[:, :, destination] = cached[:, :, source]  # the right side is gathered first: overlap is safe

@@ -1,0 +1,157 @@
+"""Token trees from a draft model: EAGLE-2-style dynamic trees, verified by the target in one pass.
+
+EAGLE-2 (Li et al. 2024) grows the tree by the draft's own confidence: a node's score is the cumulative
+log-probability of its path, which tracks how likely the target is to accept it. Per depth, the `branch`
+best-scored nodes of the newest level are expanded (one draft forward over that frontier, each node attending to
+its own branch only), each gaining its `branch` most likely children; at the end the `budget` best-scored nodes of
+all levels form the draft (reranking). A child never scores above its parent (log-probabilities are <= 0), so the
+best `budget` nodes always form a tree.
+
+The children are chosen deterministically (top-k, not sampled), so the draft carries no draft_probs: the tree
+sampling rule then keeps a child x with probability p(x) and otherwise removes x from p before trying its next
+sibling, which is lossless (acceptance.py). Greedy keeps the longest path matching the target's argmax.
+
+`grow_dynamic_tree` only needs a function that scores a frontier, so any drafter that can run its network over
+tree nodes (an EAGLE head, a sorted draft) can grow its trees with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..config import SamplingParams
+from ..errors import SpecdraftError
+from ..models.adapter import LoadedModel
+from ..sampling import processed_probs
+from ..types import Draft
+from .model import check_compatible_vocab
+
+# (tokens [n], parents [n]) -> next-token log-scores [n, V]. parents index the nodes expanded by earlier calls
+# of the same tree (in call order, 0-based), -1 for a child of the position the root scores came from.
+ExpandFrontier = Callable[[list[int], list[int]], torch.Tensor]
+
+
+@dataclass
+class _Candidate:
+    token: int
+    parent: int  # candidate index, -1 for a child of the root
+    score: float  # cumulative log-probability of the path
+    depth: int  # 1 for a child of the root
+    expanded_as: int = -1  # index among the expanded nodes, once fed to the draft
+
+
+def grow_dynamic_tree(root_scores: torch.Tensor, expand: ExpandFrontier, depth: int, branch: int,
+                      budget: int) -> tuple[list[int], list[int]]:
+    """Grow a dynamic tree and keep its `budget` best nodes.
+
+    root_scores: [V] log-scores of the first draft token. Returns (token_ids, parents) of the kept nodes in the
+    order of a Draft: parents before children, siblings from the most to the least likely.
+    """
+    if budget < 1 or depth < 1 or branch < 1:
+        raise SpecdraftError(f"a token tree needs budget, depth and branch >= 1 (got {budget}, {depth}, {branch})")
+    candidates: list[_Candidate] = []
+    newest = _add_children(candidates, root_scores, parent=-1, base=0.0, depth=1, branch=branch)
+    n_expanded = 0
+    for level in range(2, depth + 1):
+        kept_scores = sorted((c.score for c in candidates), reverse=True)
+        floor = kept_scores[budget - 1] if len(kept_scores) >= budget else float("-inf")
+        frontier = sorted(newest, key=lambda i: (-candidates[i].score, i))[:branch]
+        frontier = [i for i in frontier if candidates[i].score > floor]  # a child could still make the cut
+        if not frontier:
+            break
+        parents = [-1 if candidates[i].parent < 0 else candidates[candidates[i].parent].expanded_as for i in frontier]
+        scores = expand([candidates[i].token for i in frontier], parents)  # [n, V]
+        newest = []
+        for row, index in enumerate(frontier):
+            candidates[index].expanded_as = n_expanded
+            n_expanded += 1
+            newest += _add_children(candidates, scores[row], parent=index, base=candidates[index].score,
+                                    depth=level, branch=branch)
+    ranked = sorted(range(len(candidates)), key=lambda i: (-candidates[i].score, i))[:budget]
+    kept = sorted(ranked)  # creation order: parents before children, siblings by decreasing score
+    position = {index: slot for slot, index in enumerate(kept)}
+    tokens = [candidates[i].token for i in kept]
+    parents = [-1 if candidates[i].parent < 0 else position[candidates[i].parent] for i in kept]
+    return tokens, parents
+
+
+def _add_children(candidates: list[_Candidate], scores: torch.Tensor, parent: int, base: float, depth: int,
+                  branch: int) -> list[int]:
+    """Append the `branch` best children (finite scores only) of one node; return their candidate indices."""
+    top = torch.topk(scores, min(branch, scores.shape[-1]))
+    added = []
+    for score, token in zip(top.values.tolist(), top.indices.tolist()):
+        if score == float("-inf"):  # the draft gives it no mass (top-k / top-p filtered): never drafted
+            break
+        candidates.append(_Candidate(token, parent, base + score, depth))
+        added.append(len(candidates) - 1)
+    return added
+
+
+def draft_log_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits [n, V] -> log-scores [n, V] that rank tree candidates: the sampling distribution's log-probabilities,
+    or under greedy the temperature-1 softmax (a greedy one-hot would collapse every tree to a chain)."""
+    if params.greedy:
+        return torch.log_softmax(logits.float(), dim=-1)
+    return processed_probs(logits, params).log()
+
+
+class TreeDrafter:
+    """An independent draft model drafting EAGLE-2-style dynamic trees (method `draft-tree`).
+
+    The draft's cache holds the context, then the expanded nodes of the current tree as a tree region; after the
+    target's verdict the accepted nodes the draft already ran are kept (moved to consecutive positions) and the
+    rest is dropped, so the next proposal feeds only what the draft has not seen."""
+
+    name = "draft-tree"
+
+    def __init__(self, draft: LoadedModel, target: LoadedModel, budget: int, depth: int, branch: int):
+        check_compatible_vocab(draft, target)
+        if budget < 1 or depth < 1 or branch < 1:
+            raise SpecdraftError(f"tree budget, depth and branch must be >= 1 (got {budget}, {depth}, {branch})")
+        self.draft, self.budget, self.depth, self.branch = draft, budget, depth, branch
+        self.backend = draft.backend  # shown in the statistics
+        self.state = draft.new_state()
+
+    def begin(self, prompt_ids: list[int], features=None) -> None:
+        self.state = self.draft.new_state()
+        if len(prompt_ids) > 1:
+            self.state.forward(prompt_ids[:-1], 1)
+
+    def propose(self, context_ids, k, params: SamplingParams, generator) -> Draft:
+        depth = min(self.depth, k)
+        if depth < 1:
+            return Draft(torch.empty(0, dtype=torch.long))
+        self._keep_accepted_path(context_ids)
+        to_feed = self.state.sync(context_ids)
+        if not to_feed:  # the whole context is cached: recompute the last position to get its logits
+            self.state.truncate(len(context_ids) - 1)
+            to_feed = context_ids[-1:]
+        root_scores = draft_log_scores(self.state.forward(to_feed, 1), params)[0]  # [V]
+
+        def expand(tokens: list[int], parents: list[int]) -> torch.Tensor:  # one draft pass over the frontier
+            return draft_log_scores(self.state.forward_tree(tokens, parents, len(tokens)), params)  # [n, V]
+
+        tokens, parents = grow_dynamic_tree(root_scores, expand, depth, self.branch, self.budget)
+        return Draft(torch.tensor(tokens, dtype=torch.long), None, torch.tensor(parents, dtype=torch.long))
+
+    def on_accept(self, context_ids: list[int], features=None) -> None:
+        self._keep_accepted_path(context_ids)
+
+    def _keep_accepted_path(self, context_ids: list[int]) -> None:
+        """Keep the expanded nodes that spell the start of what the context added after them; drop the rest."""
+        state = self.state
+        start = state.tree_start
+        region_tokens = state.token_ids[start:]
+        path: list[int] = []
+        for token in context_ids[start:]:
+            parent = path[-1] if path else -1
+            child = next((i for i, (p, t) in enumerate(zip(state.tree_parents, region_tokens))
+                          if p == parent and t == token), None)
+            if child is None:
+                break
+            path.append(child)
+        state.keep_tree_path(path)
