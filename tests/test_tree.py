@@ -503,3 +503,26 @@ def test_draft_tree_negative_control_fails_the_same_test(small_vocab_pair):
     pvalue = engine_tree_pvalue(target, draft, SamplingParams(temperature=1.0, max_new_tokens=3),
                                 rule=no_residual_update)
     assert pvalue < P_STAT, f"the wrong rule passed: p-value {pvalue:.2e} at N={N_ENGINE}"
+
+
+def test_bench_runs_draft_tree_with_its_knobs_and_records_tree_statistics(tiny_models, tiny_dirs, tmp_path):
+    import json
+
+    from specdraft.bench.methods import BenchModels
+    from specdraft.bench.options import BenchSettings
+    from specdraft.bench.runner import run_bench
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"question_id": "code-1", "category": "code", "turns": ["abc abc abc ab"]}) + "\n")
+    settings = BenchSettings(prompts=str(prompts), methods=("ar", "draft-tree"), target=str(tiny_dirs["target"]),
+                             draft=str(tiny_dirs["target"]), gammas=(2, 4), max_new_tokens=12, dtype="float32",
+                             out=str(tmp_path / "out"), chat=False, warmup_tokens=2, tree_budget=7, tree_depth=3,
+                             tree_branch=2)
+    models = BenchModels(settings.model_config(), tiny_models["target"], tiny_models["target"])
+    run_bench(settings, progress=False, models=models)
+    records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
+    tree = [r for r in records if r["method"] == "draft-tree"]
+    assert [r["label"] for r in tree] == ["draft-tree"]  # no gamma sweep: the depth comes from the tree knobs
+    stats = tree[0]["stats"]
+    assert stats["gamma"] == 3 and stats["tree_passes"] > 0 and 0 < stats["mean_tree_size"] <= 7
+    assert tree[0]["output_ids"] == next(r for r in records if r["method"] == "ar")["output_ids"]

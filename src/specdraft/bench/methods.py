@@ -16,7 +16,7 @@ import torch
 
 from ..api import load_engine
 from ..config import METHODS as ENGINE_METHODS
-from ..config import ModelConfig, SamplingParams, SpecConfig
+from ..config import TREE_METHODS, ModelConfig, SamplingParams, SpecConfig
 from ..drafters import NEEDS_DRAFT_MODEL
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel
@@ -87,9 +87,9 @@ def _build_ours(engine_method: str) -> Callable[[BenchModels, SpecConfig], Gener
     return build
 
 
-for _name in ENGINE_METHODS:
+for _name in ENGINE_METHODS:  # tree methods take their depth from the tree knobs, not gamma
     register(Method(_name, f"specdraft engine, method {_name!r}", _build_ours(_name),
-                    needs_draft=_name in NEEDS_DRAFT_MODEL, uses_gamma=_name != "ar"))
+                    needs_draft=_name in NEEDS_DRAFT_MODEL, uses_gamma=_name not in ("ar",) + TREE_METHODS))
 
 
 # ------------------------------------------------------------------------------------------------ transformers

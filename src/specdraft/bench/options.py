@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from ..config import ModelConfig, SamplingParams, normalize_backend, normalize_dtype
+from ..config import ModelConfig, SamplingParams, SpecConfig, normalize_backend, normalize_dtype
 from ..errors import SpecdraftError
 
 DEFAULT_METHODS = ("ar", "hf-ar", "hf-assisted", "hf-prompt-lookup", "draft", "prompt-lookup")
@@ -22,6 +22,9 @@ class BenchSettings:
     gammas: tuple[int, ...] = (3,)
     draft_confidence: float = 0.0
     eagle_head: str | None = None  # method eagle: a trained head's name or folder
+    tree_budget: int = SpecConfig.tree_budget  # tree methods (draft-tree): nodes, levels, children per node
+    tree_depth: int = SpecConfig.tree_depth
+    tree_branch: int = SpecConfig.tree_branch
     max_new_tokens: int = 128
     dtype: str = "auto"
     backend: str = "auto"  # our methods' forward: auto, native or transformers (transformers' methods: their own)
@@ -61,6 +64,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-confidence", type=float, default=0.0,
                         help="our draft method: stop drafting when the draft's top-1 probability is below this")
     parser.add_argument("--eagle-head", default=None, help="method eagle: a trained head's name or folder")
+    parser.add_argument("--tree-budget", type=int, default=SpecConfig.tree_budget,
+                        help="tree methods: draft nodes per target pass")
+    parser.add_argument("--tree-depth", type=int, default=SpecConfig.tree_depth, help="tree methods: levels at most")
+    parser.add_argument("--tree-branch", type=int, default=SpecConfig.tree_branch,
+                        help="tree methods: most likely children per expanded node")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (equality is checked exactly "
                         "in float32; in bf16 the divergence rate is reported)")
@@ -90,6 +98,7 @@ def settings_from_args(args: argparse.Namespace, command: str = "") -> BenchSett
     return BenchSettings(prompts=args.prompts, categories=_comma_list(args.categories), limit=args.limit,
                          methods=methods, target=args.target, draft=args.draft, gammas=gammas,
                          draft_confidence=args.draft_confidence, eagle_head=args.eagle_head,
+                         tree_budget=args.tree_budget, tree_depth=args.tree_depth, tree_branch=args.tree_branch,
                          max_new_tokens=args.max_new_tokens,
                          dtype=normalize_dtype(args.dtype), backend=normalize_backend(args.backend),
                          temperature=args.temperature, seed=args.seed,

@@ -240,7 +240,8 @@ def write_figures(summary: dict, records: list[dict], out: Path) -> list[str]:
 
         fig, ax = plt.subplots(figsize=(6, 4.2))
         alphas = np.linspace(0, 0.999, 200)
-        for gamma in sorted({summary["methods"][label]["gamma"] for label in spec_labels}):
+        # a tree method has no gamma (its depth and budget shape it): no chain curve for it
+        for gamma in sorted({summary["methods"][label]["gamma"] for label in spec_labels} - {None}):
             ax.plot(alphas, (1 - alphas ** (gamma + 1)) / (1 - alphas), linestyle="--", linewidth=1,
                     label=f"(1−α^(γ+1))/(1−α), γ={gamma}")
         for label in spec_labels:

@@ -46,12 +46,17 @@ class Variant:
     generate: GenerateTurn
 
 
+def tree_knobs(settings: BenchSettings) -> dict:
+    return dict(tree_budget=settings.tree_budget, tree_depth=settings.tree_depth, tree_branch=settings.tree_branch)
+
+
 def check_methods(settings: BenchSettings) -> list[Method]:
     methods = [get_method(name) for name in settings.methods]
     if any(m.needs_draft for m in methods) and not settings.draft:
         raise SpecdraftError(f"methods {', '.join(m.name for m in methods if m.needs_draft)} need --draft")
     for gamma in settings.gammas:
-        SpecConfig(method="draft", gamma=gamma, draft_confidence=settings.draft_confidence)  # validates
+        SpecConfig(method="draft", gamma=gamma, draft_confidence=settings.draft_confidence,
+                   **tree_knobs(settings))  # validates
     return methods
 
 
@@ -61,7 +66,8 @@ def build_variants(settings: BenchSettings, models: BenchModels) -> list[Variant
     for method in check_methods(settings):
         for gamma in settings.gammas if method.uses_gamma else (None,):
             spec = SpecConfig(method="draft", gamma=gamma or settings.gammas[0],
-                              draft_confidence=settings.draft_confidence, eagle_head=settings.eagle_head)
+                              draft_confidence=settings.draft_confidence, eagle_head=settings.eagle_head,
+                              **tree_knobs(settings))
             label = f"{method.name}-g{gamma}" if sweep and gamma is not None else method.name
             variants.append(Variant(label, method, gamma, method.build(models, spec)))
     return variants
