@@ -361,6 +361,19 @@ def test_dynamic_tree_keeps_the_best_scored_nodes_as_a_tree():
     assert calls == [([0, 1], [-1, -1]), ([0], [0])]  # frontier parents index the expanded nodes
 
 
+def test_statistics_count_tree_passes_by_depth():
+    from specdraft.types import SpecStats
+
+    stats = SpecStats(method="draft-tree", gamma=3)
+    tree = Draft(torch.tensor(TREE_IDS), parents=torch.tensor(TREE_PARENTS))
+    assert tree.depth == 4 and Draft(torch.tensor([1, 2])).depth == 2
+    stats.record(tree.k, 2, tree.depth)
+    stats.record(3, 3)  # a chain
+    assert (stats.tree_passes, stats.mean_tree_size, stats.mean_tree_path) == (1, 8.0, 2.0)
+    assert stats.drafted == 11 and stats.accepted == 5 and stats.examined == 3 + 3
+    assert stats.drafted_per_position == [2, 2, 2, 1] and stats.accepted_per_position == [2, 2, 1, 0]
+
+
 def test_tree_knobs_are_validated():
     with pytest.raises(SpecdraftError, match="tree budget"):
         SpecConfig("draft-tree", tree_budget=0)
@@ -492,9 +505,12 @@ def small_vocab_pair(tmp_path_factory, request):
     return target, draft
 
 
-def test_draft_tree_sampling_emits_the_target_distribution(small_vocab_pair):
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, max_new_tokens=3),
+                                    SamplingParams(temperature=0.7, top_k=3, max_new_tokens=3)],
+                         ids=["T=1", "T=0.7,top-k=3"])
+def test_draft_tree_sampling_emits_the_target_distribution(small_vocab_pair, params):
     target, draft = small_vocab_pair
-    pvalue = engine_tree_pvalue(target, draft, SamplingParams(temperature=1.0, max_new_tokens=3))
+    pvalue = engine_tree_pvalue(target, draft, params)
     assert pvalue > P_STAT, f"p-value {pvalue:.2e} at N={N_ENGINE}"
 
 
@@ -526,3 +542,36 @@ def test_bench_runs_draft_tree_with_its_knobs_and_records_tree_statistics(tiny_m
     stats = tree[0]["stats"]
     assert stats["gamma"] == 3 and stats["tree_passes"] > 0 and 0 < stats["mean_tree_size"] <= 7
     assert tree[0]["output_ids"] == next(r for r in records if r["method"] == "ar")["output_ids"]
+
+
+# ------------------------------------------------------------------------------------------------ prompt lookup
+
+def test_trie_merges_continuations_in_priority_order_within_the_budget():
+    from specdraft.drafters.tree import build_trie
+
+    tokens, parents = build_trie([[5, 6, 7], [5, 8], [9, 6]], budget=5)
+    assert tokens == [5, 6, 7, 8, 9] and parents == [-1, 0, 1, 0, -1]
+    assert build_trie([[5, 6, 7], [5, 8], [9, 6]], budget=4) == ([5, 6, 7, 8], [-1, 0, 1, 0])
+    assert build_trie([], budget=4) == ([], [])
+
+
+def test_prompt_lookup_finds_every_earlier_continuation_longest_ngram_first():
+    from specdraft.drafters.tree import find_continuations
+
+    context = [1, 2, 3, 9, 1, 2, 4, 5, 2]
+    # suffix [2]: followed by 4 (latest) and 3; no longer suffix matches ([5, 2] occurs once)
+    assert find_continuations(context, 2, 3, 1) == [[4, 5], [3, 9]]
+    assert find_continuations([1, 2, 1, 2], 3, 2, 1) == [[1, 2]]  # the 1-gram's continuation is the same: kept once
+
+
+@pytest.mark.parametrize("prompt", ["abc abc abd abe ab", "dead beef cafe. dead be", "a"])
+def test_prompt_lookup_tree_greedy_equals_autoregressive(tiny_models, prompt):
+    from specdraft.drafters import PromptLookupTreeDrafter
+
+    target = tiny_models["target"]
+    engine = Engine(target, PromptLookupTreeDrafter(6, 4), SpecConfig("prompt-lookup-tree", tree_budget=6))
+    ids = engine.encode(prompt, chat=False)
+    got = engine.generate(ids, GREEDY)
+    assert got.token_ids == Engine(target).generate(ids, GREEDY).token_ids
+    if prompt.startswith("abc"):
+        assert got.stats.tree_passes > 0

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from .errors import SpecdraftError
 
 MAX_GAMMA = 32
-METHODS = ("ar", "draft", "prompt-lookup", "draft-tree", "eagle")
-TREE_METHODS = ("draft-tree",)  # methods whose draft is a token tree: their depth plays gamma's part
+METHODS = ("ar", "draft", "prompt-lookup", "draft-tree", "prompt-lookup-tree", "eagle")
+TREE_METHODS = ("draft-tree", "prompt-lookup-tree")  # drafts are token trees: their depth plays gamma's part
 MAX_TREE_BUDGET = 64
 DTYPES = ("auto", "bfloat16", "float32", "float16")
 BACKENDS = ("auto", "native", "transformers")

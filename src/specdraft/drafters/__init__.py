@@ -11,7 +11,7 @@ from .base import Drafter, NoDrafter
 from .eagle import EagleDrafter
 from .model import ModelDrafter
 from .prompt_lookup import PromptLookupDrafter
-from .tree import TreeDrafter
+from .tree import PromptLookupTreeDrafter, TreeDrafter
 
 # Each builder takes (spec, target, draft model or None) and returns a drafter.
 DRAFTERS: dict[str, Callable[[SpecConfig, LoadedModel, LoadedModel | None], Drafter]] = {
@@ -20,6 +20,8 @@ DRAFTERS: dict[str, Callable[[SpecConfig, LoadedModel, LoadedModel | None], Draf
     "draft": lambda spec, target, draft: ModelDrafter(_require(draft), target, spec.draft_confidence),
     "draft-tree": lambda spec, target, draft: TreeDrafter(_require(draft, "draft-tree"), target, spec.tree_budget,
                                                           spec.tree_depth, spec.tree_branch),
+    "prompt-lookup-tree": lambda spec, target, draft: PromptLookupTreeDrafter(
+        spec.tree_budget, spec.tree_depth, spec.lookup_max_ngram, spec.lookup_min_ngram),
     "eagle": lambda spec, target, draft: EagleDrafter.load(_require_head(spec), target),
 }
 
@@ -44,4 +46,4 @@ def build_drafter(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | No
 
 
 __all__ = ["Drafter", "DRAFTERS", "EagleDrafter", "NEEDS_DRAFT_MODEL", "build_drafter", "ModelDrafter", "NoDrafter",
-           "PromptLookupDrafter", "TreeDrafter"]
+           "PromptLookupDrafter", "PromptLookupTreeDrafter", "TreeDrafter"]

@@ -155,3 +155,65 @@ class TreeDrafter:
                 break
             path.append(child)
         state.keep_tree_path(path)
+
+
+class PromptLookupTreeDrafter:
+    """Prompt lookup with a tree (method `prompt-lookup-tree`): the continuations of several earlier matches of
+    the context's suffix n-grams (longest n-gram first, latest occurrence first), merged into a trie of at most
+    `budget` nodes and `depth` levels. No model, deterministic: q is one-hot on every node."""
+
+    name = "prompt-lookup-tree"
+
+    def __init__(self, budget: int, depth: int, max_ngram: int = 3, min_ngram: int = 1):
+        if budget < 1 or depth < 1:
+            raise SpecdraftError(f"tree budget and depth must be >= 1 (got {budget}, {depth})")
+        self.budget, self.depth, self.max_ngram, self.min_ngram = budget, depth, max_ngram, min_ngram
+
+    def begin(self, prompt_ids: list[int], features=None) -> None:
+        pass
+
+    def propose(self, context_ids, k, params, generator) -> Draft:
+        depth = min(self.depth, k)
+        continuations = find_continuations(context_ids, depth, self.max_ngram, self.min_ngram) if depth else []
+        tokens, parents = build_trie(continuations, self.budget)
+        if not tokens:
+            return Draft(torch.empty(0, dtype=torch.long))
+        return Draft(torch.tensor(tokens, dtype=torch.long), None, torch.tensor(parents, dtype=torch.long))
+
+    def on_accept(self, context_ids: list[int], features=None) -> None:
+        pass
+
+
+def find_continuations(context_ids: list[int], k: int, max_ngram: int, min_ngram: int) -> list[list[int]]:
+    """The up-to-k tokens after every earlier match of a suffix n-gram: longest n first, then latest first."""
+    length = len(context_ids)
+    found: list[list[int]] = []
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        suffix = context_ids[length - n:]
+        for start in range(length - n - 1, -1, -1):
+            if context_ids[start:start + n] == suffix:
+                continuation = context_ids[start + n:start + n + k]
+                if continuation and continuation not in found:
+                    found.append(continuation)
+    return found
+
+
+def build_trie(sequences: list[list[int]], budget: int) -> tuple[list[int], list[int]]:
+    """Merge token sequences (in priority order) into a trie of at most `budget` nodes: (tokens, parents), parents
+    before children, siblings in the order their first sequence came."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    child_of: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+    for sequence in sequences:
+        parent = -1
+        for token in sequence:
+            node = child_of.get((parent, token))
+            if node is None:
+                if len(tokens) == budget:
+                    return tokens, parents
+                node = len(tokens)
+                tokens.append(token)
+                parents.append(parent)
+                child_of[(parent, token)] = node
+            parent = node
+    return tokens, parents
