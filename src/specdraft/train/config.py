@@ -12,7 +12,7 @@ class TrainConfig:
     data: str  # a collected feature folder (train/eagle_data.collect)
     out: str  # a head name (saved under ~/.cache/specdraft/heads/NAME) or a folder
     steps: int | None = None  # optimizer steps (one window each); None: `epochs` passes over the data
-    epochs: float = 2.0
+    epochs: float = 1.5
     ttt_steps: int = 3  # unrolled draft steps per training step
     step_weight: float = 0.8  # loss weight of unrolled step j is step_weight ** (j - 1)
     lr: float = 5e-4

@@ -92,7 +92,7 @@ def vocab_hash(tokenizer) -> str:
 class CollectConfig:
     target: str = "qwen2.5-coder-1.5b-instruct"
     out: str = ""
-    tokens: int = 300_000  # stop after this many tokens
+    tokens: int = 60_000  # stop after this many tokens
     max_len: int = 512  # tokens per sequence (longer documents are cut)
     layers: tuple[int, ...] | None = None  # default: EAGLE-3's (2, L // 2, L - 3)
     dtype: str = "float32"  # target weights while collecting (see docs/eagle.md: fp32 prefill is faster here)

@@ -16,7 +16,8 @@ def add_train_arguments(parser) -> None:
     eagle.add_argument("--target", default=DEFAULT_TARGET)
     eagle.add_argument("--out", required=True, help="head name (saved in ~/.cache/specdraft/heads/NAME) or folder")
     eagle.add_argument("--data", default=None, help="feature folder (default ~/.cache/specdraft/eagle-data/TARGET)")
-    eagle.add_argument("--tokens", type=int, default=100_000, help="tokens of training text to collect")
+    eagle.add_argument("--tokens", type=int, default=60_000, help="tokens of training text to collect "
+                       "(default sized with --epochs 1.5 to about 2 h on this 2-core AVX2 machine: docs/eagle.md)")
     eagle.add_argument("--max-len", type=int, default=512, help="tokens per collected sequence")
     eagle.add_argument("--collect-dtype", default="float32", help="target weights while collecting (fp32 "
                        "prefill through MKL was faster than the bf16 kernels here: docs/eagle.md)")
