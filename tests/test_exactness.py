@@ -72,9 +72,11 @@ def outcome(result, eos: set[int]) -> tuple:
     return tuple(tokens)
 
 
-def engine_pvalue(target, draft, params, rule=None, min_confidence: float = 0.0) -> float:
-    engine = Engine(target, ModelDrafter(draft, target, min_confidence), SpecConfig("draft", 3),
-                    **({"sampling_rule": rule} if rule else {}))
+def engine_pvalue(target, draft, params, rule=None, min_confidence: float = 0.0, drafter=None,
+                  spec: SpecConfig | None = None) -> float:
+    """p-value of the chi-square test; the drafter defaults to the independent draft model at gamma 3."""
+    drafter = drafter or ModelDrafter(draft, target, min_confidence)
+    engine = Engine(target, drafter, spec or SpecConfig("draft", 3), **({"sampling_rule": rule} if rule else {}))
     expected = exact_joint(target, params)
     counts = dict.fromkeys(expected, 0)
     for seed in range(N_SAMPLES):

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .config import DTYPES, METHODS, MAX_GAMMA, ModelConfig, SamplingParams, SpecConfig
+from .config import DTYPES, METHODS, MAX_GAMMA, ModelConfig, SamplingParams, SpecConfig, parse_int_list
 from .errors import SpecdraftError
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a short docstring."
@@ -33,10 +33,16 @@ def _add_tree_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tree-depth", type=int, default=defaults.tree_depth, help="tree methods: levels at most")
     parser.add_argument("--tree-branch", type=int, default=defaults.tree_branch,
                         help="tree methods: most likely children tried per expanded node")
+    parser.add_argument("--exits", default="", help="method sorted: the draft's exits as layer counts, e.g. 12,18,24 "
+                        "(default: half, three quarters and all of its layers)")
+    parser.add_argument("--exit-rule", default=defaults.exit_rule, help="method sorted: threshold:T1,T2,.. (stop at "
+                        "the first exit whose top-1 probability > Ti) or cost:W (weigh the remaining layers' cost)")
 
 
 def _tree_knobs(args) -> dict:
-    return dict(tree_budget=args.tree_budget, tree_depth=args.tree_depth, tree_branch=args.tree_branch)
+    """The drafters' own knobs (trees, sorted exits) as SpecConfig fields."""
+    return dict(tree_budget=args.tree_budget, tree_depth=args.tree_depth, tree_branch=args.tree_branch,
+                sorted_exits=parse_int_list(args.exits, "--exits"), exit_rule=args.exit_rule)
 
 
 def build_parser() -> argparse.ArgumentParser:

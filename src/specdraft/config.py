@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from .errors import SpecdraftError
 
 MAX_GAMMA = 32
-METHODS = ("ar", "draft", "prompt-lookup", "draft-tree", "prompt-lookup-tree", "eagle")
+METHODS = ("ar", "draft", "prompt-lookup", "draft-tree", "prompt-lookup-tree", "eagle", "sorted")
 TREE_METHODS = ("draft-tree", "prompt-lookup-tree")  # drafts are token trees: their depth plays gamma's part
 MAX_TREE_BUDGET = 64
 DTYPES = ("auto", "bfloat16", "float32", "float16")
@@ -66,6 +66,12 @@ class SpecConfig:
     tree_budget: int = 5
     tree_depth: int = 4
     tree_branch: int = 2
+    # method sorted (S2D, drafters/sorted.py): the draft's exits as layer counts, ascending (empty: a half, three
+    # quarters and all of the draft's layers), and the rule that stops a token at an exit:
+    # "threshold:T1,T2,.." (stop at exit i when its top-1 probability > Ti; S2D's rule) or "cost:W" (stop when
+    # 1 - top-1 <= W x the cost of the remaining layers as a fraction of a target pass).
+    sorted_exits: tuple[int, ...] = ()
+    exit_rule: str = "threshold:0.5"
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -83,6 +89,9 @@ class SpecConfig:
             raise SpecdraftError(f"tree depth must be between 1 and {MAX_GAMMA}, got {self.tree_depth}")
         if self.tree_branch < 1:
             raise SpecdraftError(f"tree branch (children per expanded node) must be >= 1, got {self.tree_branch}")
+        parse_exit_rule(self.exit_rule)  # raises on a malformed rule
+        if any(e < 1 for e in self.sorted_exits) or list(self.sorted_exits) != sorted(set(self.sorted_exits)):
+            raise SpecdraftError(f"exits must be increasing layer counts >= 1, got {self.sorted_exits}")
 
     @property
     def draft_len(self) -> int:
@@ -90,6 +99,29 @@ class SpecConfig:
         if self.method == "ar":
             return 0
         return self.tree_depth if self.method in TREE_METHODS else self.gamma
+
+
+def parse_exit_rule(text: str) -> tuple[str, tuple[float, ...]]:
+    """"threshold:0.5,0.6" -> ("threshold", (0.5, 0.6)); "cost:1.0" -> ("cost", (1.0,))."""
+    kind, _, values = text.partition(":")
+    try:
+        numbers = tuple(float(v) for v in values.split(",")) if values else ()
+    except ValueError:
+        numbers = None
+    if kind == "threshold" and numbers and all(0.0 <= v <= 1.0 for v in numbers):
+        return kind, numbers
+    if kind == "cost" and numbers and len(numbers) == 1 and numbers[0] >= 0:
+        return kind, numbers
+    raise SpecdraftError(f"exit rule {text!r} not understood; use threshold:T1,T2,.. (top-1 probabilities in "
+                         f"[0, 1], one per exit but the last) or cost:W (W >= 0)")
+
+
+def parse_int_list(text: str, what: str) -> tuple[int, ...]:
+    """"8,16,24" -> (8, 16, 24); "" -> ()."""
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise SpecdraftError(f"{what} must be a comma-separated list of integers, got {text!r}") from None
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
         stats.time_draft_s += t1 - t0
         stats.time_verify_s += t2 - t1
         stats.record(draft.k, result.n_accepted, None if draft.parents is None else draft.depth)
+        stats.record_labels(draft.labels, result.accepted_nodes)
         budget -= len(result.tokens)
         yield result.tokens
 

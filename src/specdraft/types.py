@@ -18,11 +18,14 @@ class Draft:
     parents:     [k] int64 or None. None is a chain (token i follows token i - 1). In a tree, parents[i] is
                  the index of node i's parent, -1 for a child of the pending token; parents come before their
                  children (parents[i] < i) and siblings are listed in the order acceptance tries them.
+    labels:      [k] str or None: where each token came from, for the statistics (a sorted draft's exit,
+                 e.g. "exit 8"); SpecStats tallies drafted and accepted tokens per label.
     """
 
     token_ids: torch.Tensor
     draft_probs: torch.Tensor | None = None
     parents: torch.Tensor | None = None
+    labels: list[str] | None = None
 
     def __post_init__(self) -> None:
         if self.parents is not None:
@@ -107,6 +110,8 @@ class SpecStats:
     tree_passes: int = 0  # passes whose draft was a tree with branches
     tree_nodes: int = 0  # draft nodes in those passes (drafted counts them too)
     tree_accepted: int = 0  # accepted path lengths in those passes
+    drafted_by: dict[str, int] = field(default_factory=dict)  # draft tokens per Draft label (e.g. a sorted exit)
+    accepted_by: dict[str, int] = field(default_factory=dict)  # accepted draft tokens per label
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0
     time_prefill_s: float = 0.0
@@ -132,6 +137,13 @@ class SpecStats:
         for i in range(depth):
             self.drafted_per_position[i] += 1
             self.accepted_per_position[i] += int(i < n_accepted)
+
+    def record_labels(self, labels: list[str] | None, accepted_nodes: list[int]) -> None:
+        """Tally a labelled draft: every node under its label, the accepted ones under accepted_by."""
+        for label in labels or ():
+            self.drafted_by[label] = self.drafted_by.get(label, 0) + 1
+        for node in accepted_nodes if labels else ():
+            self.accepted_by[labels[node]] = self.accepted_by.get(labels[node], 0) + 1
 
     @property
     def mean_tree_size(self) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from ..config import ModelConfig, SamplingParams, SpecConfig, normalize_backend, normalize_dtype
+from ..config import ModelConfig, SamplingParams, SpecConfig, normalize_backend, normalize_dtype, parse_int_list
 from ..errors import SpecdraftError
 
 DEFAULT_METHODS = ("ar", "hf-ar", "hf-assisted", "hf-prompt-lookup", "draft", "prompt-lookup")
@@ -25,6 +25,8 @@ class BenchSettings:
     tree_budget: int = SpecConfig.tree_budget  # tree methods (draft-tree): nodes, levels, children per node
     tree_depth: int = SpecConfig.tree_depth
     tree_branch: int = SpecConfig.tree_branch
+    sorted_exits: tuple[int, ...] = ()  # method sorted: the draft's exits (layer counts) and its exit rule
+    exit_rule: str = SpecConfig.exit_rule
     max_new_tokens: int = 128
     dtype: str = "auto"
     backend: str = "auto"  # our methods' forward: auto, native or transformers (transformers' methods: their own)
@@ -69,6 +71,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tree-depth", type=int, default=SpecConfig.tree_depth, help="tree methods: levels at most")
     parser.add_argument("--tree-branch", type=int, default=SpecConfig.tree_branch,
                         help="tree methods: most likely children per expanded node")
+    parser.add_argument("--exits", default="", help="method sorted: the draft's exits as layer counts (default: "
+                        "half, three quarters and all of its layers)")
+    parser.add_argument("--exit-rule", default=SpecConfig.exit_rule, help="method sorted: threshold:T1,T2,.. or cost:W")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (equality is checked exactly "
                         "in float32; in bf16 the divergence rate is reported)")
@@ -99,6 +104,7 @@ def settings_from_args(args: argparse.Namespace, command: str = "") -> BenchSett
                          methods=methods, target=args.target, draft=args.draft, gammas=gammas,
                          draft_confidence=args.draft_confidence, eagle_head=args.eagle_head,
                          tree_budget=args.tree_budget, tree_depth=args.tree_depth, tree_branch=args.tree_branch,
+                         sorted_exits=parse_int_list(args.exits, "--exits"), exit_rule=args.exit_rule,
                          max_new_tokens=args.max_new_tokens,
                          dtype=normalize_dtype(args.dtype), backend=normalize_backend(args.backend),
                          temperature=args.temperature, seed=args.seed,

@@ -47,7 +47,9 @@ class Variant:
 
 
 def tree_knobs(settings: BenchSettings) -> dict:
-    return dict(tree_budget=settings.tree_budget, tree_depth=settings.tree_depth, tree_branch=settings.tree_branch)
+    """The drafters' own knobs (trees, sorted exits) as SpecConfig fields."""
+    return dict(tree_budget=settings.tree_budget, tree_depth=settings.tree_depth, tree_branch=settings.tree_branch,
+                sorted_exits=settings.sorted_exits, exit_rule=settings.exit_rule)
 
 
 def check_methods(settings: BenchSettings) -> list[Method]:

@@ -11,6 +11,7 @@ from .base import Drafter, NoDrafter
 from .eagle import EagleDrafter
 from .model import ModelDrafter
 from .prompt_lookup import PromptLookupDrafter
+from .sorted import SortedDrafter
 from .tree import PromptLookupTreeDrafter, TreeDrafter
 
 # Each builder takes (spec, target, draft model or None) and returns a drafter.
@@ -23,9 +24,11 @@ DRAFTERS: dict[str, Callable[[SpecConfig, LoadedModel, LoadedModel | None], Draf
     "prompt-lookup-tree": lambda spec, target, draft: PromptLookupTreeDrafter(
         spec.tree_budget, spec.tree_depth, spec.lookup_max_ngram, spec.lookup_min_ngram),
     "eagle": lambda spec, target, draft: EagleDrafter.load(_require_head(spec), target),
+    "sorted": lambda spec, target, draft: SortedDrafter.build(_require(draft, "sorted"), target, spec.sorted_exits,
+                                                              spec.exit_rule),
 }
 
-NEEDS_DRAFT_MODEL = {"draft", "draft-tree"}
+NEEDS_DRAFT_MODEL = {"draft", "draft-tree", "sorted"}
 
 
 def _require(draft: LoadedModel | None, method: str = "draft") -> LoadedModel:
@@ -46,4 +49,4 @@ def build_drafter(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | No
 
 
 __all__ = ["Drafter", "DRAFTERS", "EagleDrafter", "NEEDS_DRAFT_MODEL", "build_drafter", "ModelDrafter", "NoDrafter",
-           "PromptLookupDrafter", "PromptLookupTreeDrafter", "TreeDrafter"]
+           "PromptLookupDrafter", "PromptLookupTreeDrafter", "SortedDrafter", "TreeDrafter"]

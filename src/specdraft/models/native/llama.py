@@ -132,6 +132,43 @@ class NativeLlama:
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
 
+    def embed_tokens(self, token_ids: list[int]) -> torch.Tensor:
+        """The residual stream entering layer 0: float32 [T, D]."""
+        return self.embed[torch.tensor(token_ids, dtype=torch.long)].float()
+
+    def layer_forward(self, index: int, hidden: torch.Tensor, cache: "NativeCache", start: int,
+                      positions: slice | torch.Tensor | None = None,
+                      tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Layer `index` for T rows whose K/V go to cache slots start .. start + T - 1 of that layer; they attend
+        to every earlier slot of the layer (and, in a tree, to the slots `tree_mask` allows). Leaves
+        cache.length alone: whoever drives the layers decides what is cached (a layer slice, LayerSkip-style,
+        drives them one by one). hidden [T, D] float32 -> [T, D]."""
+        ops, layer = self.ops, self.layers[index]
+        n_new = hidden.shape[0]
+        slots = slice(start, start + n_new)
+        positions = slots if positions is None else positions  # rotary positions: the slots, or a tree's depths
+        x = ops.rms_norm(hidden, layer.input_norm, self.eps)  # [T, D]
+        q = self._linear(x, layer.q, layer.q_bias).view(n_new, self.n_heads, self.head_dim)
+        k = self._linear(x, layer.k, layer.k_bias).view(n_new, self.n_kv_heads, self.head_dim)
+        v = self._linear(x, layer.v, layer.v_bias).view(n_new, self.n_kv_heads, self.head_dim)
+        cache.keys[index, :, slots] = self._rope(k, positions).transpose(0, 1)  # [Hkv, T, Dh]
+        cache.values[index, :, slots] = v.transpose(0, 1)
+        q = self._rope(q, positions).contiguous()
+        if tree_mask is None:
+            attended = ops.attention(q, cache.keys[index], cache.values[index], start)  # [T, H, Dh]
+        else:
+            attended = ops.tree_attention(q, cache.keys[index], cache.values[index],
+                                          start + n_new - tree_mask.shape[1], tree_mask)  # [T, H, Dh]
+        hidden = hidden + self._linear(attended.view(n_new, -1), layer.o, layer.o_bias)
+        x = ops.rms_norm(hidden, layer.post_norm, self.eps)
+        gated = ops.silu_mul(self._linear(x, layer.gate, None), self._linear(x, layer.up, None))  # [T, I]
+        return hidden + self._linear(gated, layer.down, None)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The final norm and the LM head over residual-stream rows: [T, D] -> float32 [T, V]. Any layer's
+        output can go through them: that is an early exit (S2D, LayerSkip)."""
+        return self._linear(self.ops.rms_norm(hidden.contiguous(), self.final_norm, self.eps), self.lm_head, None)
+
     def forward(self, token_ids: list[int], cache: "NativeCache", n_logits: int,
                 positions: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Append `token_ids` at cache.length; return float32 logits [n_logits, V] of the last n_logits.
@@ -154,32 +191,14 @@ class NativeLlama:
         if start + n_new > self.max_positions:
             raise ValueError(f"position {start + n_new} is past the model's {self.max_positions} positions")
         cache.reserve(start + n_new)
-        slots = slice(start, start + n_new)
-        positions = slots if positions is None else positions  # rotary positions: the slots, or a tree's depths
-        hidden = self.embed[torch.tensor(token_ids, dtype=torch.long)].float()  # [T, D]
-        for index, layer in enumerate(self.layers):
+        hidden = self.embed_tokens(token_ids)  # [T, D]
+        for index in range(len(self.layers)):
             if index in feature_layers:
                 taps[index] = hidden  # [T, D]; the loop rebinds `hidden`, so this tensor is not mutated
-            x = ops.rms_norm(hidden, layer.input_norm, self.eps)  # [T, D]
-            q = self._linear(x, layer.q, layer.q_bias).view(n_new, self.n_heads, self.head_dim)
-            k = self._linear(x, layer.k, layer.k_bias).view(n_new, self.n_kv_heads, self.head_dim)
-            v = self._linear(x, layer.v, layer.v_bias).view(n_new, self.n_kv_heads, self.head_dim)
-            cache.keys[index, :, slots] = self._rope(k, positions).transpose(0, 1)  # [Hkv, T, Dh]
-            cache.values[index, :, slots] = v.transpose(0, 1)
-            q = self._rope(q, positions).contiguous()
-            if tree_mask is None:
-                attended = ops.attention(q, cache.keys[index], cache.values[index], start)  # [T, H, Dh]
-            else:
-                attended = ops.tree_attention(q, cache.keys[index], cache.values[index],
-                                              start + n_new - tree_mask.shape[1], tree_mask)  # [T, H, Dh]
-            hidden = hidden + self._linear(attended.view(n_new, -1), layer.o, layer.o_bias)
-            x = ops.rms_norm(hidden, layer.post_norm, self.eps)
-            gated = ops.silu_mul(self._linear(x, layer.gate, None), self._linear(x, layer.up, None))  # [T, I]
-            hidden = hidden + self._linear(gated, layer.down, None)
+            hidden = self.layer_forward(index, hidden, cache, start, positions, tree_mask)
         cache.length = start + n_new
         if not feature_layers:
-            last = ops.rms_norm(hidden[-n_logits:].contiguous(), self.final_norm, self.eps)  # [n_logits, D]
-            return self._linear(last, self.lm_head, None), None  # [n_logits, V]
+            return self.logits(hidden[-n_logits:]), None  # [n_logits, V]
         normed = ops.rms_norm(hidden.contiguous(), self.final_norm, self.eps)  # [T, D]
         taps[len(self.layers)] = normed
         features = torch.stack([taps[i] for i in feature_layers], dim=1)  # [T, n_taps, D]

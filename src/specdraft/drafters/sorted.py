@@ -1,0 +1,222 @@
+"""S2D-style sorted drafting (Kavehzadeh et al. 2024): one draft network whose first layers form nested
+sub-models, each an exit through the shared final norm and LM head; each draft token stops at the shallowest
+exit that is confident enough.
+
+Exactness. The token a step emits is sampled from the distribution of the exit it stopped at, and that
+distribution is what `draft_probs` carries, so the acceptance rule stays exact whatever the exit rule does.
+Soundness of the cache: a token that stopped at depth e has K/V in layers < e only. When a later token goes
+deeper, `LayeredState.run_to` first runs the missing layers for every earlier token from the residual stream it
+kept at its own depth (LayerSkip's "fill the skipped layers", done lazily). Each exit therefore sees exactly the
+K/V that running its sub-model alone over the whole sequence would produce: the native kernels are batch
+invariant, so it is bit for bit the same (tests/test_sorted.py checks this against a truncated model).
+
+Bookkeeping. Filled depths never increase along the sequence (a token that goes deeper fills every earlier token
+first), so at any layer the positions still missing it are a suffix: one kernel call per layer fills them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import SamplingParams, parse_exit_rule
+from ..errors import SpecdraftError
+from ..models.adapter import LoadedModel
+from ..models.native.llama import NativeLlama
+from ..sampling import processed_probs, sample
+from ..types import Draft
+from .model import check_compatible_vocab
+
+
+class LayeredState:
+    """One sequence in a native model whose layers are filled to different depths per position.
+
+    layer_length[l]: the positions 0 .. layer_length[l] - 1 have K/V in layer l (non-increasing in l);
+    residual[t]:     [D] the residual stream of position t at its filled depth (the input of its first missing
+                     layer, or the output of the last layer run)."""
+
+    def __init__(self, native: NativeLlama, capacity: int = 256):
+        self.native = native
+        self.cache = native.new_cache(capacity)
+        self.layer_length = [0] * len(native.layers)
+        self.residual = torch.zeros(capacity, native.embed.shape[1])  # [capacity, D] float32
+        self.token_ids: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def depth(self, position: int) -> int:
+        """How many layers position has run through."""
+        return sum(1 for length in self.layer_length if length > position)
+
+    def append(self, token_ids: list[int]) -> None:
+        """Add positions at depth 0 (their embeddings); layers run when some exit needs them."""
+        n, n_new = len(self.token_ids), len(token_ids)
+        if n + n_new > self.native.max_positions:
+            raise SpecdraftError(f"position {n + n_new} is past the draft's {self.native.max_positions} positions")
+        self.cache.reserve(n + n_new)
+        if n + n_new > self.residual.shape[0]:
+            grown = torch.zeros(max(n + n_new, 2 * self.residual.shape[0]), self.residual.shape[1])
+            grown[:n] = self.residual[:n]
+            self.residual = grown
+        self.residual[n: n + n_new] = self.native.embed_tokens(token_ids)
+        self.token_ids.extend(token_ids)
+
+    def run_to(self, depth: int) -> None:
+        """Bring every position to at least `depth` layers: at each layer, the positions still missing it (a
+        suffix, all at exactly that depth) go through it in one call."""
+        n = len(self.token_ids)
+        for index in range(depth):
+            start = self.layer_length[index]
+            if start >= n:
+                continue
+            rows = self.residual[start:n]  # [T, D]
+            self.residual[start:n] = self.native.layer_forward(index, rows, self.cache, start)
+            self.layer_length[index] = n
+        self.cache.length = self.layer_length[0]
+
+    def exit_logits(self) -> torch.Tensor:
+        """Logits of the last position through the final norm and LM head at its current depth: [1, V]."""
+        return self.native.logits(self.residual[len(self.token_ids) - 1: len(self.token_ids)])
+
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` positions; their residual rows and depths stay valid."""
+        del self.token_ids[length:]
+        self.layer_length = [min(filled, length) for filled in self.layer_length]
+        self.cache.length = self.layer_length[0]
+
+    def sync(self, context_ids: list[int]) -> list[int]:
+        """Keep the longest prefix shared with context_ids; return the ids still to append."""
+        common = 0
+        limit = min(len(self.token_ids), len(context_ids))
+        while common < limit and self.token_ids[common] == context_ids[common]:
+            common += 1
+        self.truncate(common)
+        return context_ids[common:]
+
+
+# ------------------------------------------------------------------------------------------------ exit rules
+
+@dataclass(frozen=True)
+class ThresholdExit:
+    """S2D's rule: stop at exit i when its top-1 probability exceeds thresholds[i] (the drafter never asks at
+    the last exit: it always stops there); exits past the tuple reuse its last threshold."""
+
+    thresholds: tuple[float, ...] = (0.5,)
+
+    def stop(self, exit_index: int, top1: float) -> bool:
+        return top1 > self.thresholds[min(exit_index, len(self.thresholds) - 1)]
+
+
+@dataclass(frozen=True)
+class CostAwareExit:
+    """Stop at exit i when 1 - top1 (the chance this token is wrong and wastes the rest of the draft) is at most
+    `weight` times the cost of the layers beyond exit i, measured as a fraction of one target pass (weight bytes
+    read). Deep layers that are cheap next to the target are worth running unless the exit is nearly sure;
+    expensive ones only when it is unsure. remaining_cost[i]: the layers after exit i over the target's bytes."""
+
+    remaining_cost: tuple[float, ...]
+    weight: float = 1.0
+
+    def stop(self, exit_index: int, top1: float) -> bool:
+        return 1.0 - top1 <= self.weight * self.remaining_cost[exit_index]
+
+
+def layer_bytes(native: NativeLlama, index: int) -> int:
+    layer = native.layers[index]
+    return sum(t.numel() * t.element_size() for t in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up,
+                                                       layer.down))
+
+
+def cost_aware_rule(draft: NativeLlama, target: LoadedModel, exits: tuple[int, ...], weight: float) -> CostAwareExit:
+    target_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())
+    per_layer = [layer_bytes(draft, i) for i in range(len(draft.layers))]
+    remaining = tuple(sum(per_layer[e: exits[-1]]) / target_bytes for e in exits)
+    return CostAwareExit(remaining, weight)
+
+
+# ------------------------------------------------------------------------------------------------ drafter
+
+class SortedDrafter:
+    """Drafts a chain of gamma tokens; each token leaves at the first exit the rule accepts.
+
+    exits: layer counts (ascending), e.g. (8, 16, 24): sub-model i is the first exits[i] layers followed by the
+    shared final norm and LM head. `exit_counts[i]` counts the tokens drafted at exit i (also in each Draft's
+    labels, which the loop's statistics tally)."""
+
+    name = "sorted"
+    backend = "native"
+
+    def __init__(self, draft: LoadedModel, target: LoadedModel, exits: tuple[int, ...], rule):
+        check_compatible_vocab(draft, target)
+        if draft.native is None:
+            raise SpecdraftError(f"sorted drafting runs layer slices on the native backend; {draft.name!r} is on "
+                                 f"transformers ({draft.backend_note}); use a Llama/Qwen2 draft")
+        n_layers = len(draft.native.layers)
+        if not exits or list(exits) != sorted(set(exits)) or exits[0] < 1 or exits[-1] > n_layers:
+            raise SpecdraftError(f"exits must be increasing layer counts between 1 and {n_layers} "
+                                 f"(the draft's depth), got {','.join(map(str, exits)) or 'none'}")
+        self.native = draft.native
+        self.exits = tuple(exits)
+        self.rule = rule
+        self.exit_counts = [0] * len(exits)
+        self.state = LayeredState(self.native)
+
+    @classmethod
+    def build(cls, draft: LoadedModel, target: LoadedModel, exits: tuple[int, ...], exit_rule: str) -> "SortedDrafter":
+        """From the shared config: exits () means half, three quarters and all of the draft's layers."""
+        if draft.native is None:
+            raise SpecdraftError(f"sorted drafting runs layer slices on the native backend; {draft.name!r} is on "
+                                 f"transformers ({draft.backend_note}); use a Llama/Qwen2 draft")
+        n_layers = len(draft.native.layers)
+        exits = exits or tuple(sorted({max(1, n_layers // 2), max(1, 3 * n_layers // 4), n_layers}))
+        kind, numbers = parse_exit_rule(exit_rule)
+        rule = ThresholdExit(numbers) if kind == "threshold" else cost_aware_rule(draft.native, target, exits,
+                                                                                  numbers[0])
+        return cls(draft, target, exits, rule)
+
+    def begin(self, prompt_ids: list[int], features=None) -> None:
+        self.state = LayeredState(self.native, capacity=len(prompt_ids) + 64)
+        if len(prompt_ids) > 1:  # the prompt runs to the deepest exit in one pass per layer
+            self.state.append(prompt_ids[:-1])
+            self.state.run_to(self.exits[-1])
+
+    def propose(self, context_ids: list[int], k: int, params: SamplingParams,
+                generator: torch.Generator | None) -> Draft:
+        to_feed = self.state.sync(context_ids)
+        if not to_feed:  # the whole context is cached: recompute the last position for its logits
+            self.state.truncate(len(context_ids) - 1)
+            to_feed = context_ids[-1:]
+        self.state.append(to_feed)
+        token_ids: list[int] = []
+        rows: list[torch.Tensor] = []
+        labels: list[str] = []
+        for i in range(k):
+            logits, exit_index = self._exit()  # [1, V]
+            if params.greedy:
+                token = int(logits[0].argmax())
+            else:
+                probs = processed_probs(logits, params)  # [1, V]: q is the chosen exit's distribution
+                token = int(sample(probs, generator))
+                rows.append(probs[0])
+            token_ids.append(token)
+            labels.append(f"exit {self.exits[exit_index]}")
+            self.exit_counts[exit_index] += 1
+            if i + 1 < k:
+                self.state.append([token])
+        draft_probs = torch.stack(rows) if rows else None  # [k, V]
+        return Draft(torch.tensor(token_ids, dtype=torch.long), draft_probs, labels=labels)
+
+    def _exit(self) -> tuple[torch.Tensor, int]:
+        """Run the last position exit by exit until the rule stops it: (its logits [1, V], the exit index)."""
+        last = len(self.exits) - 1
+        for exit_index, depth in enumerate(self.exits):
+            self.state.run_to(depth)
+            logits = self.state.exit_logits()  # [1, V]
+            if exit_index == last or self.rule.stop(exit_index, float(logits[0].softmax(-1).max())):
+                return logits, exit_index
+        raise AssertionError("unreachable: the last exit always stops")
+
+    def on_accept(self, context_ids: list[int], features=None) -> None:
+        self.state.sync(context_ids)  # drop rejected draft positions; the new token is fed at the next propose

@@ -1,0 +1,162 @@
+"""S2D sorted drafting: each exit drafts from exactly its sub-model, the loop stays lossless, the rules, errors."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+
+from specdraft import Engine, SamplingParams, SpecConfig, load_model
+from specdraft.config import parse_exit_rule
+from specdraft.drafters import SortedDrafter, build_drafter
+from specdraft.drafters.sorted import CostAwareExit, LayeredState, ThresholdExit
+from specdraft.errors import SpecdraftError
+from specdraft.models.native.llama import NativeLlama
+from test_exactness import N_SAMPLES, P_THRESHOLD, PROMPT, SETTINGS, engine_pvalue
+from tiny import build_model
+
+
+@pytest.fixture(scope="module")
+def sorted_models(tmp_path_factory):
+    """A tiny target and a 4-layer tiny draft (exits 1, 2, 4), native, in float32 and bf16 weights."""
+    root = tmp_path_factory.mktemp("sorted")
+    target_dir = build_model(root / "target", seed=21, chars="abcde", init_range=0.5)
+    draft_dir = build_model(root / "draft", seed=22, chars="abcde", init_range=0.5, layers=4)
+    return {dtype: (load_model(str(target_dir), dtype, backend="native"),
+                    load_model(str(draft_dir), dtype, backend="native")) for dtype in ("float32", "bfloat16")}
+
+
+def sub_model_logits(draft, depth: int, token_ids: list[int]) -> torch.Tensor:
+    """The reference: the draft cut to its first `depth` layers, run alone over the whole sequence: [1, V]."""
+    cut = copy.deepcopy(draft.model)
+    cut.model.layers = cut.model.layers[:depth]
+    cut.config.num_hidden_layers = depth
+    native = NativeLlama(cut)
+    return native.forward(token_ids, native.new_cache(), 1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_every_exit_equals_its_sub_model_run_alone_bit_for_bit(sorted_models, dtype):
+    _, draft = sorted_models[dtype]
+    rng = random.Random(0)
+    state = LayeredState(draft.native, capacity=4)  # small: the cache and residual rows must grow
+    tokens: list[int] = []
+    with torch.inference_mode():
+        for step in range(24):
+            if step in (9, 17):  # roll back a few positions, as a rejected draft does
+                keep = len(tokens) - 3
+                state.truncate(keep)
+                del tokens[keep:]
+            token = rng.randrange(2, 7)
+            tokens.append(token)
+            state.append([token])
+            for depth in sorted(rng.sample([1, 2, 4], rng.randint(1, 3))):  # exits tried in order, as drafting does
+                state.run_to(depth)
+                assert torch.equal(state.exit_logits(), sub_model_logits(draft, depth, tokens)), (step, depth)
+
+
+def test_negative_control_skipping_the_fill_of_deeper_layers_is_detected(sorted_models):
+    _, draft = sorted_models["float32"]
+    state = LayeredState(draft.native)
+    tokens = [2, 3, 4, 5]
+    with torch.inference_mode():
+        state.append(tokens[:3])
+        state.run_to(1)  # the first three positions stop at exit 1
+        state.append(tokens[3:])
+        state.layer_length[1:] = [4] * 3  # pretend layers 1..3 hold the earlier positions: they hold zeros
+        state.run_to(4)
+        assert not torch.equal(state.exit_logits(), sub_model_logits(draft, 4, tokens))
+
+
+def test_filled_depths_never_increase_along_the_sequence(sorted_models):
+    _, draft = sorted_models["float32"]
+    state = LayeredState(draft.native)
+    with torch.inference_mode():
+        for token, depth in zip([2, 3, 4, 5, 6, 2], [4, 1, 2, 1, 4, 2]):
+            state.append([token])
+            state.run_to(depth)
+            depths = [state.depth(t) for t in range(len(state))]
+            assert depths == sorted(depths, reverse=True) and depths[-1] == depth
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rule", ["threshold:0.3,0.6", "cost:2.0"])
+def test_greedy_sorted_drafting_is_token_identical_to_plain_decoding(sorted_models, dtype, rule):
+    target, draft = sorted_models[dtype]
+    params = SamplingParams(max_new_tokens=24)
+    plain = Engine(target).generate(PROMPT, params).token_ids
+    spec = SpecConfig("sorted", gamma=4, sorted_exits=(1, 2, 4), exit_rule=rule)
+    result = Engine(target, build_drafter(spec, target, draft), spec).generate(PROMPT, params)
+    assert result.token_ids == plain
+    drafted_by = result.stats.drafted_by
+    assert sum(drafted_by.values()) == result.stats.drafted and set(drafted_by) <= {"exit 1", "exit 2", "exit 4"}
+    assert all(result.stats.accepted_by.get(label, 0) <= n for label, n in drafted_by.items())
+
+
+def sorted_pvalue(target, draft, params, drafter_class=SortedDrafter) -> float:
+    drafter = drafter_class(draft, target, (1, 2, 4), ThresholdExit((0.4, 0.6)))
+    return engine_pvalue(target, draft, params, drafter=drafter, spec=SpecConfig("sorted", 3))
+
+
+@pytest.mark.parametrize("name", ["T=1", "T=0.7,top-k=3"])
+def test_sampled_tokens_follow_the_target_distribution(sorted_models, name):
+    """N = 1500 generations per setting, chi-square on the first two tokens, pass if p > 1e-3 (test_exactness)."""
+    target, draft = sorted_models["float32"]
+    pvalue = sorted_pvalue(target, draft, SETTINGS[name])
+    assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
+
+
+class MislabelledSortedDrafter(SortedDrafter):
+    """Deliberately wrong: samples at the chosen exit but reports a uniform q to the acceptance rule."""
+
+    def propose(self, context_ids, k, params, generator):
+        draft = super().propose(context_ids, k, params, generator)
+        if draft.draft_probs is not None:
+            draft.draft_probs = torch.full_like(draft.draft_probs, 1.0 / draft.draft_probs.shape[-1])
+        return draft
+
+
+def test_negative_control_a_mislabelled_exit_distribution_fails_the_same_test(sorted_models):
+    target, draft = sorted_models["float32"]
+    pvalue = sorted_pvalue(target, draft, SETTINGS["T=1"], MislabelledSortedDrafter)
+    assert pvalue < P_THRESHOLD, f"the wrong drafter passed: p-value {pvalue:.2e} at N={N_SAMPLES}"
+
+
+def test_threshold_rule_stops_at_the_first_confident_exit():
+    rule = ThresholdExit((0.5, 0.8))
+    assert rule.stop(0, 0.6) and not rule.stop(0, 0.5)
+    assert not rule.stop(1, 0.7) and rule.stop(1, 0.9)
+    assert rule.stop(2, 0.9)  # exits past the tuple reuse its last threshold
+
+
+def test_cost_aware_rule_runs_cheap_layers_unless_nearly_sure():
+    rule = CostAwareExit(remaining_cost=(0.2, 0.05, 0.0), weight=1.0)
+    assert rule.stop(0, 0.85) and not rule.stop(0, 0.75)  # 20 % of a target pass left: stop when >= 80 % sure
+    assert rule.stop(1, 0.96) and not rule.stop(1, 0.9)  # 5 % left: go on unless >= 95 % sure
+
+
+def test_default_exits_are_half_three_quarters_and_all_layers(sorted_models):
+    target, draft = sorted_models["float32"]
+    drafter = build_drafter(SpecConfig("sorted"), target, draft)
+    assert drafter.exits == (2, 3, 4)
+
+
+@pytest.mark.parametrize("text", ["threshold", "threshold:1.5", "cost:-1", "cost:1,2", "median:0.5", "cost:x"])
+def test_malformed_exit_rules_are_user_errors(text):
+    with pytest.raises(SpecdraftError, match="exit rule"):
+        parse_exit_rule(text)
+    with pytest.raises(SpecdraftError):
+        SpecConfig("sorted", exit_rule=text)
+
+
+def test_bad_exits_and_a_transformers_draft_are_clear_errors(sorted_models, tiny_dirs):
+    target, draft = sorted_models["float32"]
+    with pytest.raises(SpecdraftError, match="increasing"):
+        SpecConfig("sorted", sorted_exits=(4, 2))
+    with pytest.raises(SpecdraftError, match="between 1 and 4"):
+        build_drafter(SpecConfig("sorted", sorted_exits=(2, 8)), target, draft)
+    on_transformers = load_model(str(tiny_dirs["draft"]), "float32", backend="transformers")
+    with pytest.raises(SpecdraftError, match="native backend"):
+        build_drafter(SpecConfig("sorted"), target, on_transformers)
