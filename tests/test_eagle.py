@@ -58,10 +58,10 @@ def test_feature_layer_out_of_range_is_a_user_error(tiny_models):
 
 # ------------------------------------------------------------------------------------------------ the head
 
-from specdraft import Engine, SamplingParams, SpecConfig  # noqa: E402
-from specdraft.drafters import EagleDrafter  # noqa: E402
-from specdraft.models.eagle_head import head_config_for, new_head  # noqa: E402
-from specdraft.train.eagle_data import vocab_hash  # noqa: E402
+from specdraft import Engine, SamplingParams, SpecConfig
+from specdraft.drafters import EagleDrafter
+from specdraft.models.eagle_head import head_config_for, new_head
+from specdraft.train.eagle_data import vocab_hash
 
 PROMPTS = ["abc ab", "j. ihg", "a", "dead beef cafe. dead be"]
 GREEDY = SamplingParams(max_new_tokens=24)
@@ -351,7 +351,7 @@ def test_missing_head_is_a_user_error(tiny_models, tmp_path, monkeypatch):
         load_head("nowhere", tiny_models["target"])
 
 
-@pytest.mark.parametrize("other", [dict(hidden=48), dict(chars="klmnopqrstuv")], ids=["hidden", "vocabulary"])
+@pytest.mark.parametrize("other", [{"hidden": 48}, {"chars": "klmnopqrstuv"}], ids=["hidden", "vocabulary"])
 def test_head_for_another_target_is_refused(tiny_models, tmp_path, other):
     from tiny import build_model
 
@@ -361,3 +361,113 @@ def test_head_for_another_target_is_refused(tiny_models, tmp_path, other):
     wrong = load_model(str(build_model(tmp_path / "wrong", seed=9, **other)), "float32")
     with pytest.raises(SpecdraftError, match="was trained for"):
         load_head(str(tmp_path / "head"), wrong)
+
+
+# ------------------------------------------------------------------------------------------------ trees
+
+from specdraft.drafters import EagleTreeDrafter
+
+
+def eagle_tree_engine(target, head, budget=6, depth=3, branch=2, **rules) -> Engine:
+    spec = SpecConfig("eagle-tree", 3, eagle_head="(in memory)", tree_budget=budget, tree_depth=depth,
+                      tree_branch=branch)
+    return Engine(target, EagleTreeDrafter(head, target, budget, depth, branch), spec, **rules)
+
+
+@pytest.mark.parametrize("budget,depth,branch", [(1, 1, 1), (6, 3, 2), (10, 4, 3)])
+def test_greedy_eagle_tree_equals_autoregressive(tiny_models, budget, depth, branch):
+    target = tiny_models["target"]
+    head = tiny_head(target)
+    for prompt in PROMPTS:
+        ids = Engine(target).encode(prompt, chat=False)
+        expected = Engine(target).generate(ids, GREEDY)
+        got = eagle_tree_engine(target, head, budget, depth, branch).generate(ids, GREEDY)
+        assert got.token_ids == expected.token_ids, prompt
+
+
+def test_eagle_tree_rows_equal_the_chain_rows_along_each_branch(tiny_models):
+    """A tree node's head output equals the output of a chain that drafted exactly its branch."""
+    target = tiny_models["target"]
+    head = tiny_head(target)
+    ids = [2, 3, 4, 5, 6]
+    with torch.inference_mode():
+        state = target.new_state(feature_layers=(0, 1, 2))
+        state.forward(ids[:-1], 1)
+    tree = EagleTreeDrafter(head, target, budget=8, depth=3, branch=2)
+    tree.begin(ids, state.features)
+    draft = tree.propose(ids, 3, GREEDY, None)
+    parents = draft.parent_list
+    assert draft.k > 3 and len(set(parents)) < draft.k  # a real tree, not a chain
+    from specdraft.models.eagle_head import HeadCache
+
+    with torch.inference_mode():
+        for node in range(draft.k):
+            branch = []
+            while node >= 0:
+                branch.insert(0, int(draft.token_ids[node]))
+                node = parents[node]
+            cache = HeadCache(head.config)
+            hidden = head.step(head.fuse(state.features), torch.tensor(ids[1:]), cache)[-1:]
+            for token in branch[:-1]:
+                hidden = head.step(hidden, torch.tensor([token]), cache)
+            # the branch's last token was chosen among the top children of its parent's row
+            scores = head.full_vocab_logits(head.draft_logits(hidden))[0]
+            assert int(branch[-1]) in torch.topk(scores, 2).indices.tolist()
+
+
+@pytest.mark.parametrize("setting", ["T=1"])
+def test_sampled_eagle_tree_output_follows_the_target_distribution(small_vocab_target, setting):
+    import numpy as np
+    from scipy.stats import chisquare
+    from test_exactness import (
+        N_SAMPLES,
+        P_THRESHOLD,
+        PROMPT,
+        SETTINGS,
+        exact_joint,
+        outcome,
+    )
+
+    target, params = small_vocab_target, SETTINGS[setting]
+    engine = eagle_tree_engine(target, peaky_head(target), budget=5, depth=3, branch=2)
+    expected = exact_joint(target, params)
+    counts = dict.fromkeys(expected, 0)
+    for seed in range(N_SAMPLES):
+        key = outcome(engine.generate(PROMPT, SamplingParams(**{**params.__dict__, "seed": seed})),
+                      target.eos_token_ids)
+        counts[key] = counts.get(key, 0) + 1
+    observed = np.array([counts[k] for k in counts], dtype=float)
+    expected_counts = np.array([expected.get(k, 0.0) * N_SAMPLES for k in counts])
+    assert not (expected_counts[observed > 0] == 0).any()
+    small = expected_counts < 5
+    observed = np.append(observed[~small], observed[small].sum())
+    expected_counts = np.append(expected_counts[~small], expected_counts[small].sum())
+    keep = expected_counts > 0
+    observed, expected_counts = observed[keep], expected_counts[keep]
+    expected_counts *= observed.sum() / expected_counts.sum()
+    pvalue = float(chisquare(observed, expected_counts).pvalue)
+    assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
+
+
+def test_training_unroll_equals_inference_chain(tiny_models):
+    """Training-time test computes, for every anchor at once, the rows the drafter's cache holds when it drafts
+    token j: the logits must equal a chain run with the head's own step (same tokens fed)."""
+    from specdraft.models.eagle_head import HeadCache
+    from specdraft.train.eagle_train import ttt_logits
+
+    target = tiny_models["target"]
+    head = tiny_head(target, draft_vocab=10)
+    tokens = torch.tensor([2, 5, 7, 3, 9, 4, 4, 8, 6, 2, 11, 3])
+    with torch.inference_mode():
+        state = target.new_state(feature_layers=(0, 1, 2))
+        state.forward(tokens.tolist(), 1)
+        taps = state.features  # [12, 3, D]
+        unrolled = ttt_logits(head, tokens, taps, ttt_steps=3, start=0)
+        for anchor in (0, 4, 8):
+            cache = HeadCache(head.config)
+            hidden = head.step(head.fuse(taps[: anchor + 1]), tokens[1: anchor + 2], cache)[-1:]
+            for j in range(1, 4):
+                torch.testing.assert_close(head.draft_logits(hidden)[0], unrolled[j - 1][anchor], rtol=1e-4,
+                                           atol=1e-4)
+                if j < 3:
+                    hidden = head.step(hidden, tokens[anchor + j + 1: anchor + j + 2], cache)

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from .errors import SpecdraftError
 
 MAX_GAMMA = 32
-METHODS = ("ar", "draft", "prompt-lookup", "draft-tree", "prompt-lookup-tree", "eagle", "sorted")
-TREE_METHODS = ("draft-tree", "prompt-lookup-tree")  # drafts are token trees: their depth plays gamma's part
+METHODS = ("ar", "draft", "prompt-lookup", "draft-tree", "prompt-lookup-tree", "eagle", "eagle-tree", "sorted")
+# methods whose drafts are token trees: their depth plays gamma's part
+TREE_METHODS = ("draft-tree", "prompt-lookup-tree", "eagle-tree")
 MAX_TREE_BUDGET = 64
 DTYPES = ("auto", "bfloat16", "float32", "float16")
 BACKENDS = ("auto", "native", "transformers")

@@ -8,7 +8,7 @@ from ..config import SpecConfig
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel
 from .base import Drafter, NoDrafter
-from .eagle import EagleDrafter
+from .eagle import EagleDrafter, EagleTreeDrafter
 from .model import ModelDrafter
 from .prompt_lookup import PromptLookupDrafter
 from .sorted import SortedDrafter
@@ -24,6 +24,8 @@ DRAFTERS: dict[str, Callable[[SpecConfig, LoadedModel, LoadedModel | None], Draf
     "prompt-lookup-tree": lambda spec, target, draft: PromptLookupTreeDrafter(
         spec.tree_budget, spec.tree_depth, spec.lookup_max_ngram, spec.lookup_min_ngram),
     "eagle": lambda spec, target, draft: EagleDrafter.load(_require_head(spec), target),
+    "eagle-tree": lambda spec, target, draft: EagleTreeDrafter.load_tree(
+        _require_head(spec), target, spec.tree_budget, spec.tree_depth, spec.tree_branch),
     "sorted": lambda spec, target, draft: SortedDrafter.build(_require(draft, "sorted"), target, spec.sorted_exits,
                                                               spec.exit_rule),
 }
@@ -39,8 +41,8 @@ def _require(draft: LoadedModel | None, method: str = "draft") -> LoadedModel:
 
 def _require_head(spec: SpecConfig) -> str:
     if not spec.eagle_head:
-        raise SpecdraftError("method 'eagle' needs a trained head (--eagle-head NAME_OR_PATH); train one with "
-                             "`specdraft train eagle --out NAME`")
+        raise SpecdraftError(f"method {spec.method!r} needs a trained head (--eagle-head NAME_OR_PATH); train one "
+                             "with `specdraft train eagle --out NAME`")
     return spec.eagle_head
 
 
@@ -48,5 +50,5 @@ def build_drafter(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | No
     return DRAFTERS[spec.method](spec, target, draft)
 
 
-__all__ = ["Drafter", "DRAFTERS", "EagleDrafter", "NEEDS_DRAFT_MODEL", "build_drafter", "ModelDrafter", "NoDrafter",
-           "PromptLookupDrafter", "PromptLookupTreeDrafter", "SortedDrafter", "TreeDrafter"]
+__all__ = ["Drafter", "DRAFTERS", "EagleDrafter", "EagleTreeDrafter", "NEEDS_DRAFT_MODEL", "build_drafter",
+           "ModelDrafter", "NoDrafter", "PromptLookupDrafter", "PromptLookupTreeDrafter", "SortedDrafter", "TreeDrafter"]

@@ -22,6 +22,9 @@ from ..models.eagle_head import EagleHead, HeadCache, load_head
 from ..sampling import processed_probs, sample
 from ..types import Draft
 
+# heads loaded by EagleDrafter.load, by (name or path, id of the target)
+_LOADED_HEADS: dict[tuple[str, int], tuple[LoadedModel, EagleHead]] = {}
+
 
 class EagleDrafter:
     name = "eagle"
@@ -35,8 +38,16 @@ class EagleDrafter:
         self.pending = torch.empty(0, head.config.hidden_size)  # [n, D] fused taps not yet fed to the head
 
     @classmethod
-    def load(cls, name_or_path: str, target: LoadedModel) -> "EagleDrafter":
-        return cls(load_head(name_or_path, target), target)
+    def load(cls, name_or_path: str, target: LoadedModel) -> EagleDrafter:
+        """A drafter over a head loaded once per (head, target): the server builds an engine per request
+        configuration, and the head holds no per-sequence state (that lives in the drafter)."""
+        key = (name_or_path, id(target))
+        if key not in _LOADED_HEADS or _LOADED_HEADS[key][0] is not target:
+            if len(_LOADED_HEADS) >= 4:
+                _LOADED_HEADS.pop(next(iter(_LOADED_HEADS)))
+            _LOADED_HEADS[key] = (target, load_head(name_or_path, target))
+        return cls(_LOADED_HEADS[key][1], target)
+
 
     def begin(self, prompt_ids: list[int], features: torch.Tensor | None = None) -> None:
         self.cache = HeadCache(self.head.config, capacity=len(prompt_ids) + 64)
@@ -83,3 +94,59 @@ class EagleDrafter:
                     hidden = head.step(hidden, torch.tensor([token]), self.cache)  # [1, D], a speculative row
         draft_probs = torch.stack(rows) if rows else None  # [k, V]
         return Draft(torch.tensor(token_ids, dtype=torch.long), draft_probs)
+
+
+class EagleTreeDrafter(EagleDrafter):
+    """The head drafting EAGLE-2-style dynamic trees (method `eagle-tree`): `grow_dynamic_tree` from
+    drafters/tree.py, with the head's rows for expanded nodes appended after the committed rows; each node's row
+    attends to the committed rows and to its own ancestors' rows (a tree mask), at position committed + depth - 1,
+    exactly the rows a chain along that branch would have. All of them are dropped when the target reports
+    what it kept (the accepted path's true taps then replace them)."""
+
+    name = "eagle-tree"
+
+    def __init__(self, head: EagleHead, target: LoadedModel, budget: int, depth: int, branch: int):
+        super().__init__(head, target)
+        self.budget, self.depth, self.branch = budget, depth, branch
+
+    @classmethod
+    def load_tree(cls, name_or_path: str, target: LoadedModel, budget: int, depth: int,
+                  branch: int) -> EagleTreeDrafter:
+        return cls(EagleDrafter.load(name_or_path, target).head, target, budget, depth, branch)
+
+    def propose(self, context_ids: list[int], k: int, params: SamplingParams,
+                generator: torch.Generator | None) -> Draft:
+        from .tree import draft_log_scores, grow_dynamic_tree
+
+        n_pending = self.pending.shape[0]
+        depth = min(self.depth, k)
+        if depth < 1 or n_pending == 0:
+            return Draft(torch.empty(0, dtype=torch.long))
+        head, cache = self.head, self.cache
+        with torch.inference_mode():
+            cache.truncate(self.committed)
+            next_ids = torch.tensor(context_ids[self.committed + 1: self.committed + 1 + n_pending])  # [n]
+            root_hidden = head.step(self.pending, next_ids, cache)[-1]  # [D]
+            self.committed += n_pending
+            self.pending = self.pending[:0]
+            committed = self.committed
+            outputs: list[torch.Tensor] = []  # per expanded node: the head's output [D]
+            ancestors: list[list[int]] = []  # per expanded node: expanded indices on its path, itself included
+
+            def expand(tokens: list[int], parents: list[int]) -> torch.Tensor:
+                n_before = len(outputs)
+                hidden = torch.stack([root_hidden if p < 0 else outputs[p] for p in parents])  # [n, D]
+                paths = [([] if p < 0 else ancestors[p]) + [n_before + i] for i, p in enumerate(parents)]
+                positions = torch.tensor([committed + len(path) - 1 for path in paths])  # [n]
+                visible = torch.zeros(len(tokens), committed + n_before + len(tokens), dtype=torch.bool)
+                visible[:, :committed] = True
+                for row, path in enumerate(paths):
+                    visible[row, [committed + i for i in path]] = True
+                out = head.step(hidden, torch.tensor(tokens), cache, positions, visible)  # [n, D]
+                outputs.extend(out)
+                ancestors.extend(paths)
+                return draft_log_scores(head.full_vocab_logits(head.draft_logits(out)), params)  # [n, V]
+
+            root_scores = draft_log_scores(head.full_vocab_logits(head.draft_logits(root_hidden[None])), params)[0]
+            tokens, parents = grow_dynamic_tree(root_scores, expand, depth, self.branch, self.budget)
+        return Draft(torch.tensor(tokens, dtype=torch.long), None, torch.tensor(parents, dtype=torch.long))

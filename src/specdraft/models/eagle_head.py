@@ -18,9 +18,7 @@ The head's KV cache (`HeadCache`) holds one row per sequence position, at the sa
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -55,7 +53,7 @@ class EagleHeadConfig:
     extra: dict = field(default_factory=dict)  # training provenance (data, steps), kept in the saved config
 
     @classmethod
-    def from_dict(cls, d: dict) -> "EagleHeadConfig":
+    def from_dict(cls, d: dict) -> EagleHeadConfig:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
@@ -138,7 +136,7 @@ class EagleHead(nn.Module):
         if embed.shape != (c.vocab_size, c.hidden_size) and embed.shape[1] != c.hidden_size:
             raise SpecdraftError(f"the target's embedding {tuple(embed.shape)} does not fit a head of hidden size "
                                  f"{c.hidden_size}")
-        self.embed = embed  # [V, D], frozen, not registered
+        self.embed = embed  # [V, D] in the target's dtype, frozen, not registered (rows are widened when read)
         self.fc = nn.Linear(3 * c.target_hidden_size, c.hidden_size, bias=False)
         self.midlayer = _MidLayer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -195,19 +193,24 @@ class EagleHead(nn.Module):
         return full.float()
 
     # ------------------------------------------------------------------ inference
-    def step(self, hidden: torch.Tensor, next_ids: torch.Tensor, cache: HeadCache) -> torch.Tensor:
-        """Append T positions to the cache. hidden [T, D] (fused taps or the previous output), next_ids [T].
-        Returns the layer output [T, D] (the hidden state of the next step; `draft_logits` reads it)."""
+    def step(self, hidden: torch.Tensor, next_ids: torch.Tensor, cache: HeadCache,
+             positions: torch.Tensor | None = None, visible: torch.Tensor | None = None) -> torch.Tensor:
+        """Append T rows to the cache. hidden [T, D] (fused taps or the previous output), next_ids [T].
+        positions [T] default to the rows' cache slots; visible [T, cache.length + T] bool says which cached
+        rows each new row attends to (default causal: everything cached and the new rows up to itself; a tree
+        passes its ancestors). Returns the layer output [T, D] (the next step's hidden; `draft_logits` reads it)."""
         c = self.config
         n_new = hidden.shape[0]
         start = cache.length
-        positions = torch.arange(start, start + n_new)
+        if positions is None:
+            positions = torch.arange(start, start + n_new)
+        if visible is None:
+            visible = torch.arange(start + n_new)[None, :] <= torch.arange(start, start + n_new)[:, None]  # [T, L]
         q, k, v = self.qkv(hidden, next_ids, positions)
         cache.append(k.transpose(0, 1), v.transpose(0, 1))
-        keys = cache.keys[:, : cache.length].repeat_interleave(c.num_attention_heads // c.num_key_value_heads, 0)
-        values = cache.values[:, : cache.length].repeat_interleave(c.num_attention_heads // c.num_key_value_heads, 0)
-        # row i sees the cached positions and the new rows up to itself
-        visible = torch.arange(cache.length)[None, :] <= positions[:, None]  # [T, L]
+        group = c.num_attention_heads // c.num_key_value_heads
+        keys = cache.keys[:, : cache.length].repeat_interleave(group, 0)  # [H, L, Dh]
+        values = cache.values[:, : cache.length].repeat_interleave(group, 0)
         attended = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=visible)  # [H, T, Dh]
         return self.finish(hidden, attended.transpose(0, 1).reshape(n_new, -1))
 
@@ -305,7 +308,7 @@ def load_head(name_or_path: str, target) -> EagleHead:
     if problems:
         raise SpecdraftError(f"EAGLE head {name_or_path!r} was trained for {config.target!r}, not for "
                              f"{target.name!r} ({'; '.join(problems)}); train a head for this target")
-    embed = target.model.get_input_embeddings().weight.detach().float()
+    embed = target.model.get_input_embeddings().weight.detach()  # the target's own tensor, no copy
     head = EagleHead(config, embed)
     missing, unexpected = head.load_state_dict(tensors, strict=False)
     if missing or unexpected:

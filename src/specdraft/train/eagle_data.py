@@ -21,7 +21,7 @@ import hashlib
 import importlib.metadata as md
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -212,5 +212,12 @@ def collect(config: CollectConfig, progress: bool = True) -> Path:
     return out
 
 
-__all__ = ["CollectConfig", "FeatureStore", "collect", "candidate_docs", "default_layers", "vocab_hash",
-           "PINNED_PACKAGES"]
+__all__ = [
+    "PINNED_PACKAGES",
+    "CollectConfig",
+    "FeatureStore",
+    "candidate_docs",
+    "collect",
+    "default_layers",
+    "vocab_hash",
+]

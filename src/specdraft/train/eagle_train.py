@@ -32,7 +32,14 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import SpecdraftError
-from ..models.eagle_head import EagleHead, EagleHeadConfig, head_config_for, heads_root, new_head, save_head
+from ..models.eagle_head import (
+    EagleHead,
+    EagleHeadConfig,
+    head_config_for,
+    heads_root,
+    new_head,
+    save_head,
+)
 from .config import TrainConfig
 from .eagle_data import FeatureStore
 
@@ -56,7 +63,7 @@ class TargetTensors:
     final_norm: torch.Tensor  # [D]
 
     @classmethod
-    def load(cls, model_path: str) -> "TargetTensors":
+    def load(cls, model_path: str) -> TargetTensors:
         from safetensors import safe_open
         from transformers import AutoConfig
 
@@ -89,6 +96,18 @@ def ttt_losses(head: EagleHead, tokens: torch.Tensor, taps: torch.Tensor, target
     the window's first position in its sequence (rotary positions; the window attends only within itself).
     Returns per unrolled step the mean soft cross-entropy (a tensor) and the top-1 agreement with the target.
     """
+    losses, agreement = [], []
+    for j, logits in enumerate(ttt_logits(head, tokens, taps, ttt_steps, start), start=1):
+        wanted = target_probs[j: j + logits.shape[0]]  # [valid, V_draft]: p_{a + j}
+        losses.append(-(wanted * logits.log_softmax(-1)).sum(-1).mean())
+        agreement.append(float((logits.argmax(-1) == wanted.argmax(-1)).float().mean()))
+    return losses, agreement
+
+
+def ttt_logits(head: EagleHead, tokens: torch.Tensor, taps: torch.Tensor, ttt_steps: int,
+               start: int = 0) -> list[torch.Tensor]:
+    """Per unrolled step j, the head's draft-vocabulary logits [T - j, V_draft] of every anchor whose target
+    position a + j exists (row a: what the head drafts as token j after the committed rows 0..a)."""
     c = head.config
     n = tokens.shape[0] - 1  # anchors a = 0..T-2
     group = c.num_attention_heads // c.num_key_value_heads
@@ -99,7 +118,7 @@ def ttt_losses(head: EagleHead, tokens: torch.Tensor, taps: torch.Tensor, target
     step1_keys = step1_values = None
     own_keys: list[torch.Tensor] = []  # per step >= 2: [H, n, Dh], the anchor's own rows
     own_values: list[torch.Tensor] = []
-    losses, agreement = [], []
+    per_step = []
     for j in range(1, ttt_steps + 1):
         valid = n - (j - 1)  # anchors whose target position a + j exists (a + j <= T - 1)
         if valid <= 0:
@@ -123,12 +142,9 @@ def ttt_losses(head: EagleHead, tokens: torch.Tensor, taps: torch.Tensor, target
             for s, value in enumerate(own_values):
                 attended = attended + weights[..., n + s: n + s + 1] * value
         out = head.finish(hidden, attended.transpose(0, 1).reshape(n, -1))  # [n, D]
-        logits = head.draft_logits(out[:valid])  # [valid, V_draft]
-        wanted = target_probs[j: j + valid]  # [valid, V_draft]: p_{a + j}
-        losses.append(-(wanted * logits.log_softmax(-1)).sum(-1).mean())
-        agreement.append(float((logits.argmax(-1) == wanted.argmax(-1)).float().mean()))
+        per_step.append(head.draft_logits(out[:valid]))  # [valid, V_draft]
         hidden = out
-    return losses, agreement
+    return per_step
 
 
 class Trainer:
@@ -265,8 +281,7 @@ class Trainer:
         torch.save(ckpt, tmp)
         os.replace(tmp, self.folder / CHECKPOINT)
         with open(self.folder / (LOG + ".tmp"), "w") as f:
-            for record in self.history:
-                f.write(json.dumps(record) + "\n")
+            f.writelines(json.dumps(record) + "\n" for record in self.history)
         os.replace(self.folder / (LOG + ".tmp"), self.folder / LOG)
         plot_history(self.history, self.folder / "loss.png")
 
