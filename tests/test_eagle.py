@@ -471,3 +471,17 @@ def test_training_unroll_equals_inference_chain(tiny_models):
                                            atol=1e-4)
                 if j < 3:
                     hidden = head.step(hidden, tokens[anchor + j + 1: anchor + j + 2], cache)
+
+
+def test_train_command_collects_trains_and_exports(tiny_features, tmp_path):
+    from specdraft.cli import main
+
+    target_dir, _ = tiny_features
+    out, export = tmp_path / "head", tmp_path / "eagle3"
+    argv = ["train", "eagle", "--target", str(target_dir), "--out", str(out), "--data", str(tmp_path / "data"),
+            "--tokens", "150", "--max-len", "40", "--steps", "3", "--window", "20", "--draft-vocab", "10",
+            "--intermediate-size", "32", "--threads", "1", "--export", str(export)]
+    assert main(argv) == 0
+    assert (out / "head.json").is_file() and (out / "loss.png").is_file()
+    assert (export / "config.json").is_file() and (export / "model.safetensors").is_file()
+    assert main(argv) == 0  # everything done already: resumes both phases without redoing them

@@ -102,7 +102,8 @@ class CollectConfig:
 
 def default_layers(n_layers: int) -> tuple[int, int, int]:
     """A low, a middle and a high layer, as vLLM picks them for EAGLE-3 (residual stream before each)."""
-    return (min(2, n_layers - 1), n_layers // 2, max(n_layers - 3, 0))
+    low, mid, high = min(2, n_layers - 1), n_layers // 2, max(n_layers - 3, 0)
+    return tuple(sorted((low, mid, high)))  # a tiny model's picks can come out of order (3 layers: 2, 1, 0)
 
 
 class FeatureStore:
