@@ -119,7 +119,8 @@ def tiny_features(tmp_path_factory):
     tokenizer_config["chat_template"] = CHAT_TEMPLATE
     config_path.write_text(json.dumps(tokenizer_config))
     folder = collect(CollectConfig(target=str(target_dir), out=str(root / "features"), tokens=400, max_len=48,
-                                   layers=(1, 2, 3), backend="native", threads=1), progress=False)
+                                   layers=(1, 2, 3), dtype="float32", backend="native", threads=1),
+                     progress=False)
     return target_dir, folder
 
 

@@ -95,7 +95,7 @@ class CollectConfig:
     tokens: int = 60_000  # stop after this many tokens
     max_len: int = 512  # tokens per sequence (longer documents are cut)
     layers: tuple[int, ...] | None = None  # default: EAGLE-3's (2, L // 2, L - 3)
-    dtype: str = "float32"  # target weights while collecting (see docs/eagle.md: fp32 prefill is faster here)
+    dtype: str = "auto"  # target weights while collecting: auto = bf16 on the native backend, as at inference
     backend: str = "auto"
     threads: int | None = None
 
