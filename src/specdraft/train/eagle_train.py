@@ -72,8 +72,9 @@ class TargetTensors:
         wanted = {"model.embed_tokens.weight": None, "lm_head.weight": None, "model.norm.weight": None}
         for file in sorted(folder.glob("*.safetensors")):
             with safe_open(str(file), "pt") as f:
+                names = set(f.keys())  # a safetensors handle is not a container
                 for name in wanted:
-                    if name in f.keys():
+                    if name in names:
                         wanted[name] = f.get_tensor(name).float()
         if wanted["model.embed_tokens.weight"] is None or wanted["model.norm.weight"] is None:
             raise SpecdraftError(f"{folder} has no embed_tokens / norm weights in safetensors files")
