@@ -17,7 +17,6 @@ import argparse
 import fcntl
 import gzip
 import hashlib
-import io
 import json
 import os
 import sys

@@ -97,7 +97,7 @@ def main() -> None:
         base = None
         with torch.inference_mode():
             state.forward(prefix, 1)
-            for k in [1] + ks:  # the first k = 1 warms up
+            for index, k in enumerate([1] + ks):  # the first k = 1 warms up: neither printed nor the base
                 best, best_split = float("inf"), {}
                 for _ in range(args.repeats):
                     state.truncate(len(prefix))
@@ -106,7 +106,9 @@ def main() -> None:
                     elapsed = _timed(lambda: state.forward([(2000 + 13 * i) % 30000 for i in range(k)], k))
                     if elapsed < best:
                         best, best_split = elapsed, dict(timed.seconds) if timed else {}
-                base = base or best
+                if index == 0:
+                    continue
+                base = base or best  # T(1) when ks starts at 1 (the default)
                 memory_bound = read_bytes / bandwidth
                 compute_bound = flops_per_token * k / flops
                 row = {"backend": backend, "k": k, "ms": best * 1e3, "ratio": best / base,

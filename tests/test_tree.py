@@ -4,7 +4,6 @@ method end to end."""
 
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 import pytest

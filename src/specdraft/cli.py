@@ -6,8 +6,9 @@ import argparse
 import json
 import sys
 
-from .config import DTYPES, METHODS, MAX_GAMMA, ModelConfig, SamplingParams, SpecConfig, parse_int_list
+from .config import DTYPES, METHODS, MAX_GAMMA, ModelConfig, SamplingParams, SpecConfig
 from .errors import SpecdraftError
+from .knobs import add_drafter_knob_args, drafter_knobs
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a short docstring."
 
@@ -26,25 +27,6 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                         "native, or transformers")
 
 
-def _add_tree_args(parser: argparse.ArgumentParser) -> None:
-    defaults = SpecConfig()
-    parser.add_argument("--tree-budget", type=int, default=defaults.tree_budget,
-                        help="tree methods: draft nodes per target pass (the verify pass covers budget + 1 tokens)")
-    parser.add_argument("--tree-depth", type=int, default=defaults.tree_depth, help="tree methods: levels at most")
-    parser.add_argument("--tree-branch", type=int, default=defaults.tree_branch,
-                        help="tree methods: most likely children tried per expanded node")
-    parser.add_argument("--exits", default="", help="method sorted: the draft's exits as layer counts, e.g. 12,18,24 "
-                        "(default: half, three quarters and all of its layers)")
-    parser.add_argument("--exit-rule", default=defaults.exit_rule, help="method sorted: threshold:T1,T2,.. (stop at "
-                        "the first exit whose top-1 probability > Ti) or cost:W (weigh the remaining layers' cost)")
-
-
-def _tree_knobs(args) -> dict:
-    """The drafters' own knobs (trees, sorted exits) as SpecConfig fields."""
-    return dict(tree_budget=args.tree_budget, tree_depth=args.tree_depth, tree_branch=args.tree_branch,
-                sorted_exits=parse_int_list(args.exits, "--exits"), exit_rule=args.exit_rule)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdraft", description="Lossless speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -53,10 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", nargs="?", default=None, help=f"the prompt (default: {DEFAULT_PROMPT!r})")
     _add_model_args(gen)
     gen.add_argument("--method", default="draft", help=f"one of {', '.join(METHODS)}")
-    gen.add_argument("--gamma", type=int, default=3, help=f"draft tokens per target pass (1..{MAX_GAMMA})")
+    gen.add_argument("--gamma", type=int, default=SpecConfig.gamma,
+                     help=f"draft tokens per target pass (1..{MAX_GAMMA})")
     gen.add_argument("--draft-confidence", type=float, default=0.0,
                      help="stop drafting when the draft's top-1 probability is below this (0: always draft gamma)")
-    _add_tree_args(gen)
+    add_drafter_knob_args(gen)
     gen.add_argument("--eagle-head", default=None, help="method eagle: a trained head's name or folder")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
@@ -72,10 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(serve)
     serve.add_argument("--no-draft", action="store_true", help="load no draft model (methods ar, prompt-lookup)")
     serve.add_argument("--method", default="draft", help=f"default for requests: one of {', '.join(METHODS)}")
-    serve.add_argument("--gamma", type=int, default=3, help=f"default draft tokens per target pass (1..{MAX_GAMMA})")
+    serve.add_argument("--gamma", type=int, default=SpecConfig.gamma,
+                       help=f"default draft tokens per target pass (1..{MAX_GAMMA})")
     serve.add_argument("--draft-confidence", type=float, default=0.0,
                        help="default: stop drafting when the draft's top-1 probability is below this")
-    _add_tree_args(serve)
+    add_drafter_knob_args(serve)
     serve.add_argument("--eagle-head", default=None, help="method eagle: a trained head's name or folder")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -183,7 +167,7 @@ def _configs(args) -> tuple[ModelConfig, SpecConfig, SamplingParams]:
     models = ModelConfig(target=args.target, draft=args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
                          threads=args.threads, backend=args.backend)
     spec = SpecConfig(method=args.method, gamma=args.gamma, draft_confidence=args.draft_confidence,
-                      eagle_head=args.eagle_head, **_tree_knobs(args))
+                      eagle_head=args.eagle_head, **drafter_knobs(args))
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), seed=args.seed)
     return models, spec, params
@@ -195,7 +179,7 @@ def cmd_serve(args) -> int:
     models = ModelConfig(target=args.target, draft=None if args.no_draft else args.draft, dtype=args.dtype,
                          cache_dir=args.cache_dir, threads=args.threads, backend=args.backend)
     spec = SpecConfig(method=args.method, gamma=args.gamma, draft_confidence=args.draft_confidence,
-                      eagle_head=args.eagle_head, **_tree_knobs(args))
+                      eagle_head=args.eagle_head, **drafter_knobs(args))
     config = ServerConfig(host=args.host, port=args.port, model_name=args.model_name, max_queue=args.max_queue,
                           max_tokens_limit=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
                           shutdown_timeout_s=args.shutdown_timeout, log_level=args.log_level)

@@ -49,7 +49,10 @@ class SpecConfig:
     """Which drafter proposes and how many tokens per target pass (gamma)."""
 
     method: str = "draft"
-    gamma: int = 3  # best mean in docs/benchmarks.md (fp32, AVX2 CI machine)
+    # From the measured verify-cost curve (docs/performance.md, quiet, 2 threads, bf16 native, 2026-11-29):
+    # T(2..4)/T(1) = 1.24, 1.33, 1.70 and a 0.5B draft step = 0.46 of a 1.5B step. The expected cost per token
+    # (gamma * 0.46 + T(gamma + 1)) / tau(gamma) is lowest at gamma = 2 for acceptance 0.7-0.85.
+    gamma: int = 2
     # model drafter: stop drafting early once the draft's top-1 probability falls below this (0 disables).
     # Lossless: the draft length depends only on the draft's own distribution.
     draft_confidence: float = 0.0

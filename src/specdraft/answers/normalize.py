@@ -54,7 +54,7 @@ CURRENCY_BEFORE = r"(?:US\$|\$|€|£|¥)"
 
 _PATTERN = re.compile("|".join([
     rf"(?P<iso>\b(?P<iso_y>{YEAR})-(?P<iso_m>0?[1-9]|1[0-2])-(?P<iso_d>[0-3]?\d)\b)",
-    rf"(?P<us>\b(?P<us_m>0?[1-9]|1[0-2])/(?P<us_d>[0-3]?\d)/(?P<us_y>\d{{4}}|\d\d)\b)",
+    r"(?P<us>\b(?P<us_m>0?[1-9]|1[0-2])/(?P<us_d>[0-3]?\d)/(?P<us_y>\d{4}|\d\d)\b)",
     rf"(?P<md>\b(?P<md_m>{MONTH})\s+(?P<md_d>{DAY})(?!\s*(?:,\s*)?\d{{3}}(?!\d))(?:\s*,?\s*(?P<md_y>{YEAR}))?)",
     rf"(?P<dm>\b(?P<dm_d>{DAY})(?:\s+of)?\s+(?P<dm_m>{MONTH})(?:\s*,?\s*(?P<dm_y>{YEAR}))?)",
     rf"(?P<my>\b(?P<my_m>{MONTH})(?:\s*,\s*|\s+of\s+|\s+)(?P<my_y>{YEAR}))",
@@ -204,7 +204,7 @@ def same_value(a: Value, b: Value) -> bool:
 
 FILLER = {"a", "an", "the", "in", "on", "of", "by", "at", "since", "until", "about", "around", "approximately",
           "roughly", "nearly", "almost", "over", "under", "more", "less", "fewer", "than", "some", "just", "only",
-          "exactly", "estimated", "an", "and", "to", "from", "between", "up", "per", "year", "years", "old", "age",
+          "exactly", "estimated", "and", "to", "from", "between", "up", "per", "year", "years", "old", "age",
           "aged", "was", "is", "were", "it", "answer"}
 
 

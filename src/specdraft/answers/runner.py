@@ -24,7 +24,7 @@ from pathlib import Path
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel, load_model, set_threads
 from . import metrics
-from .normalize import exact_match, normalize_answer, token_f1, vote_key
+from .normalize import exact_match, token_f1, vote_key
 from .sampler import one_line, sample_answers
 from .verifiers import Verifier, build_verifier
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from ..config import ModelConfig, SamplingParams, SpecConfig, normalize_backend, normalize_dtype, parse_int_list
+from ..config import ModelConfig, SamplingParams, SpecConfig, normalize_backend, normalize_dtype
 from ..errors import SpecdraftError
+from ..knobs import add_drafter_knob_args, drafter_knobs
 
 DEFAULT_METHODS = ("ar", "hf-ar", "hf-assisted", "hf-prompt-lookup", "draft", "prompt-lookup")
 
@@ -19,7 +20,7 @@ class BenchSettings:
     methods: tuple[str, ...] = DEFAULT_METHODS
     target: str = ModelConfig.target
     draft: str | None = ModelConfig.draft
-    gammas: tuple[int, ...] = (3,)
+    gammas: tuple[int, ...] = (SpecConfig.gamma,)
     draft_confidence: float = 0.0
     eagle_head: str | None = None  # method eagle: a trained head's name or folder
     tree_budget: int = SpecConfig.tree_budget  # tree methods (draft-tree): nodes, levels, children per node
@@ -62,18 +63,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma list of benchmark methods")
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--draft", default=DEFAULT_DRAFT)
-    parser.add_argument("--gamma", default="3", help="draft tokens per pass; a comma list sweeps (e.g. 2,3,4,6)")
+    parser.add_argument("--gamma", default=str(SpecConfig.gamma),
+                        help="draft tokens per pass; a comma list sweeps (e.g. 2,3,4,6)")
     parser.add_argument("--draft-confidence", type=float, default=0.0,
                         help="our draft method: stop drafting when the draft's top-1 probability is below this")
     parser.add_argument("--eagle-head", default=None, help="method eagle: a trained head's name or folder")
-    parser.add_argument("--tree-budget", type=int, default=SpecConfig.tree_budget,
-                        help="tree methods: draft nodes per target pass")
-    parser.add_argument("--tree-depth", type=int, default=SpecConfig.tree_depth, help="tree methods: levels at most")
-    parser.add_argument("--tree-branch", type=int, default=SpecConfig.tree_branch,
-                        help="tree methods: most likely children per expanded node")
-    parser.add_argument("--exits", default="", help="method sorted: the draft's exits as layer counts (default: "
-                        "half, three quarters and all of its layers)")
-    parser.add_argument("--exit-rule", default=SpecConfig.exit_rule, help="method sorted: threshold:T1,T2,.. or cost:W")
+    add_drafter_knob_args(parser)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (equality is checked exactly "
                         "in float32; in bf16 the divergence rate is reported)")
@@ -103,8 +98,7 @@ def settings_from_args(args: argparse.Namespace, command: str = "") -> BenchSett
     return BenchSettings(prompts=args.prompts, categories=_comma_list(args.categories), limit=args.limit,
                          methods=methods, target=args.target, draft=args.draft, gammas=gammas,
                          draft_confidence=args.draft_confidence, eagle_head=args.eagle_head,
-                         tree_budget=args.tree_budget, tree_depth=args.tree_depth, tree_branch=args.tree_branch,
-                         sorted_exits=parse_int_list(args.exits, "--exits"), exit_rule=args.exit_rule,
+                         **drafter_knobs(args),
                          max_new_tokens=args.max_new_tokens,
                          dtype=normalize_dtype(args.dtype), backend=normalize_backend(args.backend),
                          temperature=args.temperature, seed=args.seed,

@@ -1,0 +1,27 @@
+"""The drafters' own command-line knobs (token trees, sorted exits), shared by `generate`, `serve` and `bench`:
+one definition of each flag, mapped onto the SpecConfig fields of the same names."""
+
+from __future__ import annotations
+
+import argparse
+
+from .config import SpecConfig, parse_int_list
+
+
+def add_drafter_knob_args(parser: argparse.ArgumentParser) -> None:
+    defaults = SpecConfig()
+    parser.add_argument("--tree-budget", type=int, default=defaults.tree_budget,
+                        help="tree methods: draft nodes per target pass (the verify pass covers budget + 1 tokens)")
+    parser.add_argument("--tree-depth", type=int, default=defaults.tree_depth, help="tree methods: levels at most")
+    parser.add_argument("--tree-branch", type=int, default=defaults.tree_branch,
+                        help="tree methods: most likely children tried per expanded node")
+    parser.add_argument("--exits", default="", help="method sorted: the draft's exits as layer counts, e.g. 12,18,24 "
+                        "(default: half, three quarters and all of its layers)")
+    parser.add_argument("--exit-rule", default=defaults.exit_rule, help="method sorted: threshold:T1,T2,.. (stop at "
+                        "the first exit whose top-1 probability > Ti) or cost:W (weigh the remaining layers' cost)")
+
+
+def drafter_knobs(args: argparse.Namespace) -> dict:
+    """The parsed knobs as SpecConfig keyword arguments."""
+    return dict(tree_budget=args.tree_budget, tree_depth=args.tree_depth, tree_branch=args.tree_branch,
+                sorted_exits=parse_int_list(args.exits, "--exits"), exit_rule=args.exit_rule)
