@@ -27,10 +27,7 @@ class ModelDrafter:
             self.state.forward(prompt_ids[:-1], 1)
 
     def propose(self, context_ids, k, params: SamplingParams, generator) -> Draft:
-        to_feed = self.state.sync(context_ids)
-        if not to_feed:  # the whole context is cached: recompute the last position to get its logits
-            self.state.truncate(len(context_ids) - 1)
-            to_feed = context_ids[-1:]
+        to_feed = self.state.sync_for_next(context_ids)
         token_ids: list[int] = []
         rows: list[torch.Tensor] = []
         logits = self.state.forward(to_feed, 1)  # [1, V_draft]

@@ -22,29 +22,27 @@ import torch
 
 from ..config import SamplingParams, parse_exit_rule
 from ..errors import SpecdraftError
-from ..models.adapter import LoadedModel
+from ..models.adapter import LoadedModel, SequenceState
 from ..models.native.llama import NativeLlama
 from ..sampling import processed_probs, sample
 from ..types import Draft
 from .model import check_compatible_vocab
 
 
-class LayeredState:
-    """One sequence in a native model whose layers are filled to different depths per position.
+class LayeredState(SequenceState):
+    """One sequence in a native model whose layers are filled to different depths per position. Rollback and
+    catch-up (`truncate`, `sync`, `sync_for_next`) are SequenceState's; dropping positions shortens every layer.
 
     layer_length[l]: the positions 0 .. layer_length[l] - 1 have K/V in layer l (non-increasing in l);
     residual[t]:     [D] the residual stream of position t at its filled depth (the input of its first missing
                      layer, or the output of the last layer run)."""
 
     def __init__(self, native: NativeLlama, capacity: int = 256):
+        super().__init__()
         self.native = native
         self.cache = native.new_cache(capacity)
         self.layer_length = [0] * len(native.layers)
         self.residual = torch.zeros(capacity, native.embed.shape[1])  # [capacity, D] float32
-        self.token_ids: list[int] = []
-
-    def __len__(self) -> int:
-        return len(self.token_ids)
 
     def depth(self, position: int) -> int:
         """How many layers position has run through."""
@@ -80,20 +78,11 @@ class LayeredState:
         """Logits of the last position through the final norm and LM head at its current depth: [1, V]."""
         return self.native.logits(self.residual[len(self.token_ids) - 1: len(self.token_ids)])
 
-    def truncate(self, length: int) -> None:
-        """Keep the first `length` positions; their residual rows and depths stay valid."""
-        del self.token_ids[length:]
+    def _drop_last(self, n: int) -> None:
+        """Positions before the cut keep their residual rows and depths."""
+        length = len(self.token_ids) - n
         self.layer_length = [min(filled, length) for filled in self.layer_length]
         self.cache.length = self.layer_length[0]
-
-    def sync(self, context_ids: list[int]) -> list[int]:
-        """Keep the longest prefix shared with context_ids; return the ids still to append."""
-        common = 0
-        limit = min(len(self.token_ids), len(context_ids))
-        while common < limit and self.token_ids[common] == context_ids[common]:
-            common += 1
-        self.truncate(common)
-        return context_ids[common:]
 
 
 # ------------------------------------------------------------------------------------------------ exit rules
@@ -184,10 +173,7 @@ class SortedDrafter:
 
     def propose(self, context_ids: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Draft:
-        to_feed = self.state.sync(context_ids)
-        if not to_feed:  # the whole context is cached: recompute the last position for its logits
-            self.state.truncate(len(context_ids) - 1)
-            to_feed = context_ids[-1:]
+        to_feed = self.state.sync_for_next(context_ids)
         self.state.append(to_feed)
         token_ids: list[int] = []
         rows: list[torch.Tensor] = []

@@ -126,10 +126,7 @@ class TreeDrafter:
         if depth < 1:
             return Draft(torch.empty(0, dtype=torch.long))
         self._keep_accepted_path(context_ids)
-        to_feed = self.state.sync(context_ids)
-        if not to_feed:  # the whole context is cached: recompute the last position to get its logits
-            self.state.truncate(len(context_ids) - 1)
-            to_feed = context_ids[-1:]
+        to_feed = self.state.sync_for_next(context_ids)
         root_scores = draft_log_scores(self.state.forward(to_feed, 1), params)[0]  # [V]
 
         def expand(tokens: list[int], parents: list[int]) -> torch.Tensor:  # one draft pass over the frontier

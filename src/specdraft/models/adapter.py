@@ -177,6 +177,15 @@ class SequenceState:
         self.truncate(common)
         return context_ids[common:]
 
+    def sync_for_next(self, context_ids: list[int]) -> list[int]:
+        """`sync`, but leave at least the last id to feed: a drafter needs its logits for the next token (when the
+        whole context is cached, the last position is dropped and recomputed)."""
+        to_feed = self.sync(context_ids)
+        if not to_feed:
+            self.truncate(len(context_ids) - 1)
+            to_feed = context_ids[-1:]
+        return to_feed
+
     def forward(self, new_ids: list[int], n_logits: int) -> torch.Tensor:
         """Append `new_ids` to the cache; return float32 logits [n_logits, V] of the last n_logits positions."""
         raise NotImplementedError
