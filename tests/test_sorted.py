@@ -54,7 +54,7 @@ def test_every_exit_equals_its_sub_model_run_alone_bit_for_bit(sorted_models, dt
             state.append([token])
             for depth in sorted(rng.sample([1, 2, 4], rng.randint(1, 3))):  # exits tried in order, as drafting does
                 state.run_to(depth)
-                assert torch.equal(state.exit_logits(), sub_model_logits(draft, depth, tokens)), (step, depth)
+                assert torch.equal(draft.native.logits(state.last_residual()), sub_model_logits(draft, depth, tokens)), (step, depth)
 
 
 def test_negative_control_skipping_the_fill_of_deeper_layers_is_detected(sorted_models):
@@ -67,7 +67,7 @@ def test_negative_control_skipping_the_fill_of_deeper_layers_is_detected(sorted_
         state.append(tokens[3:])
         state.layer_length[1:] = [4] * 3  # pretend layers 1..3 hold the earlier positions: they hold zeros
         state.run_to(4)
-        assert not torch.equal(state.exit_logits(), sub_model_logits(draft, 4, tokens))
+        assert not torch.equal(draft.native.logits(state.last_residual()), sub_model_logits(draft, 4, tokens))
 
 
 def test_filled_depths_never_increase_along_the_sequence(sorted_models):

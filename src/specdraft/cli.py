@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .train.options import add_train_arguments
 
-    add_train_arguments(sub.add_parser("train", help="train a drafter on this machine (EAGLE head), export it"))
+    add_train_arguments(sub.add_parser("train", help="train a drafter on this machine (EAGLE head, sorted draft), export it"))
 
     answers = sub.add_parser("answers", help="answer-scale propose and verify: a small model N times with a "
                              "verifier against a large model once (docs/answers.md)")
@@ -119,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
             from .bench.runner import cmd_bench
 
             return cmd_bench(args, sys.argv[1:] if argv is None else argv)
+        if args.command == "train" and args.train_command == "sorted":
+            from .train.sorted_train import cmd_train_sorted
+
+            return cmd_train_sorted(args)
         if args.command == "train":
             from .train.eagle_train import cmd_train
 

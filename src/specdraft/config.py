@@ -76,6 +76,12 @@ class SpecConfig:
     # 1 - top-1 <= W x the cost of the remaining layers as a fraction of a target pass).
     sorted_exits: tuple[int, ...] = ()
     exit_rule: str = "threshold:0.5"
+    # method sorted: trained exit adapters (models/exit_adapters.py) by name or folder; "auto" uses the shipped
+    # ones trained for the draft model when there are any, "none" the bare exits (the final norm and LM head)
+    sorted_draft: str = "auto"
+    # methods draft and sorted: score only this many rows of the draft's LM head (drafters/vocab.py; 0 = all;
+    # sorted with trained adapters: the vocabulary they were trained on)
+    draft_vocab: int = 0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -94,6 +100,8 @@ class SpecConfig:
         if self.tree_branch < 1:
             raise SpecdraftError(f"tree branch (children per expanded node) must be >= 1, got {self.tree_branch}")
         parse_exit_rule(self.exit_rule)  # raises on a malformed rule
+        if self.draft_vocab < 0:
+            raise SpecdraftError(f"draft vocabulary size must be >= 1 (0: the whole vocabulary), got {self.draft_vocab}")
         if any(e < 1 for e in self.sorted_exits) or list(self.sorted_exits) != sorted(set(self.sorted_exits)):
             raise SpecdraftError(f"exits must be increasing layer counts >= 1, got {self.sorted_exits}")
 

@@ -17,6 +17,12 @@ def add_drafter_knob_args(parser: argparse.ArgumentParser) -> None:
                         help="tree methods: most likely children tried per expanded node")
     parser.add_argument("--exits", default="", help="method sorted: the draft's exits as layer counts, e.g. 12,18,24 "
                         "(default: half, three quarters and all of its layers)")
+    parser.add_argument("--sorted-draft", default=defaults.sorted_draft, help="method sorted: trained exit "
+                        "adapters by name or folder (auto: the shipped ones for the draft model, if any; none: "
+                        "bare exits)")
+    parser.add_argument("--draft-vocab", type=int, default=defaults.draft_vocab, help="methods draft and sorted: "
+                        "score only the N most frequent rows of the draft's LM head, plus the prompt's tokens "
+                        "(0: all; exact either way)")
     parser.add_argument("--exit-rule", default=defaults.exit_rule, help="method sorted: threshold:T1,T2,.. (stop at "
                         "the first exit whose top-1 probability > Ti) or cost:W (weigh the remaining layers' cost)")
 
@@ -24,4 +30,5 @@ def add_drafter_knob_args(parser: argparse.ArgumentParser) -> None:
 def drafter_knobs(args: argparse.Namespace) -> dict:
     """The parsed knobs as SpecConfig keyword arguments."""
     return dict(tree_budget=args.tree_budget, tree_depth=args.tree_depth, tree_branch=args.tree_branch,
-                sorted_exits=parse_int_list(args.exits, "--exits"), exit_rule=args.exit_rule)
+                sorted_exits=parse_int_list(args.exits, "--exits"), exit_rule=args.exit_rule,
+                sorted_draft=args.sorted_draft, draft_vocab=args.draft_vocab)

@@ -242,8 +242,10 @@ def run(config: AnswersConfig, log=sys.stderr) -> dict:
     todo = [row for row in rows if row["id"] not in done]
     if todo:
         set_threads(config.threads)
-        small = load_model(config.small, config.dtype, progress=False)
-        large = load_model(config.large, config.dtype, progress=False)
+        # The sampler decodes N rows as one batch through the transformers forward, which the native backend's
+        # single-sequence kernels do not serve; asking for it also keeps "auto" at float32 on CPUs without bf16.
+        small = load_model(config.small, config.dtype, progress=False, backend="transformers")
+        large = load_model(config.large, config.dtype, progress=False, backend="transformers")
         settings.update({"small_params": model_params(small), "large_params": model_params(large),
                          "torch_dtype": str(small.dtype).removeprefix("torch.")})
         settings_path.write_text(json.dumps(settings, indent=1) + "\n")

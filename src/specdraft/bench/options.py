@@ -28,6 +28,8 @@ class BenchSettings:
     tree_branch: int = SpecConfig.tree_branch
     sorted_exits: tuple[int, ...] = ()  # method sorted: the draft's exits (layer counts) and its exit rule
     exit_rule: str = SpecConfig.exit_rule
+    sorted_draft: str = SpecConfig.sorted_draft
+    draft_vocab: int = SpecConfig.draft_vocab  # methods draft and sorted: rows of the draft's head (0: all)
     max_new_tokens: int = 128
     dtype: str = "auto"
     backend: str = "auto"  # our methods' forward: auto, native or transformers (transformers' methods: their own)

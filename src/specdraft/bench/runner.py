@@ -49,7 +49,8 @@ class Variant:
 def tree_knobs(settings: BenchSettings) -> dict:
     """The drafters' own knobs (trees, sorted exits) as SpecConfig fields."""
     return dict(tree_budget=settings.tree_budget, tree_depth=settings.tree_depth, tree_branch=settings.tree_branch,
-                sorted_exits=settings.sorted_exits, exit_rule=settings.exit_rule)
+                sorted_exits=settings.sorted_exits, exit_rule=settings.exit_rule, sorted_draft=settings.sorted_draft,
+                draft_vocab=settings.draft_vocab)
 
 
 def check_methods(settings: BenchSettings) -> list[Method]:

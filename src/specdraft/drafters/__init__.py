@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..config import SpecConfig
 from ..errors import SpecdraftError
@@ -18,7 +18,8 @@ from .tree import PromptLookupTreeDrafter, TreeDrafter
 DRAFTERS: dict[str, Callable[[SpecConfig, LoadedModel, LoadedModel | None], Drafter]] = {
     "ar": lambda spec, target, draft: NoDrafter(),
     "prompt-lookup": lambda spec, target, draft: PromptLookupDrafter(spec.lookup_max_ngram, spec.lookup_min_ngram),
-    "draft": lambda spec, target, draft: ModelDrafter(_require(draft), target, spec.draft_confidence),
+    "draft": lambda spec, target, draft: ModelDrafter(_require(draft), target, spec.draft_confidence,
+                                                            spec.draft_vocab),
     "draft-tree": lambda spec, target, draft: TreeDrafter(_require(draft, "draft-tree"), target, spec.tree_budget,
                                                           spec.tree_depth, spec.tree_branch),
     "prompt-lookup-tree": lambda spec, target, draft: PromptLookupTreeDrafter(
@@ -27,7 +28,7 @@ DRAFTERS: dict[str, Callable[[SpecConfig, LoadedModel, LoadedModel | None], Draf
     "eagle-tree": lambda spec, target, draft: EagleTreeDrafter.load_tree(
         _require_head(spec), target, spec.tree_budget, spec.tree_depth, spec.tree_branch),
     "sorted": lambda spec, target, draft: SortedDrafter.build(_require(draft, "sorted"), target, spec.sorted_exits,
-                                                              spec.exit_rule),
+                                                              spec.exit_rule, spec.sorted_draft, spec.draft_vocab),
 }
 
 NEEDS_DRAFT_MODEL = {"draft", "draft-tree", "sorted"}
@@ -50,5 +51,17 @@ def build_drafter(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | No
     return DRAFTERS[spec.method](spec, target, draft)
 
 
-__all__ = ["Drafter", "DRAFTERS", "EagleDrafter", "EagleTreeDrafter", "NEEDS_DRAFT_MODEL", "build_drafter",
-           "ModelDrafter", "NoDrafter", "PromptLookupDrafter", "PromptLookupTreeDrafter", "SortedDrafter", "TreeDrafter"]
+__all__ = [
+    "DRAFTERS",
+    "NEEDS_DRAFT_MODEL",
+    "Drafter",
+    "EagleDrafter",
+    "EagleTreeDrafter",
+    "ModelDrafter",
+    "NoDrafter",
+    "PromptLookupDrafter",
+    "PromptLookupTreeDrafter",
+    "SortedDrafter",
+    "TreeDrafter",
+    "build_drafter",
+]

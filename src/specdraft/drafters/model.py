@@ -9,20 +9,32 @@ from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel
 from ..sampling import processed_probs, sample
 from ..types import Draft
+from .vocab import DraftVocab
 
 
 class ModelDrafter:
+    """draft_vocab > 0: score only that many rows of the draft's LM head (drafters/vocab.py; native backend)."""
+
     name = "draft"
 
-    def __init__(self, draft: LoadedModel, target: LoadedModel, min_confidence: float = 0.0):
+    def __init__(self, draft: LoadedModel, target: LoadedModel, min_confidence: float = 0.0, draft_vocab: int = 0):
         check_compatible_vocab(draft, target)
         self.min_confidence = min_confidence  # stop drafting when the draft's top-1 probability drops below
         self.draft = draft
         self.backend = draft.backend  # shown in the statistics
         self.state = draft.new_state()
+        self.vocab: DraftVocab | None = None
+        if draft_vocab:
+            if draft.native is None:
+                raise SpecdraftError(f"a reduced draft vocabulary scores rows of the native backend's LM head; "
+                                     f"{draft.name!r} is on transformers ({draft.backend_note}); drop --draft-vocab")
+            self.vocab = DraftVocab.for_model(draft.native.lm_head, draft.tokenizer, draft_vocab)
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
         self.state = self.draft.new_state()
+        if self.vocab is not None:
+            self.vocab.for_prompt(prompt_ids)
+            self.state.lm_head = self.vocab.weight  # logits are then [n, V_draft]
         if len(prompt_ids) > 1:
             self.state.forward(prompt_ids[:-1], 1)
 
@@ -35,15 +47,18 @@ class ModelDrafter:
             if self.min_confidence and i > 0 and float(logits[0].softmax(-1).max()) < self.min_confidence:
                 break  # an unsure draft is likely rejected; a shorter draft saves draft steps (still exact)
             if params.greedy:
-                token = int(logits[0].argmax())
+                index = int(logits[0].argmax())
             else:
                 probs = processed_probs(logits, params)  # [1, V_draft]; accept_rejection aligns widths
-                token = int(sample(probs, generator))
+                index = int(sample(probs, generator))
                 rows.append(probs[0])
+            token = index if self.vocab is None else self.vocab.target_id(index)
             token_ids.append(token)
             if i + 1 < k:
                 logits = self.state.forward([token], 1)
         draft_probs = torch.stack(rows) if rows else None  # [k, V_draft]
+        if draft_probs is not None and self.vocab is not None:
+            draft_probs = self.vocab.spread(draft_probs)  # [k, V]: q is 0 outside the rows drafted from
         return Draft(torch.tensor(token_ids, dtype=torch.long), draft_probs)
 
     def on_accept(self, context_ids: list[int], features=None) -> None:

@@ -23,10 +23,12 @@ import torch
 from ..config import SamplingParams, parse_exit_rule
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel, SequenceState
+from ..models.exit_adapters import ExitAdapters, find_shipped, load_adapters
 from ..models.native.llama import NativeLlama
 from ..sampling import processed_probs, sample
 from ..types import Draft
 from .model import check_compatible_vocab
+from .vocab import DraftVocab
 
 
 class LayeredState(SequenceState):
@@ -74,9 +76,9 @@ class LayeredState(SequenceState):
             self.layer_length[index] = n
         self.cache.length = self.layer_length[0]
 
-    def exit_logits(self) -> torch.Tensor:
-        """Logits of the last position through the final norm and LM head at its current depth: [1, V]."""
-        return self.native.logits(self.residual[len(self.token_ids) - 1: len(self.token_ids)])
+    def last_residual(self) -> torch.Tensor:
+        """The last position's residual stream at its current depth: [1, D]."""
+        return self.residual[len(self.token_ids) - 1: len(self.token_ids)]
 
     def _drop_last(self, n: int) -> None:
         """Positions before the cut keep their residual rows and depths."""
@@ -131,41 +133,58 @@ class SortedDrafter:
     """Drafts a chain of gamma tokens; each token leaves at the first exit the rule accepts.
 
     exits: layer counts (ascending), e.g. (8, 16, 24): sub-model i is the first exits[i] layers followed by the
-    shared final norm and LM head. `exit_counts[i]` counts the tokens drafted at exit i (also in each Draft's
-    labels, which the loop's statistics tally)."""
+    shared final norm and LM head (or, with trained `adapters`, that exit's own norm and adapter before the shared
+    head: models/exit_adapters.py). `exit_counts[i]` counts the tokens drafted at exit i (also in each Draft's
+    labels, which the loop's statistics tally). draft_vocab > 0: score only those rows of the head
+    (drafters/vocab.py)."""
 
     name = "sorted"
     backend = "native"
 
-    def __init__(self, draft: LoadedModel, target: LoadedModel, exits: tuple[int, ...], rule):
+    def __init__(self, draft: LoadedModel, target: LoadedModel, exits: tuple[int, ...], rule,
+                 adapters: ExitAdapters | None = None, draft_vocab: int = 0):
         check_compatible_vocab(draft, target)
-        if draft.native is None:
-            raise SpecdraftError(f"sorted drafting runs layer slices on the native backend; {draft.name!r} is on "
-                                 f"transformers ({draft.backend_note}); use a Llama/Qwen2 draft")
-        n_layers = len(draft.native.layers)
+        native = _require_native(draft)
+        n_layers = len(native.layers)
         if not exits or list(exits) != sorted(set(exits)) or exits[0] < 1 or exits[-1] > n_layers:
             raise SpecdraftError(f"exits must be increasing layer counts between 1 and {n_layers} "
                                  f"(the draft's depth), got {','.join(map(str, exits)) or 'none'}")
-        self.native = draft.native
+        self.native = native
         self.exits = tuple(exits)
         self.rule = rule
         self.exit_counts = [0] * len(exits)
         self.state = LayeredState(self.native)
+        self.adapters = adapters
+        # per exit: the norm weight [D] float32 its row is normalised with (the final norm's, or its own)
+        self.exit_norms = [native.final_norm if adapters is None else
+                           adapters.norm[adapters.exit_index(e)].detach().float().contiguous() for e in self.exits]
+        self.vocab = DraftVocab.for_model(native.lm_head, draft.tokenizer, draft_vocab) if draft_vocab else None
 
     @classmethod
-    def build(cls, draft: LoadedModel, target: LoadedModel, exits: tuple[int, ...], exit_rule: str) -> "SortedDrafter":
-        """From the shared config: exits () means half, three quarters and all of the draft's layers."""
-        if draft.native is None:
-            raise SpecdraftError(f"sorted drafting runs layer slices on the native backend; {draft.name!r} is on "
-                                 f"transformers ({draft.backend_note}); use a Llama/Qwen2 draft")
-        n_layers = len(draft.native.layers)
+    def build(cls, draft: LoadedModel, target: LoadedModel, exits: tuple[int, ...], exit_rule: str,
+              sorted_draft: str = "auto", draft_vocab: int = 0) -> SortedDrafter:
+        """From the shared config. sorted_draft: trained adapters by name or folder, "auto" (the shipped ones for
+        this draft, if any) or "none". exits () means the adapters' exits, or else half, three quarters and all of
+        the draft's layers. draft_vocab 0 means the adapters' training vocabulary, or else the whole one."""
+        native = _require_native(draft)
+        n_layers = len(native.layers)
+        adapters = None
+        if sorted_draft not in ("none", ""):
+            source = find_shipped(native.final_norm, native.lm_head) if sorted_draft == "auto" else sorted_draft
+            if source is not None:
+                adapters = load_adapters(source, native.final_norm, native.lm_head)
+        if adapters is not None:
+            exits = exits or adapters.config.exits
+            draft_vocab = draft_vocab or adapters.config.draft_vocab
         exits = exits or tuple(sorted({max(1, n_layers // 2), max(1, 3 * n_layers // 4), n_layers}))
         kind, numbers = parse_exit_rule(exit_rule)
         rule = ThresholdExit(numbers) if kind == "threshold" else cost_aware_rule(draft.native, target, exits,
                                                                                   numbers[0])
-        return cls(draft, target, exits, rule)
+        return cls(draft, target, exits, rule, adapters, draft_vocab)
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
+        if self.vocab is not None:
+            self.vocab.for_prompt(prompt_ids)
         self.state = LayeredState(self.native, capacity=len(prompt_ids) + 64)
         if len(prompt_ids) > 1:  # the prompt runs to the deepest exit in one pass per layer
             self.state.append(prompt_ids[:-1])
@@ -179,30 +198,50 @@ class SortedDrafter:
         rows: list[torch.Tensor] = []
         labels: list[str] = []
         for i in range(k):
-            logits, exit_index = self._exit()  # [1, V]
+            logits, exit_index = self._exit()  # [1, V_draft]
             if params.greedy:
-                token = int(logits[0].argmax())
+                index = int(logits[0].argmax())
             else:
-                probs = processed_probs(logits, params)  # [1, V]: q is the chosen exit's distribution
-                token = int(sample(probs, generator))
+                probs = processed_probs(logits, params)  # [1, V_draft]: q is the chosen exit's distribution
+                index = int(sample(probs, generator))
                 rows.append(probs[0])
+            token = index if self.vocab is None else self.vocab.target_id(index)
             token_ids.append(token)
             labels.append(f"exit {self.exits[exit_index]}")
             self.exit_counts[exit_index] += 1
             if i + 1 < k:
                 self.state.append([token])
-        draft_probs = torch.stack(rows) if rows else None  # [k, V]
+        draft_probs = torch.stack(rows) if rows else None  # [k, V_draft]
+        if draft_probs is not None and self.vocab is not None:
+            draft_probs = self.vocab.spread(draft_probs)  # [k, V]: q is 0 outside the rows drafted from
         return Draft(torch.tensor(token_ids, dtype=torch.long), draft_probs, labels=labels)
 
+    def exit_logits(self, exit_index: int) -> torch.Tensor:
+        """The last position's logits at exit `exit_index` (its depth must be filled): [1, V_draft]."""
+        native = self.native
+        normed = native.ops.rms_norm(self.state.last_residual().contiguous(), self.exit_norms[exit_index],
+                                     native.eps)  # [1, D]
+        if self.adapters is not None:
+            normed = self.adapters.adapt_normed(normed, self.adapters.exit_index(self.exits[exit_index]))
+        head = native.lm_head if self.vocab is None else self.vocab.weight
+        return native._linear(normed.contiguous(), head, None)
+
     def _exit(self) -> tuple[torch.Tensor, int]:
-        """Run the last position exit by exit until the rule stops it: (its logits [1, V], the exit index)."""
+        """Run the last position exit by exit until the rule stops it: (its logits [1, V_draft], the exit index)."""
         last = len(self.exits) - 1
         for exit_index, depth in enumerate(self.exits):
             self.state.run_to(depth)
-            logits = self.state.exit_logits()  # [1, V]
+            logits = self.exit_logits(exit_index)  # [1, V_draft]
             if exit_index == last or self.rule.stop(exit_index, float(logits[0].softmax(-1).max())):
                 return logits, exit_index
         raise AssertionError("unreachable: the last exit always stops")
 
     def on_accept(self, context_ids: list[int], features=None) -> None:
         self.state.sync(context_ids)  # drop rejected draft positions; the new token is fed at the next propose
+
+
+def _require_native(draft: LoadedModel) -> NativeLlama:
+    if draft.native is None:
+        raise SpecdraftError(f"sorted drafting runs layer slices on the native backend; {draft.name!r} is on "
+                             f"transformers ({draft.backend_note}); use a Llama/Qwen2 draft")
+    return draft.native

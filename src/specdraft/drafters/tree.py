@@ -17,8 +17,8 @@ tree nodes (an EAGLE head, a sorted draft) can grow its trees with it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

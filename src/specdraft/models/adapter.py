@@ -287,6 +287,7 @@ class NativeState(SequenceState):
         super().__init__()
         self.native = native
         self.cache = native.new_cache(capacity)
+        self.lm_head: torch.Tensor | None = None  # [V_draft, D]: score only these rows (a draft vocabulary)
 
     def forward(self, new_ids: list[int], n_logits: int, positions: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -294,7 +295,7 @@ class NativeState(SequenceState):
             raise ValueError("forward needs at least one token")
         logits, self.features = self.native.forward_with_features(new_ids, self.cache, n_logits,
                                                                   self.feature_layers, positions,
-                                                                  tree_mask)  # [n_logits, V]
+                                                                  tree_mask, self.lm_head)  # [n_logits, V]
         self.token_ids.extend(new_ids)
         return logits
 

@@ -34,3 +34,40 @@ class TrainConfig:
             raise SpecdraftError("--steps must be >= 1")
         if self.draft_vocab < 2:
             raise SpecdraftError("--draft-vocab must be >= 2")
+
+
+LOSSES = ("text", "self", "both")
+
+
+@dataclass
+class SortedTrainConfig:
+    out: str  # a name (saved under ~/.cache/specdraft/sorted/NAME) or a folder
+    draft: str = "qwen2.5-coder-0.5b-instruct"
+    exits: tuple[int, ...] = (6, 12, 18, 24)
+    rank: int = 64
+    draft_vocab: int = 32768
+    loss: str = "self"
+    steps: int = 600
+    window: int = 256
+    windows_per_step: int = 2
+    lr: float = 2e-3
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    checkpoint_every: int = 25
+    validation_windows: int = 8
+    validate_against: tuple[str, ...] = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
+    seed: int = 0
+    max_len: int = 512  # tokens per corpus document (longer ones are cut), then split into windows
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise SpecdraftError(f"--loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        if not self.exits or list(self.exits) != sorted(set(self.exits)) or self.exits[0] < 1:
+            raise SpecdraftError(f"--exits must be increasing layer counts >= 1, got {self.exits}")
+        for name in ("rank", "draft_vocab", "steps", "window", "windows_per_step", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise SpecdraftError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.window < 8:
+            raise SpecdraftError("--window must be at least 8 tokens")

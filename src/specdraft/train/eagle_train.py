@@ -21,9 +21,7 @@ the same state as an uninterrupted one (tests/test_eagle.py checks it).
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,11 +38,9 @@ from ..models.eagle_head import (
     new_head,
     save_head,
 )
+from .common import CHECKPOINT, LOG, warmup_cosine_lr, write_checkpoint
 from .config import TrainConfig
 from .eagle_data import FeatureStore
-
-CHECKPOINT = "checkpoint.pt"
-LOG = "train_log.jsonl"
 
 
 def head_folder(out: str) -> Path:
@@ -223,10 +219,7 @@ class Trainer:
 
     def lr_at(self, step: int) -> float:
         c = self.config
-        if step < c.warmup_steps:
-            return c.lr * (step + 1) / c.warmup_steps
-        progress = min(1.0, (step - c.warmup_steps) / max(1, self.steps - c.warmup_steps))
-        return c.lr * (c.min_lr_ratio + (1 - c.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+        return warmup_cosine_lr(step, self.steps, c.lr, c.warmup_steps, c.min_lr_ratio)
 
     def window_for_step(self, step: int) -> tuple[int, int, int]:
         """The data order: a permutation per epoch drawn from (seed, epoch) alone."""
@@ -278,13 +271,7 @@ class Trainer:
         ckpt = {"train_config": self._identity(), "head_config": asdict(self.head.config),
                 "head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step,
                 "history": self.history}
-        tmp = self.folder / (CHECKPOINT + ".tmp")
-        torch.save(ckpt, tmp)
-        os.replace(tmp, self.folder / CHECKPOINT)
-        with open(self.folder / (LOG + ".tmp"), "w") as f:
-            f.writelines(json.dumps(record) + "\n" for record in self.history)
-        os.replace(self.folder / (LOG + ".tmp"), self.folder / LOG)
-        plot_history(self.history, self.folder / "loss.png")
+        write_checkpoint(self.folder, ckpt, self.history, "draft step {}", "cross-entropy to the target")
 
     def run(self, stop_after: int | None = None) -> EagleHead:
         """Train to `self.steps` (or stop after `stop_after` more steps: a deliberate interruption)."""
@@ -315,33 +302,6 @@ class Trainer:
             self.head.config.extra["final"] = {k: v for k, v in self.history[-1].items() if k.startswith("val_")}
             save_head(self.head, self.folder)
         return self.head
-
-
-def plot_history(history: list[dict], path: Path) -> None:
-    """Training loss (smoothed) per unrolled step, and held-out agreement where measured."""
-    if not history:
-        return
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    steps = [r["step"] for r in history]
-    n_ttt = max(len(r["step_losses"]) for r in history)
-    window = max(1, len(history) // 50)
-    for j in range(n_ttt):
-        values = [r["step_losses"][j] if j < len(r["step_losses"]) else float("nan") for r in history]
-        smooth = [sum(values[max(0, i - window + 1): i + 1]) / len(values[max(0, i - window + 1): i + 1])
-                  for i in range(len(values))]
-        ax.plot(steps, smooth, label=f"draft step {j + 1}")
-    ax.set_xlabel("training step (one window each)")
-    ax.set_ylabel(f"cross-entropy to the target (moving mean of {window})")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 # ---------------------------------------------------------------------------------------------- command line

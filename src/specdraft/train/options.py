@@ -33,7 +33,32 @@ def add_train_arguments(parser) -> None:
     eagle.add_argument("--seed", type=int, default=0)
     eagle.add_argument("--threads", type=int, default=None)
     eagle.add_argument("--export", default=None, help="also write the EAGLE-3 layout (vLLM, SGLang) here")
+    add_sorted_arguments(sub)
     export = sub.add_parser("eagle-export", help="write a trained head in the EAGLE-3 layout vLLM and SGLang load")
     export.add_argument("head", help="head name or folder")
     export.add_argument("out", help="output folder")
     export.add_argument("--target", default=DEFAULT_TARGET)
+
+
+def add_sorted_arguments(sub) -> None:
+    from .config import SortedTrainConfig
+
+    d = SortedTrainConfig(out="")
+    p = sub.add_parser("sorted", help="train the exit adapters of a sorted (S2D) draft on the pinned-package corpus "
+                       "(resumes; saved to ~/.cache/specdraft/sorted/NAME)")
+    p.add_argument("--out", required=True, help="name (saved in ~/.cache/specdraft/sorted/NAME) or folder")
+    p.add_argument("--draft", default=d.draft)
+    p.add_argument("--exits", default=",".join(map(str, d.exits)), help="layer counts of the exits, ascending")
+    p.add_argument("--rank", type=int, default=d.rank, help="rank of each exit's residual adapter")
+    p.add_argument("--draft-vocab", type=int, default=d.draft_vocab, help="LM-head rows the exits score")
+    p.add_argument("--loss", default=d.loss, help="text (next-token cross-entropy), self (toward the draft's own "
+                   "last layer) or both")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--window", type=int, default=d.window, help="tokens per window")
+    p.add_argument("--windows-per-step", type=int, default=d.windows_per_step)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--validate-against", default=",".join(d.validate_against),
+                   help="models whose greedy tokens the held-out agreement is measured against (comma list)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)

@@ -164,10 +164,12 @@ class NativeLlama:
         gated = ops.silu_mul(self._linear(x, layer.gate, None), self._linear(x, layer.up, None))  # [T, I]
         return hidden + self._linear(gated, layer.down, None)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, lm_head: torch.Tensor | None = None) -> torch.Tensor:
         """The final norm and the LM head over residual-stream rows: [T, D] -> float32 [T, V]. Any layer's
-        output can go through them: that is an early exit (S2D, LayerSkip)."""
-        return self._linear(self.ops.rms_norm(hidden.contiguous(), self.final_norm, self.eps), self.lm_head, None)
+        output can go through them: that is an early exit (S2D, LayerSkip). lm_head: other rows to score
+        instead of the model's head ([V_draft, D], a reduced draft vocabulary)."""
+        head = self.lm_head if lm_head is None else lm_head
+        return self._linear(self.ops.rms_norm(hidden.contiguous(), self.final_norm, self.eps), head, None)
 
     def forward(self, token_ids: list[int], cache: "NativeCache", n_logits: int,
                 positions: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -180,10 +182,12 @@ class NativeLlama:
 
     def forward_with_features(self, token_ids: list[int], cache: "NativeCache", n_logits: int,
                               feature_layers: tuple[int, ...] = (), positions: torch.Tensor | None = None,
-                              tree_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                              tree_mask: torch.Tensor | None = None, lm_head: torch.Tensor | None = None
+                              ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`forward`, also returning the residual stream of every new token at `feature_layers`
         (Hugging Face's `output_hidden_states` indexing: 0 is the embedding, i the input of layer i, and
-        n_layers the final-normed state the LM head reads) as float32 [T, len(feature_layers), D], or None."""
+        n_layers the final-normed state the LM head reads) as float32 [T, len(feature_layers), D], or None.
+        lm_head: rows to score instead of the model's head (see `logits`)."""
         ops = self.ops
         taps: dict[int, torch.Tensor] = {}
         n_new = len(token_ids)
@@ -198,11 +202,12 @@ class NativeLlama:
             hidden = self.layer_forward(index, hidden, cache, start, positions, tree_mask)
         cache.length = start + n_new
         if not feature_layers:
-            return self.logits(hidden[-n_logits:]), None  # [n_logits, V]
+            return self.logits(hidden[-n_logits:], lm_head), None  # [n_logits, V]
         normed = ops.rms_norm(hidden.contiguous(), self.final_norm, self.eps)  # [T, D]
         taps[len(self.layers)] = normed
         features = torch.stack([taps[i] for i in feature_layers], dim=1)  # [T, n_taps, D]
-        return self._linear(normed[-n_logits:].contiguous(), self.lm_head, None), features  # [n_logits, V]
+        head = self.lm_head if lm_head is None else lm_head
+        return self._linear(normed[-n_logits:].contiguous(), head, None), features  # [n_logits, V]
 
 
 class NativeCache:

@@ -1,0 +1,57 @@
+"""A reduced draft vocabulary: the draft scores only some rows of its LM head.
+
+A draft's LM head is a large part of its step (the 0.5B's 151,936 x 896 head is 30 % of its bytes; for an early
+exit of a sorted draft it is most of them). Drafting from a subset of the vocabulary reads only those rows.
+The acceptance rule stays exact: the draft samples from the distribution over the subset, and that distribution,
+spread over the full vocabulary with zeros elsewhere, is the q the rule uses. Greedy decoding stays token-identical
+to the target; a target token outside the subset can only be rejected, never drafted.
+
+Which rows: the `size` lowest ids, which in byte-level BPE vocabularies (Qwen2, Llama 3, GPT-2) are the earliest
+merges, i.e. the most frequent pieces of the tokenizer's training text (measured on the packaged Qwen tokenizer:
+the lowest 32,768 ids cover the target's benchmark outputs as well as the 32,768 most frequent ids of our
+pinned-package corpus, 92 % both; docs/sorted.md), plus the tokenizer's special and added tokens (end of turn),
+plus every token of the request's prompt (names and numbers the answer copies from it, the long tail that the
+fixed rows miss). The rows are gathered once per request.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class DraftVocab:
+    """ids [V_draft] int64: the target ids the draft scores, ascending; weight [V_draft, D]: their head rows."""
+
+    def __init__(self, lm_head: torch.Tensor, size: int, always: list[int] | tuple[int, ...] = ()):
+        if size < 1:
+            raise ValueError(f"a draft vocabulary needs at least one row, got {size}")
+        self.lm_head = lm_head  # [V, D]: the draft's full head (its dtype is kept)
+        self.full_size = lm_head.shape[0]
+        self.size = min(size, self.full_size)
+        self.always = sorted({i for i in always if 0 <= i < self.full_size})
+        self.ids = torch.empty(0, dtype=torch.long)
+        self.weight = lm_head[:0]
+        self.for_prompt([])
+
+    @classmethod
+    def for_model(cls, lm_head: torch.Tensor, tokenizer, size: int) -> DraftVocab:
+        """The tokenizer's special and added tokens always stay in (an answer must be able to end)."""
+        always = set(getattr(tokenizer, "all_special_ids", []) or [])
+        always.update(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+        return cls(lm_head, size, tuple(always))
+
+    def for_prompt(self, prompt_ids: list[int]) -> None:
+        """Rows for one request: the fixed ones and the prompt's tokens."""
+        extra = {i for i in prompt_ids if self.size <= i < self.full_size}
+        extra.update(i for i in self.always if i >= self.size)
+        self.ids = torch.cat([torch.arange(self.size), torch.tensor(sorted(extra), dtype=torch.long)])
+        self.weight = self.lm_head[self.ids].contiguous()  # [V_draft, D]
+
+    def target_id(self, draft_index: int) -> int:
+        return int(self.ids[draft_index])
+
+    def spread(self, probs: torch.Tensor) -> torch.Tensor:
+        """[k, V_draft] probabilities over the subset -> [k, V] over the full vocabulary, zero elsewhere."""
+        full = probs.new_zeros(probs.shape[0], self.full_size)
+        full[:, self.ids] = probs
+        return full

@@ -1,0 +1,304 @@
+"""Training the exit adapters of a sorted (S2D) draft (models/exit_adapters.py) on this CPU.
+
+Each step takes `windows_per_step` windows of `window` tokens of pinned-package text (the EAGLE corpus:
+train/eagle_data.candidate_docs, chat-formatted through the draft's template; never the benchmark's sources),
+runs the frozen draft over them once (no gradients; native backend, float32 weights: MKL for many rows), keeps the
+residual stream at every exit, and trains only the adapters through the frozen LM head rows of the draft
+vocabulary. The loss is S2D's: the mean over the exits of
+
+  text   cross-entropy to the next token of the text (tokens outside the draft vocabulary are skipped), or
+  self   cross-entropy to the draft's own last layer's distribution over the draft vocabulary (the target of
+         self-speculation, and a stand-in for larger targets of the same family: no target runs in training), or
+  both   their sum.
+
+Validation (held-out windows: the last documents of the ranked corpus), at the start and at every checkpoint:
+per exit, the top-1 agreement with the greedy next token of every model in `validate_against` (the targets the
+draft serves; their argmax over the held-out windows is computed once and cached in the run folder). Top-1
+agreement is the chance that a greedy draft token at that exit is accepted, given the same context.
+
+Resume: checkpoints hold the adapters, the optimizer, the step and the log; the data order is a pure function of
+the corpus and the step, so a resumed run reaches the same weights as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import SpecdraftError
+from ..models.exit_adapters import (
+    AdapterConfig,
+    ExitAdapters,
+    adapters_root,
+    draft_fingerprint,
+    save_adapters,
+)
+from .common import CHECKPOINT, LOG, warmup_cosine_lr, write_checkpoint
+from .config import SortedTrainConfig
+
+
+def run_folder(out: str) -> Path:
+    """A bare name goes under ~/.cache/specdraft/sorted/; anything with a path separator is a folder."""
+    return Path(out).expanduser() if ("/" in out or out.startswith(("~", "."))) else adapters_root() / out
+
+
+class WindowStream:
+    """Windows of `window` tokens cut from the ranked corpus, in order, produced as far as asked (so resuming
+    at step s re-tokenizes the same documents and gets the same windows)."""
+
+    def __init__(self, tokenizer, window: int, max_len: int, held_out_docs: int):
+        from .eagle_data import candidate_docs
+
+        docs = candidate_docs()
+        if len(docs) <= held_out_docs:
+            raise SpecdraftError(f"the corpus has {len(docs)} documents; need more than {held_out_docs}")
+        self.train_docs, self.val_docs = docs[:-held_out_docs], docs[-held_out_docs:]
+        self.tokenizer, self.window, self.max_len = tokenizer, window, max_len
+        self.windows: list[list[int]] = []
+        self.next_doc = 0
+
+    def _cut(self, doc) -> list[list[int]]:
+        from .eagle_data import encode_doc
+
+        ids = encode_doc(self.tokenizer, doc, self.max_len)
+        return [ids[i: i + self.window] for i in range(0, len(ids), self.window) if len(ids) - i >= 8]
+
+    def get(self, index: int) -> list[int]:
+        while len(self.windows) <= index:
+            if self.next_doc >= len(self.train_docs):
+                raise SpecdraftError(f"the corpus ran out after {len(self.windows)} windows; lower --steps")
+            self.windows.extend(self._cut(self.train_docs[self.next_doc]))
+            self.next_doc += 1
+        return self.windows[index]
+
+    def validation(self, count: int) -> list[list[int]]:
+        out: list[list[int]] = []
+        for doc in self.val_docs:
+            out.extend(self._cut(doc))
+            if len(out) >= count:
+                break
+        return out[:count]
+
+
+class SortedTrainer:
+    def __init__(self, config: SortedTrainConfig, progress: bool = True):
+        from ..drafters.vocab import DraftVocab
+        from ..models.adapter import load_model
+
+        self.config = config
+        self.progress = progress
+        self.folder = run_folder(config.out)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.draft = load_model(config.draft, "float32", progress=progress, backend="native")
+        native = self.draft.native
+        n_layers = len(native.layers)
+        if config.exits[-1] > n_layers:
+            raise SpecdraftError(f"exits go up to {config.exits[-1]} layers but {config.draft!r} has {n_layers}")
+        self.native = native
+        vocab = DraftVocab.for_model(native.lm_head, self.draft.tokenizer, config.draft_vocab)
+        self.vocab_ids = vocab.ids  # [V_draft]: the fixed rows (no prompt rows: training has no prompt)
+        self.head_rows = native.lm_head[self.vocab_ids].float()  # [V_draft, D], frozen
+        self.to_draft = torch.full((native.lm_head.shape[0],), -100, dtype=torch.long)  # target id -> row
+        self.to_draft[self.vocab_ids] = torch.arange(self.vocab_ids.shape[0])
+        self.stream = WindowStream(self.draft.tokenizer, config.window, config.max_len, held_out_docs=40)
+        self.val_windows = self.stream.validation(config.validation_windows)
+        self.teacher_depth = n_layers if config.loss in ("self", "both") else config.exits[-1]
+        ckpt_path = self.folder / CHECKPOINT
+        fingerprint = draft_fingerprint(native.final_norm, native.lm_head)
+        adapter_config = AdapterConfig(draft=config.draft, fingerprint=fingerprint, exits=tuple(config.exits),
+                                       rank=config.rank, hidden_size=native.embed.shape[1],
+                                       draft_vocab=config.draft_vocab, eps=native.eps)
+        self.adapters = ExitAdapters(adapter_config, native.final_norm, seed=config.seed)
+        self.optimizer = torch.optim.AdamW(self.adapters.parameters(), lr=config.lr,
+                                           weight_decay=config.weight_decay, betas=(0.9, 0.95))
+        self.step = 0
+        self.history: list[dict] = []
+        if ckpt_path.is_file():
+            ckpt = torch.load(ckpt_path, weights_only=False)
+            if ckpt["train_config"] != self._identity():
+                raise SpecdraftError(f"{self.folder} holds a run with other settings; choose another --out or "
+                                     f"delete {ckpt_path}")
+            self.adapters.load_state_dict(ckpt["adapters"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+            self.step, self.history = ckpt["step"], ckpt["history"]
+        self.reference_argmax = self._reference_argmax()
+
+    def _identity(self) -> dict:
+        d = asdict(self.config)
+        for name in ("steps", "checkpoint_every", "out"):
+            d.pop(name)
+        return d
+
+    # ------------------------------------------------------------------------------------------- forward passes
+
+    @torch.no_grad()
+    def trunk(self, tokens: list[int], depth: int) -> dict[int, torch.Tensor]:
+        """The frozen draft over one window: residual stream [T, D] after each of the exits, and after
+        `depth` layers (the teacher's)."""
+        native = self.native
+        cache = native.new_cache(len(tokens))
+        cache.reserve(len(tokens))
+        hidden = native.embed_tokens(tokens)  # [T, D]
+        wanted = set(self.config.exits) | {depth}
+        out = {}
+        for index in range(max(wanted)):
+            hidden = native.layer_forward(index, hidden, cache, 0)
+            if index + 1 in wanted:
+                out[index + 1] = hidden
+        return out
+
+    @torch.no_grad()
+    def teacher_probs(self, final_hidden: torch.Tensor) -> torch.Tensor:
+        """The draft's own last layer, through its final norm, over the draft vocabulary: [T, V_draft]."""
+        normed = self.native.ops.rms_norm(final_hidden.contiguous(), self.native.final_norm, self.native.eps)
+        return F.linear(normed, self.head_rows).softmax(-1)
+
+    def window_losses(self, tokens: list[int]) -> tuple[list[torch.Tensor], list[float]]:
+        """Per exit: the loss on one window (a tensor with gradients) and the top-1 agreement with the next token."""
+        residuals = self.trunk(tokens, self.teacher_depth)
+        labels = self.to_draft[torch.tensor(tokens[1:])]  # [T - 1]: the next token's row, -100 outside
+        teacher = self.teacher_probs(residuals[self.teacher_depth][:-1]) if self.config.loss != "text" else None
+        losses, agreement = [], []
+        for index, depth in enumerate(self.config.exits):
+            logits = F.linear(self.adapters(residuals[depth][:-1], index), self.head_rows)  # [T - 1, V_draft]
+            loss = logits.new_zeros(())
+            if self.config.loss in ("text", "both"):
+                loss = loss + F.cross_entropy(logits, labels, ignore_index=-100)
+            if teacher is not None:
+                loss = loss - (teacher * logits.log_softmax(-1)).sum(-1).mean()
+            losses.append(loss)
+            agreement.append(float((logits.argmax(-1) == labels).float().mean()))
+        return losses, agreement
+
+    # ------------------------------------------------------------------------------------------------ training
+
+    def lr_at(self, step: int) -> float:
+        c = self.config
+        return warmup_cosine_lr(step, c.steps, c.lr, c.warmup_steps, c.min_lr_ratio)
+
+    def train_step(self, step: int) -> dict:
+        c = self.config
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(step)
+        self.optimizer.zero_grad(set_to_none=True)
+        per_exit = [0.0] * len(c.exits)
+        agree = [0.0] * len(c.exits)
+        tokens = 0
+        for w in range(c.windows_per_step):
+            window = self.stream.get(step * c.windows_per_step + w)
+            losses, agreement = self.window_losses(window)
+            (sum(losses) / (len(losses) * c.windows_per_step)).backward()
+            for i, (loss, a) in enumerate(zip(losses, agreement)):
+                per_exit[i] += float(loss.detach()) / c.windows_per_step
+                agree[i] += a / c.windows_per_step
+            tokens += len(window)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.adapters.parameters(), c.grad_clip))
+        self.optimizer.step()
+        return {"step": step + 1, "loss": sum(per_exit) / len(per_exit), "step_losses": per_exit,
+                "agreement": agree, "tokens": tokens, "lr": self.lr_at(step), "grad_norm": grad_norm}
+
+    @torch.no_grad()
+    def _reference_argmax(self) -> dict[str, list[torch.Tensor]]:
+        """Per model in validate_against: its greedy next token at every held-out position (cached on disk)."""
+        from ..models.adapter import load_model
+
+        path = self.folder / "validation_reference.pt"
+        cached = torch.load(path, weights_only=False) if path.is_file() else {}
+        if cached.get("windows") != self.val_windows:
+            cached = {"windows": self.val_windows, "argmax": {}}
+        for name in self.config.validate_against:
+            if name in cached["argmax"]:
+                continue
+            model = self.draft if name == self.config.draft else load_model(name, "float32", progress=False)
+            state_rows = []
+            for window in self.val_windows:
+                state = model.new_state()
+                state_rows.append(state.forward(window, len(window)).argmax(-1))  # [T]
+            cached["argmax"][name] = state_rows
+            torch.save(cached, path)
+        return cached["argmax"]
+
+    @torch.no_grad()
+    def validate(self) -> dict:
+        """Per exit: top-1 agreement with each reference model's greedy token and with the text."""
+        c = self.config
+        agree = {name: [0.0] * len(c.exits) for name in c.validate_against}
+        text = [0.0] * len(c.exits)
+        positions = 0
+        for w, window in enumerate(self.val_windows):
+            residuals = self.trunk(window, c.exits[-1])
+            labels = torch.tensor(window[1:])
+            for index, depth in enumerate(c.exits):
+                logits = F.linear(self.adapters(residuals[depth], index), self.head_rows)  # [T, V_draft]
+                drafted = self.vocab_ids[logits.argmax(-1)]  # [T] target ids
+                text[index] += float((drafted[:-1] == labels).sum())
+                for name in c.validate_against:
+                    agree[name][index] += float((drafted == self.reference_argmax[name][w]).sum())
+            positions += len(window)
+        n_text = sum(len(w) - 1 for w in self.val_windows)
+        return {"val_text_agreement": [t / n_text for t in text],
+                "val_agreement": {name: [a / positions for a in values] for name, values in agree.items()}}
+
+    def checkpoint(self) -> None:
+        ckpt = {"train_config": self._identity(), "adapters": self.adapters.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "step": self.step, "history": self.history}
+        write_checkpoint(self.folder, ckpt, self.history, "exit {}", f"{self.config.loss} loss")
+
+    def run(self, stop_after: int | None = None) -> ExitAdapters:
+        """Train to config.steps (or stop after `stop_after` more steps: a deliberate interruption)."""
+        from tqdm import tqdm
+
+        c = self.config
+        start = self.validate() if self.step == 0 else None  # the bare exits, for the before/after record
+        bar = tqdm(total=c.steps, initial=self.step, unit="step", disable=not self.progress, desc="train sorted",
+                   smoothing=0.05)
+        started, done_now, tokens_now = time.time(), 0, 0
+        while self.step < c.steps:
+            if stop_after is not None and done_now >= stop_after:
+                break
+            record = self.train_step(self.step)
+            if self.step == 0:
+                record["start"] = start
+            self.step += 1
+            done_now += 1
+            tokens_now += record["tokens"]
+            record["elapsed_s"] = time.time() - started
+            self.history.append(record)
+            bar.update(1)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{tokens_now / max(time.time() - started, 1e-9):.0f}")
+            if self.step % c.checkpoint_every == 0 or self.step == c.steps:
+                self.history[-1].update(self.validate())
+                self.checkpoint()
+        bar.close()
+        if self.step >= c.steps:
+            first = next((r["start"] for r in self.history if "start" in r), None)
+            self.adapters.config.extra = {"train": asdict(c), "steps": self.step,
+                                          "tokens": sum(r["tokens"] for r in self.history),
+                                          "before": first,
+                                          "after": {k: v for k, v in self.history[-1].items() if k.startswith("val_")}}
+            save_adapters(self.adapters, self.folder)
+        return self.adapters
+
+
+def cmd_train_sorted(args) -> int:
+    from ..config import parse_int_list
+    from ..models.adapter import set_threads
+
+    set_threads(args.threads)
+    config = SortedTrainConfig(out=args.out, draft=args.draft, exits=parse_int_list(args.exits, "--exits"),
+                               rank=args.rank, draft_vocab=args.draft_vocab, loss=args.loss, steps=args.steps,
+                               window=args.window, windows_per_step=args.windows_per_step, lr=args.lr,
+                               checkpoint_every=args.checkpoint_every, seed=args.seed,
+                               validate_against=tuple(n for n in args.validate_against.split(",") if n))
+    trainer = SortedTrainer(config)
+    trainer.run()
+    print(json.dumps(trainer.adapters.config.extra.get("after", {}), indent=1))
+    print(f"sorted draft: {trainer.folder} ({trainer.step} steps; log {trainer.folder / LOG}, plot "
+          f"{trainer.folder / 'loss.png'}); use it with --method sorted --draft {config.draft} "
+          f"--sorted-draft {args.out}")
+    return 0

@@ -1,0 +1,256 @@
+"""Reduced draft vocabularies (drafters/vocab.py) and trained exit adapters (models/exit_adapters.py): the rows
+drafted from, exactness of greedy and sampled decoding with them (with negative controls), the adapters' identity
+at initialisation, loading by name, and their training (train/sorted_train.py) end to end on tiny models."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from specdraft import Engine, SamplingParams, SpecConfig, load_model
+from specdraft.drafters import ModelDrafter, SortedDrafter, build_drafter
+from specdraft.drafters.sorted import ThresholdExit
+from specdraft.drafters.vocab import DraftVocab
+from specdraft.errors import SpecdraftError
+from specdraft.models.exit_adapters import (
+    AdapterConfig,
+    ExitAdapters,
+    draft_fingerprint,
+    find_shipped,
+    load_adapters,
+    save_adapters,
+)
+from test_exactness import N_SAMPLES, P_THRESHOLD, PROMPT, SETTINGS, engine_pvalue
+from tiny import build_model
+
+SMALL_VOCAB = 3  # rows <unk>, <eos>, a; the prompt "abc" adds b and c; d and e can never be drafted
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A tiny target (greedy from PROMPT emits d and e), a 1-layer draft and a 4-layer draft (sorted exits)."""
+    root = tmp_path_factory.mktemp("vocab")
+    target = load_model(str(build_model(root / "t", seed=21, chars="abcde", init_range=0.5)), "float32",
+                        backend="native")
+    draft = load_model(str(build_model(root / "d", seed=12, chars="abcde", init_range=0.5, layers=1)), "float32",
+                       backend="native")
+    deep = load_model(str(build_model(root / "s", seed=22, chars="abcde", init_range=0.5, layers=4)), "float32",
+                      backend="native")
+    return target, draft, deep
+
+
+# ------------------------------------------------------------------------------------------------ the rows
+
+def test_rows_are_the_lowest_ids_the_special_tokens_and_the_prompt():
+    head = torch.randn(40, 8)
+    vocab = DraftVocab(head, size=10, always=(0, 1, 39))
+    assert vocab.ids.tolist() == list(range(10)) + [39]
+    vocab.for_prompt([3, 12, 25, 12])
+    assert vocab.ids.tolist() == list(range(10)) + [12, 25, 39]
+    assert torch.equal(vocab.weight, head[vocab.ids])
+    probs = torch.softmax(torch.randn(2, len(vocab.ids)), -1)
+    full = vocab.spread(probs)  # [2, 40]
+    assert full.shape == (2, 40) and torch.allclose(full.sum(-1), torch.ones(2))
+    outside = torch.ones(40, dtype=torch.bool)
+    outside[vocab.ids] = False
+    assert full[:, outside].eq(0).all() and torch.equal(full[:, vocab.ids], probs)
+    assert vocab.target_id(10) == 12
+
+
+def test_greedy_with_a_small_draft_vocabulary_is_token_identical(models):
+    target, draft, _ = models
+    params = SamplingParams(max_new_tokens=24)
+    plain = Engine(target).generate(PROMPT, params)
+    drafter = ModelDrafter(draft, target, draft_vocab=SMALL_VOCAB)
+    result = Engine(target, drafter, SpecConfig("draft", 3)).generate(PROMPT, params)
+    assert result.token_ids == plain.token_ids
+    assert set(drafter.vocab.ids.tolist()) == {0, 1, 2, 3, 4}
+    assert any(t in (5, 6) for t in plain.token_ids)  # the target does emit tokens the draft cannot propose
+
+
+@pytest.mark.parametrize("name", ["T=1", "T=0.7,top-k=3"])
+def test_sampling_with_a_small_draft_vocabulary_follows_the_target(models, name):
+    target, draft, _ = models
+    pvalue = engine_pvalue(target, draft, SETTINGS[name], drafter=ModelDrafter(draft, target, draft_vocab=SMALL_VOCAB))
+    assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
+
+
+class MisplacedDrafter(ModelDrafter):
+    """Deliberately wrong: puts each row's probability in the column of the next row's id (an off-by-one map from
+    draft rows to target ids)."""
+
+    def propose(self, context_ids, k, params, generator):
+        draft = super().propose(context_ids, k, params, generator)
+        if draft.draft_probs is not None:
+            subset = draft.draft_probs[:, self.vocab.ids]  # [k, V_draft]
+            wrong = torch.zeros_like(draft.draft_probs)
+            wrong[:, self.vocab.ids] = subset.roll(1, dims=-1)
+            draft.draft_probs = wrong
+        return draft
+
+
+def test_negative_control_q_in_the_wrong_columns_fails_the_same_test(models):
+    target, draft, _ = models
+    pvalue = engine_pvalue(target, draft, SETTINGS["T=1"], drafter=MisplacedDrafter(draft, target, draft_vocab=SMALL_VOCAB))
+    assert pvalue < P_THRESHOLD, f"the wrong drafter passed: p-value {pvalue:.2e} at N={N_SAMPLES}"
+
+
+def test_a_draft_vocabulary_on_the_transformers_backend_is_a_clear_error(models):
+    target, draft, _ = models
+    on_transformers = load_model(draft.path, "float32", backend="transformers")
+    with pytest.raises(SpecdraftError, match="native backend"):
+        ModelDrafter(on_transformers, target, draft_vocab=4)
+    with pytest.raises(SpecdraftError, match="draft vocabulary"):
+        SpecConfig("draft", draft_vocab=-1)
+
+
+# ------------------------------------------------------------------------------------------------ exit adapters
+
+def adapters_for(deep, exits=(1, 2, 4), rank=3, trained=True, seed=0) -> ExitAdapters:
+    native = deep.native
+    config = AdapterConfig(draft="tiny", fingerprint=draft_fingerprint(native.final_norm, native.lm_head),
+                           exits=exits, rank=rank, hidden_size=native.embed.shape[1], draft_vocab=SMALL_VOCAB,
+                           eps=native.eps)
+    adapters = ExitAdapters(config, native.final_norm, seed=seed)
+    if trained:  # stands in for training: a far-from-identity adapter and per-exit norms
+        generator = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            adapters.up.copy_(torch.randn(adapters.up.shape, generator=generator))
+            adapters.norm.mul_(1 + 0.5 * torch.rand(adapters.norm.shape, generator=generator))
+    return adapters.requires_grad_(False)
+
+
+def test_fresh_adapters_are_the_bare_exits_bit_for_bit(models):
+    target, _, deep = models
+    bare = SortedDrafter(deep, target, (1, 2, 4), ThresholdExit((0.5,)))
+    adapted = SortedDrafter(deep, target, (1, 2, 4), ThresholdExit((0.5,)), adapters_for(deep, trained=False))
+    for drafter in (bare, adapted):
+        drafter.begin(PROMPT)
+        drafter.state.append(PROMPT[-1:])
+    with torch.inference_mode():
+        for index, depth in enumerate((1, 2, 4)):
+            bare.state.run_to(depth)
+            adapted.state.run_to(depth)
+            assert torch.equal(bare.exit_logits(index), adapted.exit_logits(index))
+            assert torch.equal(bare.exit_logits(index), deep.native.logits(bare.state.last_residual()))
+
+
+def test_trained_adapters_change_the_exits_and_greedy_stays_token_identical(models):
+    target, _, deep = models
+    params = SamplingParams(max_new_tokens=24)
+    plain = Engine(target).generate(PROMPT, params).token_ids
+    adapters = adapters_for(deep)
+    drafter = SortedDrafter(deep, target, (1, 2, 4), ThresholdExit((0.4, 0.6)), adapters, SMALL_VOCAB)
+    result = Engine(target, drafter, SpecConfig("sorted", 4)).generate(PROMPT, params)
+    assert result.token_ids == plain
+    bare = SortedDrafter(deep, target, (1, 2, 4), ThresholdExit((0.4, 0.6)), draft_vocab=SMALL_VOCAB)
+    for d in (bare, drafter):
+        d.begin(PROMPT)
+        d.state.append(PROMPT[-1:])
+        d.state.run_to(2)
+    assert not torch.allclose(bare.exit_logits(1), drafter.exit_logits(1))  # the adapter does something
+
+
+def test_sampling_with_adapters_and_a_small_vocabulary_follows_the_target(models):
+    target, draft, deep = models
+    drafter = SortedDrafter(deep, target, (1, 2, 4), ThresholdExit((0.4, 0.6)), adapters_for(deep), SMALL_VOCAB)
+    pvalue = engine_pvalue(target, draft, SETTINGS["T=1"], drafter=drafter, spec=SpecConfig("sorted", 3))
+    assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
+
+
+def test_adapters_load_by_name_refuse_another_model_and_auto_finds_them(models, tmp_path, monkeypatch):
+    target, draft, deep = models
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path))
+    adapters = adapters_for(deep)
+    save_adapters(adapters, tmp_path / "sorted" / "tiny-sorted")
+    native = deep.native
+    loaded = load_adapters("tiny-sorted", native.final_norm, native.lm_head)
+    for name, tensor in adapters.state_dict().items():
+        assert torch.equal(tensor, loaded.state_dict()[name]), name
+    assert find_shipped(native.final_norm, native.lm_head) == str(tmp_path / "sorted" / "tiny-sorted")
+    built = build_drafter(SpecConfig("sorted"), target, deep)  # sorted_draft "auto"
+    assert built.adapters is not None and built.exits == (1, 2, 4) and built.vocab is not None
+    assert build_drafter(SpecConfig("sorted", sorted_draft="none"), target, deep).adapters is None
+    with pytest.raises(SpecdraftError, match="different model"):
+        load_adapters("tiny-sorted", draft.native.final_norm, draft.native.lm_head)
+    with pytest.raises(SpecdraftError, match="no sorted draft 'nope'.*tiny-sorted"):
+        build_drafter(SpecConfig("sorted", sorted_draft="nope"), target, deep)
+    with pytest.raises(SpecdraftError, match="trained exits at 1,2,4, not at 3"):
+        build_drafter(SpecConfig("sorted", sorted_exits=(1, 3)), target, deep)
+
+
+# ------------------------------------------------------------------------------------------------ training
+
+@pytest.fixture(scope="module")
+def chat_draft(tmp_path_factory):
+    """The 4-layer tiny draft with a trivial chat template (the corpus is chat-formatted)."""
+    root = tmp_path_factory.mktemp("sorted_train")
+    path = build_model(root / "draft", seed=22, chars="abcdefghijklmnopqrstuvwxyz .", init_range=0.5, layers=4)
+    config_path = path / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = "{% for m in messages %}{{ m['content'] }}.{% endfor %}"
+    config_path.write_text(json.dumps(config))
+    return path
+
+
+def sorted_config(draft_path, out, steps, loss="both"):
+    from specdraft.train.config import SortedTrainConfig
+
+    return SortedTrainConfig(out=str(out), draft=str(draft_path), exits=(1, 2, 4), rank=4, draft_vocab=20,
+                             loss=loss, steps=steps, window=32, windows_per_step=2, lr=2e-2, warmup_steps=2,
+                             checkpoint_every=4, validation_windows=3, validate_against=(str(draft_path),))
+
+
+@pytest.mark.parametrize("loss", ["text", "self"])
+def test_training_lowers_the_loss_and_raises_agreement(chat_draft, tmp_path, loss):
+    from specdraft.train.sorted_train import SortedTrainer
+
+    trainer = SortedTrainer(sorted_config(chat_draft, tmp_path / "run", 24, loss), progress=False)
+    trainer.run()
+    first = sum(r["loss"] for r in trainer.history[:4]) / 4
+    last = sum(r["loss"] for r in trainer.history[-4:]) / 4
+    assert last < first
+    # held out: "self" pulls the exits toward the draft's own greedy tokens, "text" toward the text
+    before, after = trainer.history[0]["start"], trainer.history[-1]
+    if loss == "self":
+        assert after["val_agreement"][str(chat_draft)][0] > before["val_agreement"][str(chat_draft)][0]
+    else:
+        assert sum(after["val_text_agreement"]) > sum(before["val_text_agreement"])
+    assert (tmp_path / "run" / "loss.png").is_file() and (tmp_path / "run" / "adapters.json").is_file()
+
+
+def test_resumed_training_reaches_the_same_adapters(chat_draft, tmp_path):
+    from specdraft.train.sorted_train import SortedTrainer
+
+    straight = SortedTrainer(sorted_config(chat_draft, tmp_path / "straight", 9), progress=False)
+    straight.run()
+    interrupted = SortedTrainer(sorted_config(chat_draft, tmp_path / "resumed", 9), progress=False)
+    interrupted.run(stop_after=6)  # killed after step 6: the checkpoint holds step 4
+    resumed = SortedTrainer(sorted_config(chat_draft, tmp_path / "resumed", 9), progress=False)
+    assert resumed.step == 4
+    resumed.run()
+    assert [r["loss"] for r in resumed.history] == [r["loss"] for r in straight.history]
+    for name, tensor in straight.adapters.state_dict().items():
+        assert torch.equal(tensor, resumed.adapters.state_dict()[name]), name
+    other = SortedTrainer(sorted_config(chat_draft, tmp_path / "other", 9), progress=False)
+    other.run(stop_after=3)  # a run that really differs must not compare equal: the check can fail
+    assert not torch.equal(other.adapters.up, straight.adapters.up)
+    with pytest.raises(SpecdraftError, match="other settings"):
+        SortedTrainer(replace(sorted_config(chat_draft, tmp_path / "straight", 9), rank=5), progress=False)
+
+
+def test_train_sorted_command_then_generate_with_the_result(chat_draft, tmp_path, capsys):
+    from specdraft.cli import main
+
+    out = tmp_path / "cli-run"
+    assert main(["train", "sorted", "--out", str(out), "--draft", str(chat_draft), "--exits", "1,2,4", "--rank",
+                 "2", "--draft-vocab", "16", "--steps", "3", "--window", "16", "--checkpoint-every", "3",
+                 "--validate-against", str(chat_draft), "--threads", "1"]) == 0
+    assert "--sorted-draft" in capsys.readouterr().out
+    assert main(["generate", "abc", "--target", str(chat_draft), "--draft", str(chat_draft), "--method", "sorted",
+                 "--sorted-draft", str(out), "--max-new-tokens", "8", "--temperature", "0", "--threads", "1",
+                 "--backend", "native", "--dtype", "float32"]) == 0
+    assert main(["train", "sorted", "--out", str(out), "--loss", "kl"]) == 2
