@@ -221,3 +221,32 @@ def test_sampling_run_records_no_equality_verdict(tiny_models, tiny_dirs, tmp_pa
     assert len(records) == 3 and all(r["identical_to_ar"] is None for r in records)
     assert summary["results"]["draft"]["overall"]["identical_to_ar"] is None
     assert "no equality check" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_method_can_carry_its_own_drafter_settings(tiny_models, tiny_dirs, tmp_path):
+    """One interleaved run compares a method with itself under other settings (an A/B without machine drift)."""
+    from specdraft.bench.options import parse_method, split_methods
+
+    assert split_methods("ar,draft[gamma=3,draft_vocab=4],sorted[exits=1:2]") == (
+        "ar", "draft[gamma=3,draft_vocab=4]", "sorted[exits=1:2]")
+    assert parse_method("sorted[sorted_exits=1:2;exit_rule=cost:1.0]") == (
+        "sorted", {"sorted_exits": (1, 2), "exit_rule": "cost:1.0"})
+    for bad, match in (("draft[gama=3]", "not KEY=VALUE"), ("draft[gamma=x]", "gamma takes a int"),
+                       ("draft[gamma=3", "one pair of brackets")):
+        with pytest.raises(SpecdraftError, match=match):
+            parse_method(bad)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps(PROMPTS[2]) + "\n")
+    settings = BenchSettings(prompts=str(prompts), methods=("ar", "draft", "draft[gamma=1]"),
+                             target=str(tiny_dirs["target"]), draft=str(tiny_dirs["draft"]), gammas=(3,),
+                             max_new_tokens=8, dtype="float32", out=str(tmp_path / "out"), chat=False,
+                             warmup_tokens=2, command="test")
+    models = BenchModels(settings.model_config(), tiny_models["target"], tiny_models["draft"])
+    summary = run_bench(settings, progress=False, models=models)
+    records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
+    assert {r["label"]: r["gamma"] for r in records} == {"ar": None, "draft": 3, "draft[gamma=1]": 1}
+    assert all(len(r["accepted_per_position"]) <= 1 for r in records if r["label"] == "draft[gamma=1]")
+    assert summary["results"]["draft[gamma=1]"]["overall"]["identical_to_ar"] == 1.0
+    with pytest.raises(SpecdraftError, match="gamma must be"):
+        run_bench(BenchSettings(**{**settings.__dict__, "methods": ("draft[gamma=0]",)}), progress=False,
+                  models=models)

@@ -55,6 +55,58 @@ def _comma_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def split_methods(text: str) -> tuple[str, ...]:
+    """"ar,draft[draft_vocab=32768,gamma=3],sorted" -> ("ar", "draft[draft_vocab=32768,gamma=3]", "sorted"):
+    commas inside brackets belong to the method."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    return tuple(p.strip() for p in parts if p.strip())
+
+
+def parse_method(text: str) -> tuple[str, dict]:
+    """A benchmark method with optional drafter settings for this column only, e.g.
+    "draft[draft_vocab=32768,gamma=3]" -> ("draft", {"draft_vocab": 32768, "gamma": 3}). Keys are SpecConfig
+    fields; values are converted to their types (a tuple of ints takes "8:16:24")."""
+    import dataclasses
+
+    name, bracket, rest = text.partition("[")
+    if not bracket:
+        return text.strip(), {}
+    if not rest.endswith("]"):
+        raise SpecdraftError(f"method {text!r}: settings go in one pair of brackets, e.g. draft[gamma=3]")
+    known = {f.name: f for f in dataclasses.fields(SpecConfig) if f.name != "method"}
+    overrides = {}
+    for item in rest[:-1].replace(";", ",").split(","):
+        if not item.strip():
+            continue
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or key not in known:
+            raise SpecdraftError(f"method {text!r}: {item.strip()!r} is not KEY=VALUE with a drafter setting as KEY "
+                                 f"(one of {', '.join(known)})")
+        default = getattr(SpecConfig(), key)
+        try:
+            if isinstance(default, bool):
+                overrides[key] = value.lower() in ("1", "true", "yes")
+            elif isinstance(default, int):
+                overrides[key] = int(value)
+            elif isinstance(default, float):
+                overrides[key] = float(value)
+            elif isinstance(default, tuple):
+                overrides[key] = tuple(int(v) for v in value.split(":") if v)
+            else:
+                overrides[key] = value
+        except ValueError:
+            raise SpecdraftError(f"method {text!r}: {key} takes a {type(default).__name__}, got {value!r}") from None
+    return name.strip(), overrides
+
+
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     from ..models.fetch import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -62,7 +114,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: the committed suite data/bench/prompts.jsonl)")
     parser.add_argument("--categories", default="", help="comma list (default: all)")
     parser.add_argument("--limit", type=int, default=None, help="prompts per category (default: all)")
-    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma list of benchmark methods")
+    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma list of benchmark methods; a "
+                        "method may carry its own drafter settings for an A/B in one run, e.g. "
+                        "draft,draft[draft_vocab=32768],sorted[sorted_draft=none;exits=12:18:24]")
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--draft", default=DEFAULT_DRAFT)
     parser.add_argument("--gamma", default=str(SpecConfig.gamma),
@@ -92,7 +146,7 @@ def settings_from_args(args: argparse.Namespace, command: str = "") -> BenchSett
         raise SpecdraftError(f"--gamma takes integers separated by commas, got {args.gamma!r}") from None
     if not gammas:
         raise SpecdraftError("--gamma needs at least one value")
-    methods = _comma_list(args.methods)
+    methods = split_methods(args.methods)
     if not methods:
         raise SpecdraftError("--methods needs at least one method")
     if args.max_new_tokens < 1 or args.warmup_tokens < 1:

@@ -32,7 +32,7 @@ from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel, load_model, set_threads
 from ..models.native.kernels import startup_info as kernel_startup_info
 from .methods import BenchModels, GenerateTurn, Method, TurnOutput, get_method
-from .options import BenchSettings
+from .options import BenchSettings, parse_method
 from .suite import load_prompts
 
 
@@ -53,26 +53,34 @@ def tree_knobs(settings: BenchSettings) -> dict:
                 draft_vocab=settings.draft_vocab)
 
 
-def check_methods(settings: BenchSettings) -> list[Method]:
-    methods = [get_method(name) for name in settings.methods]
-    if any(m.needs_draft for m in methods) and not settings.draft:
-        raise SpecdraftError(f"methods {', '.join(m.name for m in methods if m.needs_draft)} need --draft")
+def check_methods(settings: BenchSettings) -> list[tuple[str, Method, dict]]:
+    """(label, method, its own SpecConfig overrides) per --methods entry, validated before any model loads."""
+    methods = []
+    for text in settings.methods:
+        name, overrides = parse_method(text)
+        methods.append((text, get_method(name), overrides))
+    if any(m.needs_draft for _, m, _ in methods) and not settings.draft:
+        raise SpecdraftError(f"methods {', '.join(m.name for _, m, _ in methods if m.needs_draft)} need --draft")
     for gamma in settings.gammas:
-        SpecConfig(method="draft", gamma=gamma, draft_confidence=settings.draft_confidence,
-                   **tree_knobs(settings))  # validates
+        for _, _, overrides in methods:
+            SpecConfig(**{**base_spec_fields(settings, gamma), **overrides})  # validates
     return methods
+
+
+def base_spec_fields(settings: BenchSettings, gamma: int) -> dict:
+    return dict(method="draft", gamma=gamma, draft_confidence=settings.draft_confidence,
+                eagle_head=settings.eagle_head, **tree_knobs(settings))
 
 
 def build_variants(settings: BenchSettings, models: BenchModels) -> list[Variant]:
     sweep = len(settings.gammas) > 1
     variants = []
-    for method in check_methods(settings):
-        for gamma in settings.gammas if method.uses_gamma else (None,):
-            spec = SpecConfig(method="draft", gamma=gamma or settings.gammas[0],
-                              draft_confidence=settings.draft_confidence, eagle_head=settings.eagle_head,
-                              **tree_knobs(settings))
-            label = f"{method.name}-g{gamma}" if sweep and gamma is not None else method.name
-            variants.append(Variant(label, method, gamma, method.build(models, spec)))
+    for text, method, overrides in check_methods(settings):
+        gammas = settings.gammas if method.uses_gamma and "gamma" not in overrides else (None,)
+        for gamma in gammas:
+            spec = SpecConfig(**{**base_spec_fields(settings, gamma or settings.gammas[0]), **overrides})
+            label = f"{text}-g{gamma}" if sweep and gamma is not None else text
+            variants.append(Variant(label, method, gamma or overrides.get("gamma"), method.build(models, spec)))
     return variants
 
 
@@ -271,7 +279,7 @@ def run_bench(settings: BenchSettings, progress: bool = True, models: BenchModel
         started = time.perf_counter()
         target = load_model(config.target, config.dtype, config.cache_dir, progress, config.backend)
         startup["target_load_s"] = time.perf_counter() - started
-        needs_draft = any(m.needs_draft for m in methods)
+        needs_draft = any(m.needs_draft for _, m, _ in methods)
         started = time.perf_counter()
         draft = (load_model(config.draft, config.dtype, config.cache_dir, progress, config.backend)
                  if needs_draft else None)
