@@ -250,3 +250,15 @@ def test_a_method_can_carry_its_own_drafter_settings(tiny_models, tiny_dirs, tmp
     with pytest.raises(SpecdraftError, match="gamma must be"):
         run_bench(BenchSettings(**{**settings.__dict__, "methods": ("draft[gamma=0]",)}), progress=False,
                   models=models)
+
+
+def test_per_label_tallies_of_labelled_drafts_reach_the_summary_and_report():
+    from specdraft.bench.report import label_section, label_tallies
+
+    records = [{"stats": {"drafted_by": {"exit 8": 3, "exit 24": 2}, "accepted_by": {"exit 8": 1, "exit 24": 2}}},
+               {"stats": {"drafted_by": {"exit 8": 1}, "accepted_by": {}}}, {"stats": None}]
+    tallies = label_tallies(records)
+    assert tallies == {"exit 8": {"drafted": 4, "accepted": 1}, "exit 24": {"drafted": 2, "accepted": 2}}
+    assert label_tallies([{"stats": {"drafted": 3}}]) is None
+    lines = label_section({"results": {"sorted": {"overall": {"by_label": tallies}}, "ar": {"overall": {}}}})
+    assert lines[2] == "- sorted: exit 8: 1/4 accepted (0.25); exit 24: 2/2 accepted (1.00)"

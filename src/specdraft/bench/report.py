@@ -58,7 +58,20 @@ def group_stats(records: list[dict], gamma: int | None) -> dict:
         "identical_to_ar": _ratio(sum(flags), len(flags)),
         "identical_turns": f"{sum(flags)}/{len(flags)}" if flags else None,
         "first_divergence": sorted(r["first_divergence"] for r in records if r.get("identical_to_ar") is False),
+        "by_label": label_tallies(records),
     }
+
+
+def label_tallies(records: list[dict]) -> dict | None:
+    """Drafted and accepted tokens per draft label (e.g. the sorted exit that drafted them), summed."""
+    drafted: dict[str, int] = defaultdict(int)
+    accepted: dict[str, int] = defaultdict(int)
+    for r in records:
+        for label, n in ((r.get("stats") or {}).get("drafted_by") or {}).items():
+            drafted[label] += n
+        for label, n in ((r.get("stats") or {}).get("accepted_by") or {}).items():
+            accepted[label] += n
+    return {label: {"drafted": n, "accepted": accepted.get(label, 0)} for label, n in drafted.items()} or None
 
 
 def summarize(records: list[dict], info: dict) -> dict:
@@ -152,10 +165,24 @@ def format_report(summary: dict, figures: list[str]) -> str:
         f"draft {_gib(mem.get('draft_kv_bytes_longest_turn'))} (2 · layers · kv heads · head dim · tokens · bytes)",
         f"- peak resident memory of the process {_gib(mem.get('peak_rss_bytes'))}", "",
     ]
+    lines += label_section(summary)
     lines += startup_section(summary.get("startup"))
     lines += divergence_section(summary)
     lines += [f"![{Path(f).stem}]({f})" for f in figures]
     return "\n".join(lines) + "\n"
+
+
+def label_section(summary: dict) -> list[str]:
+    """Per method with labelled drafts: how many tokens each label (sorted exit) drafted and had accepted."""
+    lines = []
+    for label, groups in summary["results"].items():
+        tallies = groups[OVERALL].get("by_label")
+        if not tallies:
+            continue
+        parts = [f"{name}: {t['accepted']}/{t['drafted']} accepted ({t['accepted'] / t['drafted']:.2f})"
+                 for name, t in sorted(tallies.items(), key=lambda kv: (len(kv[0]), kv[0])) if t["drafted"]]
+        lines.append(f"- {label}: " + "; ".join(parts))
+    return (["## Drafted and accepted per draft label", ""] + lines + [""]) if lines else []
 
 
 def startup_section(startup: dict | None) -> list[str]:

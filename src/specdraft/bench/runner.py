@@ -135,8 +135,10 @@ def make_record(prompt: dict, turn: int, variant: Variant, prompt_ids: list[int]
         "time_prefill_s": stats.get("time_prefill_s"), "time_draft_s": stats.get("time_draft_s"),
         "time_verify_s": stats.get("time_verify_s"), "finish_reason": stats.get("finish_reason"),
         "identical_to_ar": None, "first_divergence": None,
-        # every scalar the loop reports (backend, finish reason, timings, ...): new fields show up without a change
-        "stats": {k: v for k, v in stats.items() if isinstance(v, (str, int, float, bool))} or None,
+        # every scalar the loop reports (backend, finish reason, timings, ...; new fields show up without a change)
+        # and the per-label tallies of labelled drafts (which sorted exit drafted, and had accepted, how many)
+        "stats": {k: v for k, v in stats.items()
+                  if isinstance(v, (str, int, float, bool)) or k in ("drafted_by", "accepted_by")} or None,
         "output_ids": list(output.token_ids), "text": output.text,
     }
 

@@ -9,7 +9,7 @@ to the target; a target token outside the subset can only be rejected, never dra
 Which rows: the `size` lowest ids, which in byte-level BPE vocabularies (Qwen2, Llama 3, GPT-2) are the earliest
 merges, i.e. the most frequent pieces of the tokenizer's training text (measured on the packaged Qwen tokenizer:
 the lowest 32,768 ids cover the target's benchmark outputs as well as the 32,768 most frequent ids of our
-pinned-package corpus, 92 % both; docs/sorted.md), plus the tokenizer's special and added tokens (end of turn),
+pinned-package corpus, 92 % both; docs/s2d.md), plus the tokenizer's special and added tokens (end of turn),
 plus every token of the request's prompt (names and numbers the answer copies from it, the long tail that the
 fixed rows miss). The rows are gathered once per request.
 """

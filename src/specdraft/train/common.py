@@ -21,7 +21,8 @@ def warmup_cosine_lr(step: int, total_steps: int, lr: float, warmup_steps: int, 
     return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def write_checkpoint(folder: Path, checkpoint: dict, history: list[dict], plot_label: str, plot_ylabel: str) -> None:
+def write_checkpoint(folder: Path, checkpoint: dict, history: list[dict], plot_label: str | list[str],
+                     plot_ylabel: str) -> None:
     """checkpoint.pt, train_log.jsonl and loss.png, each replaced atomically (an interruption leaves the last
     complete checkpoint)."""
     tmp = folder / (CHECKPOINT + ".tmp")
@@ -33,9 +34,10 @@ def write_checkpoint(folder: Path, checkpoint: dict, history: list[dict], plot_l
     plot_history(history, folder / "loss.png", plot_label, plot_ylabel)
 
 
-def plot_history(history: list[dict], path: Path, label: str = "draft step {}",
+def plot_history(history: list[dict], path: Path, label: str | list[str] = "draft step {}",
                  ylabel: str = "cross-entropy to the target") -> None:
-    """Each record's "step_losses" (one curve per entry, labelled label.format(j)), as a moving mean."""
+    """Each record's "step_losses" (one curve per entry, named label[j], or label.format(j + 1) for a format
+    string), as a moving mean."""
     if not history:
         return
     import matplotlib
@@ -51,7 +53,7 @@ def plot_history(history: list[dict], path: Path, label: str = "draft step {}",
         values = [r["step_losses"][j] if j < len(r["step_losses"]) else float("nan") for r in history]
         smooth = [sum(values[max(0, i - window + 1): i + 1]) / len(values[max(0, i - window + 1): i + 1])
                   for i in range(len(values))]
-        ax.plot(steps, smooth, label=label.format(j + 1))
+        ax.plot(steps, smooth, label=label[j] if isinstance(label, list) else label.format(j + 1))
     ax.set_xlabel("training step")
     ax.set_ylabel(f"{ylabel} (moving mean of {window})")
     ax.legend()

@@ -247,7 +247,8 @@ class SortedTrainer:
     def checkpoint(self) -> None:
         ckpt = {"train_config": self._identity(), "adapters": self.adapters.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "step": self.step, "history": self.history}
-        write_checkpoint(self.folder, ckpt, self.history, "exit {}", f"{self.config.loss} loss")
+        write_checkpoint(self.folder, ckpt, self.history, [f"exit at layer {e}" for e in self.config.exits],
+                         f"{self.config.loss} loss")
 
     def run(self, stop_after: int | None = None) -> ExitAdapters:
         """Train to config.steps (or stop after `stop_after` more steps: a deliberate interruption)."""
