@@ -13,6 +13,12 @@ CHECKPOINT = "checkpoint.pt"
 LOG = "train_log.jsonl"
 
 
+def output_folder(out: str, root: Path) -> Path:
+    """A bare name goes under `root` (the cache folder of what is trained); anything with a path separator, or
+    starting with ~ or ., is a folder."""
+    return Path(out).expanduser() if ("/" in out or out.startswith(("~", "."))) else root / out
+
+
 def warmup_cosine_lr(step: int, total_steps: int, lr: float, warmup_steps: int, min_lr_ratio: float) -> float:
     """Linear warmup to `lr`, then cosine decay to `lr * min_lr_ratio` at `total_steps`."""
     if step < warmup_steps:

@@ -38,14 +38,9 @@ from ..models.eagle_head import (
     new_head,
     save_head,
 )
-from .common import CHECKPOINT, LOG, warmup_cosine_lr, write_checkpoint
+from .common import CHECKPOINT, LOG, output_folder, warmup_cosine_lr, write_checkpoint
 from .config import TrainConfig
 from .eagle_data import FeatureStore
-
-
-def head_folder(out: str) -> Path:
-    """A bare name goes under ~/.cache/specdraft/heads/; anything with a path separator is a folder."""
-    return Path(out).expanduser() if ("/" in out or out.startswith(("~", "."))) else heads_root() / out
 
 
 @dataclass
@@ -159,7 +154,7 @@ class Trainer:
         # (sequence, start, length) windows; held-out sequences are the last ones of the ranked corpus
         self.train_ids = self._windows(usable[:-n_val])
         self.val_ids = self._windows(usable[-n_val:])
-        self.folder = head_folder(config.out)
+        self.folder = output_folder(config.out, heads_root())
         self.folder.mkdir(parents=True, exist_ok=True)
         self.target = TargetTensors.load(meta["target_path"])
         self.steps = config.steps or max(1, int(config.epochs * len(self.train_ids)))

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -38,13 +37,8 @@ from ..models.exit_adapters import (
     draft_fingerprint,
     save_adapters,
 )
-from .common import CHECKPOINT, LOG, warmup_cosine_lr, write_checkpoint
+from .common import CHECKPOINT, LOG, output_folder, warmup_cosine_lr, write_checkpoint
 from .config import SortedTrainConfig
-
-
-def run_folder(out: str) -> Path:
-    """A bare name goes under ~/.cache/specdraft/sorted/; anything with a path separator is a folder."""
-    return Path(out).expanduser() if ("/" in out or out.startswith(("~", "."))) else adapters_root() / out
 
 
 class WindowStream:
@@ -92,7 +86,7 @@ class SortedTrainer:
 
         self.config = config
         self.progress = progress
-        self.folder = run_folder(config.out)
+        self.folder = output_folder(config.out, adapters_root())
         self.folder.mkdir(parents=True, exist_ok=True)
         self.draft = load_model(config.draft, "float32", progress=progress, backend="native")
         native = self.draft.native
