@@ -156,8 +156,9 @@ class SortedDrafter:
         self.state = LayeredState(self.native)
         self.adapters = adapters
         # per exit: the norm weight [D] float32 its row is normalised with (the final norm's, or its own)
-        self.exit_norms = [native.final_norm if adapters is None else
-                           adapters.norm[adapters.exit_index(e)].detach().float().contiguous() for e in self.exits]
+        self.adapter_rows = [None if adapters is None else adapters.exit_index(e) for e in self.exits]
+        self.exit_norms = [native.final_norm if row is None else adapters.norm[row].detach().float().contiguous()
+                           for row in self.adapter_rows]
         self.vocab = DraftVocab.for_model(native.lm_head, draft.tokenizer, draft_vocab) if draft_vocab else None
 
     @classmethod
@@ -222,7 +223,7 @@ class SortedDrafter:
         normed = native.ops.rms_norm(self.state.last_residual().contiguous(), self.exit_norms[exit_index],
                                      native.eps)  # [1, D]
         if self.adapters is not None:
-            normed = self.adapters.adapt_normed(normed, self.adapters.exit_index(self.exits[exit_index]))
+            normed = self.adapters.adapt_normed(normed, self.adapter_rows[exit_index])
         head = native.lm_head if self.vocab is None else self.vocab.weight
         return native._linear(normed.contiguous(), head, None)
 
