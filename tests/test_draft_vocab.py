@@ -242,6 +242,22 @@ def test_resumed_training_reaches_the_same_adapters(chat_draft, tmp_path):
         SortedTrainer(replace(sorted_config(chat_draft, tmp_path / "straight", 9), rank=5), progress=False)
 
 
+def test_fine_tuning_starts_from_the_given_adapters(chat_draft, tmp_path):
+    from specdraft.train.sorted_train import SortedTrainer
+
+    first = SortedTrainer(sorted_config(chat_draft, tmp_path / "first", 4), progress=False)
+    first.run()
+    tuned = SortedTrainer(replace(sorted_config(chat_draft, tmp_path / "tuned", 4), init=str(tmp_path / "first")),
+                          progress=False)
+    for name, tensor in first.adapters.state_dict().items():
+        assert torch.equal(tensor, tuned.adapters.state_dict()[name]), name
+    fresh = SortedTrainer(sorted_config(chat_draft, tmp_path / "fresh", 4), progress=False)
+    assert not torch.equal(fresh.adapters.up, first.adapters.up)  # the comparison above can fail
+    with pytest.raises(SpecdraftError, match="rank 4, this run 5"):
+        SortedTrainer(replace(sorted_config(chat_draft, tmp_path / "r5", 4), rank=5, init=str(tmp_path / "first")),
+                      progress=False)
+
+
 def test_train_sorted_command_then_generate_with_the_result(chat_draft, tmp_path, capsys):
     from specdraft.cli import main
 

@@ -119,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
             from .bench.runner import cmd_bench
 
             return cmd_bench(args, sys.argv[1:] if argv is None else argv)
+        if args.command == "train" and args.train_command == "chats":
+            from .train.chats import cmd_train_chats
+
+            return cmd_train_chats(args)
         if args.command == "train" and args.train_command == "sorted":
             from .train.sorted_train import cmd_train_sorted
 

@@ -60,6 +60,8 @@ class SortedTrainConfig:
     validate_against: tuple[str, ...] = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
     seed: int = 0
     max_len: int = 512  # tokens per corpus document (longer ones are cut), then split into windows
+    corpus: str = "packages"  # packages, chats:NAME (train/chats.py), or both joined by +
+    init: str | None = None  # start from these adapters (name or folder; e.g. the shipped ones) instead of identity
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:

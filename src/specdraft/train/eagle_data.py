@@ -98,6 +98,7 @@ class CollectConfig:
     dtype: str = "auto"  # target weights while collecting: auto = bf16 on the native backend, as at inference
     backend: str = "auto"
     threads: int | None = None
+    corpus: str = "packages"  # packages, chats:NAME (train/chats.py), or both joined by +
 
 
 def default_layers(n_layers: int) -> tuple[int, int, int]:
@@ -159,11 +160,12 @@ def collect(config: CollectConfig, progress: bool = True) -> Path:
             "vocab_size": target.vocab_size, "n_layers": target.n_layers, "layers": list(layers),
             "vocab_hash": vocab_hash(target.tokenizer), "max_len": config.max_len,
             "collect_dtype": str(target.dtype).removeprefix("torch."), "backend": target.backend,
-            "sources": "data/eagle/SOURCES.md", "packages": list(PINNED_PACKAGES)}
+            "sources": "data/eagle/SOURCES.md", "packages": list(PINNED_PACKAGES), "corpus": config.corpus}
     meta_path = out / "meta.json"
     if meta_path.is_file():
         old = json.loads(meta_path.read_text())
-        for key in ("target", "hidden_size", "layers", "vocab_hash", "max_len"):
+        old.setdefault("corpus", "packages")  # folders collected before the corpus was a choice
+        for key in ("target", "hidden_size", "layers", "vocab_hash", "max_len", "corpus"):
             if old.get(key) != meta[key]:
                 raise SpecdraftError(f"{out} holds features collected with another {key} ({old.get(key)!r}); "
                                      f"choose another folder")
@@ -179,7 +181,9 @@ def collect(config: CollectConfig, progress: bool = True) -> Path:
         path.touch()
         with open(path, "r+b") as f:
             f.truncate(n_done * size)
-    docs = candidate_docs()
+    from .chats import corpus_docs
+
+    docs = corpus_docs(config.corpus)
     bar = tqdm(total=config.tokens, initial=min(n_done, config.tokens), unit="tok", disable=not progress,
                desc="collect", smoothing=0.05)
     started, collected_now = time.time(), 0

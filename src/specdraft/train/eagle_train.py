@@ -311,9 +311,12 @@ def cmd_train(args) -> int:
         print(export_eagle3(load_head(args.head, target), args.out))
         return 0
     set_threads(args.threads)
-    data = args.data or str(Path("~/.cache/specdraft/eagle-data").expanduser() / Path(args.target).name)
+    folder = Path(args.target).name
+    if args.corpus != "packages":  # one feature folder per corpus
+        folder += "-" + args.corpus.replace(":", "-").replace("+", "_").replace("/", "_")
+    data = args.data or str(Path("~/.cache/specdraft/eagle-data").expanduser() / folder)
     collect(CollectConfig(target=args.target, out=data, tokens=args.tokens, max_len=args.max_len,
-                          dtype=args.collect_dtype, threads=args.threads))
+                          dtype=args.collect_dtype, threads=args.threads, corpus=args.corpus))
     config = TrainConfig(data=data, out=args.out, steps=args.steps, epochs=args.epochs, ttt_steps=args.ttt_steps,
                          window=args.window, draft_vocab=args.draft_vocab, intermediate_size=args.intermediate_size,
                          lr=args.lr, checkpoint_every=args.checkpoint_every, seed=args.seed)

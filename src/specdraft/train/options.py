@@ -19,6 +19,8 @@ def add_train_arguments(parser) -> None:
     eagle.add_argument("--tokens", type=int, default=60_000, help="tokens of training text to collect "
                        "(default sized with --epochs 1.5 to about 2 h on this 2-core AVX2 machine: docs/eagle.md)")
     eagle.add_argument("--max-len", type=int, default=512, help="tokens per collected sequence")
+    eagle.add_argument("--corpus", default="packages", help="training text: packages (the pinned packages' "
+                       "modules and descriptions), chats:NAME (made by `specdraft train chats`), or both joined by +")
     eagle.add_argument("--collect-dtype", default="auto", help="target weights while collecting (auto: bf16 on "
                        "the native backend, the taps the head sees at inference; float32 prefills as fast here "
                        "with twice the memory: docs/eagle.md)")
@@ -34,6 +36,7 @@ def add_train_arguments(parser) -> None:
     eagle.add_argument("--threads", type=int, default=None)
     eagle.add_argument("--export", default=None, help="also write the EAGLE-3 layout (vLLM, SGLang) here")
     add_sorted_arguments(sub)
+    add_chats_arguments(sub)
     export = sub.add_parser("eagle-export", help="write a trained head in the EAGLE-3 layout vLLM and SGLang load")
     export.add_argument("head", help="head name or folder")
     export.add_argument("out", help="output folder")
@@ -53,6 +56,10 @@ def add_sorted_arguments(sub) -> None:
     p.add_argument("--draft-vocab", type=int, default=d.draft_vocab, help="LM-head rows the exits score")
     p.add_argument("--loss", default=d.loss, help="text (next-token cross-entropy), self (toward the draft's own "
                    "last layer) or both")
+    p.add_argument("--corpus", default=d.corpus, help="training text: packages, chats:NAME (made by "
+                   "`specdraft train chats`), or both joined by +")
+    p.add_argument("--init", default=None, help="start from trained adapters (a name, e.g. the shipped "
+                   "qwen2.5-coder-0.5b-instruct-sorted, or a folder) and fine-tune them on --corpus")
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--window", type=int, default=d.window, help="tokens per window")
     p.add_argument("--windows-per-step", type=int, default=d.windows_per_step)
@@ -61,4 +68,22 @@ def add_sorted_arguments(sub) -> None:
     p.add_argument("--validate-against", default=",".join(d.validate_against),
                    help="models whose greedy tokens the held-out agreement is measured against (comma list)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)
+
+
+def add_chats_arguments(sub) -> None:
+    from .chats import ChatsConfig
+
+    d = ChatsConfig(out="")
+    p = sub.add_parser("chats", help="chat-style training text: prompts built from the pinned packages, answered "
+                       "by a model (resumes; saved to ~/.cache/specdraft/chats/NAME); train on it with "
+                       "--corpus chats:NAME")
+    p.add_argument("--out", required=True, help="name (saved in ~/.cache/specdraft/chats/NAME) or folder")
+    p.add_argument("--model", default=d.model, help="the model that answers (a small one of the served family)")
+    p.add_argument("--tokens", type=int, default=d.tokens, help="stop once the answers hold this many tokens")
+    p.add_argument("--per-kind", type=int, default=d.per_kind, help="prompts built per kind")
+    p.add_argument("--batch", type=int, default=d.batch, help="prompts decoded together")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--temperature", type=float, default=d.temperature)
+    p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--threads", type=int, default=None)

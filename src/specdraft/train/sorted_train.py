@@ -45,10 +45,10 @@ class WindowStream:
     """Windows of `window` tokens cut from the ranked corpus, in order, produced as far as asked (so resuming
     at step s re-tokenizes the same documents and gets the same windows)."""
 
-    def __init__(self, tokenizer, window: int, max_len: int, held_out_docs: int):
-        from .eagle_data import candidate_docs
+    def __init__(self, tokenizer, window: int, max_len: int, held_out_docs: int, corpus: str = "packages"):
+        from .chats import corpus_docs
 
-        docs = candidate_docs()
+        docs = corpus_docs(corpus)
         if len(docs) <= held_out_docs:
             raise SpecdraftError(f"the corpus has {len(docs)} documents; need more than {held_out_docs}")
         self.train_docs, self.val_docs = docs[:-held_out_docs], docs[-held_out_docs:]
@@ -99,7 +99,8 @@ class SortedTrainer:
         self.head_rows = native.lm_head[self.vocab_ids].float()  # [V_draft, D], frozen
         self.to_draft = torch.full((native.lm_head.shape[0],), -100, dtype=torch.long)  # target id -> row
         self.to_draft[self.vocab_ids] = torch.arange(self.vocab_ids.shape[0])
-        self.stream = WindowStream(self.draft.tokenizer, config.window, config.max_len, held_out_docs=40)
+        self.stream = WindowStream(self.draft.tokenizer, config.window, config.max_len, held_out_docs=40,
+                                   corpus=config.corpus)
         self.val_windows = self.stream.validation(config.validation_windows)
         self.teacher_depth = n_layers if config.loss in ("self", "both") else config.exits[-1]
         ckpt_path = self.folder / CHECKPOINT
@@ -120,7 +121,24 @@ class SortedTrainer:
             self.adapters.load_state_dict(ckpt["adapters"])
             self.optimizer.load_state_dict(ckpt["optimizer"])
             self.step, self.history = ckpt["step"], ckpt["history"]
+        elif config.init:
+            self._start_from(config.init)
         self.reference_argmax = self._reference_argmax()
+
+    def _start_from(self, name_or_path: str) -> None:
+        """Fine-tuning: copy trained adapters of the same shape (and the same draft: the fingerprint is checked)."""
+        from ..models.exit_adapters import load_adapters
+
+        start = load_adapters(name_or_path, self.native.final_norm, self.native.lm_head)
+        mine, theirs = self.adapters.config, start.config
+        for name in ("exits", "rank", "draft_vocab"):
+            this_run, given = getattr(mine, name), getattr(theirs, name)
+            if name == "exits":
+                this_run, given = tuple(this_run), tuple(given)
+            if this_run != given:
+                raise SpecdraftError(f"--init {name_or_path!r} has {name} {given}, this run {this_run}; pass the "
+                                     f"same --{name.replace('_', '-')}")
+        self.adapters.load_state_dict(start.state_dict())
 
     def _identity(self) -> dict:
         d = asdict(self.config)
@@ -288,7 +306,8 @@ def cmd_train_sorted(args) -> int:
     config = SortedTrainConfig(out=args.out, draft=args.draft, exits=parse_int_list(args.exits, "--exits"),
                                rank=args.rank, draft_vocab=args.draft_vocab, loss=args.loss, steps=args.steps,
                                window=args.window, windows_per_step=args.windows_per_step, lr=args.lr,
-                               checkpoint_every=args.checkpoint_every, seed=args.seed,
+                               checkpoint_every=args.checkpoint_every, seed=args.seed, corpus=args.corpus,
+                               init=args.init,
                                validate_against=tuple(n for n in args.validate_against.split(",") if n))
     trainer = SortedTrainer(config)
     trainer.run()

@@ -1,0 +1,437 @@
+"""Chat-style training text: prompts built from the pinned packages, answered by a model of the family.
+
+Why: drafters trained on the raw package corpus (modules and descriptions) meet a different text at inference,
+the answers of a chat model to user prompts. The early exits of the sorted draft agreed with the 1.5B target on
+32-38 % of held-out package text but were accepted on 8-14 % of the benchmark's chat answers (docs/s2d.md).
+EAGLE and Medusa train on the served model's own answers for the same reason. This module builds that text
+without the benchmark's sources:
+
+  prompts   one per (kind, source), from the pinned packages' modules, docstrings and descriptions, and from
+            our own generators (arithmetic, word problems, conversation openers); kinds mirror the benchmark's
+            categories: chat (two turns), translate (English -> German, then that German back into English),
+            summarize, qa, rag, math, code, explain;
+  answers   sampled from a model (default the packaged 0.5B draft, `temperature` 0.7), many prompts decoded as
+            one left-padded batch (`sample_batch`): on this CPU a 32-row step of the 0.5B costs about 3x a
+            one-row step, so a batch writes about 10x the tokens per second.
+
+On disk (`~/.cache/specdraft/chats/NAME/chats.jsonl`, or a folder): one line per conversation,
+{"id", "kind", "source", "model", "temperature", "messages": [[role, text], ...], "finish", "answer_tokens"},
+appended batch by batch, so an interrupted run resumes where it stopped. `chat_docs` turns the file into the
+`TextDoc`s both trainers read (`--corpus chats:NAME`).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import random
+import re
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import SpecdraftError
+from .eagle_data import TextDoc, candidate_docs
+
+KINDS = ("chat", "translate", "summarize", "qa", "rag", "math", "code", "explain")
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    id: str
+    kind: str
+    source: str  # where the prompt's text comes from ("torch==2.13.0:torch/nn/...", "generator:math")
+    user: str
+    # a second user turn, "{answer}" standing for the first answer; `restart` drops the first exchange
+    followup: str | None = None
+    restart: bool = False
+
+
+# ----------------------------------------------------------------------------------------------- prompt builders
+
+_TOPICS = ("football", "jazz", "the moon landing", "coffee", "volcanoes", "chess", "the Roman empire", "bees",
+           "electric cars", "the Olympic games", "sourdough bread", "deep sea fish", "Shakespeare", "rainforests",
+           "video games", "the stock market", "photography", "marathon running", "tea ceremonies", "glaciers",
+           "space telescopes", "board games", "classical music", "dinosaurs", "cooking pasta", "cats", "dogs",
+           "solar energy", "ancient Egypt", "surfing", "comic books", "the internet", "mountain climbing",
+           "birds migrating", "robots", "pizza", "the ocean tides", "basketball", "movies from the 1980s",
+           "learning languages", "gardening", "hip hop", "trains", "honey", "the northern lights", "tennis")
+_OPENERS = ("Hi! I just read an article about {t}. Do you know much about it?",
+            "Hey, what do you think about {t}?",
+            "Hello! I've been getting into {t} lately. Any fun facts?",
+            "Did you know anything interesting about {t}? I'm curious.",
+            "Hi there, how are you? I was thinking about {t} today.",
+            "Do you like {t}? I can't decide whether I do.",
+            "Good morning! My friend keeps talking about {t}. Can you tell me why people like it?")
+_FOLLOWUPS = ("That's interesting! What else can you tell me about it?", "Why do you think that is?",
+              "I didn't know that. How did it start?", "Cool. What would you recommend to a beginner?",
+              "Really? Can you give me an example?", "Thanks! Is there anything surprising about it?")
+_QA = ("What is the Python package {pkg} used for?", "Who would use {pkg}, and for what kind of work?",
+       "In the Python package {pkg}, what does `{name}` do?", "What is the difference between {pkg} and "
+       "other libraries that do similar things?", "How do I get started with {pkg}?")
+_RAG = ("What does `{name}` return?", "What is `{name}` used for?", "Which arguments does `{name}` take?",
+        "What happens when `{name}` is called?")
+
+
+def _paragraphs(text: str, low: int, high: int) -> list[str]:
+    out = []
+    for para in re.split(r"\n\s*\n", text):
+        para = para.strip()
+        if low <= len(para) <= high and not para.startswith((">>>", "..", "|", "#", "-", "*", "=", ":")):
+            out.append(para)
+    return out
+
+
+def _sentences(text: str) -> list[str]:
+    flat = " ".join(text.split())
+    return [s for s in re.split(r"(?<=[.!?])\s+", flat) if 40 <= len(s) <= 220 and re.fullmatch(r"[A-Za-z0-9 ,.;:'()!?-]+", s)]
+
+
+def _functions(source_text: str) -> tuple[str, list[tuple[str, str, str, str]]]:
+    """The module's docstring, and (name, signature, docstring, source) of its public, documented functions."""
+    try:
+        tree = ast.parse(source_text)
+    except (SyntaxError, ValueError, RecursionError):
+        return "", []
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):
+            continue
+        docstring = ast.get_docstring(node) or ""
+        if len(docstring) < 60:
+            continue
+        segment = textwrap.dedent(" " * node.col_offset + (ast.get_source_segment(source_text, node) or ""))
+        args = [a.arg for a in node.args.args if a.arg not in ("self", "cls")]
+        out.append((node.name, f"{node.name}({', '.join(args)})", docstring, segment))
+    return ast.get_docstring(tree) or "", out
+
+
+def _math_prompt(rng: random.Random) -> str:
+    if rng.random() < 0.4:
+        def term() -> str:
+            a, b = rng.randint(-20, 40), rng.randint(-20, 40)
+            return f"({a} {rng.choice('+-*')} {b})"
+        expression = f"({term()} {rng.choice('+-*')} {term()})"
+        if rng.random() < 0.5:
+            expression = f"{expression} {rng.choice('+-')} {term()}"
+        return f"Calculate {expression}. Show your steps."
+    a, b, c = rng.randint(3, 90), rng.randint(2, 30), rng.randint(2, 12)
+    problems = (
+        f"A shop sells pencils at {b} cents each. Anna buys {a} pencils and pays with a {c * 10} dollar note. "
+        f"How much change does she get?",
+        f"A train travels {a * 10} km in {c} hours. At the same speed, how far does it travel in {b} hours?",
+        f"The perimeter of a rectangle is {2 * (a + b)} m and its width is {b} m. What is its area?",
+        f"A tank holds {a * 100} litres. It loses {b} litres per minute. After how many minutes is it "
+        f"{c * 10} % empty?",
+        f"{a} workers build a wall in {c} days. How many days would {a + b} workers need at the same pace?",
+        f"A price of {a * 5} dollars rises by {b} % and then falls by {c} %. What is the final price?",
+        f"What is the sum of all whole numbers from {b} to {a + b}?",
+        f"The average of {c} numbers is {a}. One number, {b}, is removed. What is the average of the rest?",
+    )
+    return "Solve this math word problem step by step.\n\n" + rng.choice(problems)
+
+
+def build_prompts(per_kind: int, seed: int = 0) -> list[ChatPrompt]:
+    """Up to `per_kind` prompts of every kind, in a deterministic order that interleaves the kinds."""
+    rng = random.Random(seed)
+    by_kind: dict[str, list[ChatPrompt]] = {kind: [] for kind in KINDS}
+
+    def add(kind: str, source: str, user: str, followup: str | None = None, restart: bool = False) -> None:
+        if len(by_kind[kind]) < per_kind:
+            key = hashlib.sha256(f"{kind}:{source}:{user}".encode()).hexdigest()[:16]
+            by_kind[kind].append(ChatPrompt(f"{kind}-{key}", kind, source, user, followup, restart))
+
+    for i in range(per_kind):
+        topic, opener = rng.choice(_TOPICS), rng.choice(_OPENERS)
+        add("chat", "generator:chat", opener.format(t=topic), rng.choice(_FOLLOWUPS))
+        add("math", "generator:math", _math_prompt(rng))
+
+    for doc in candidate_docs():
+        if all(len(v) >= per_kind for v in by_kind.values()):
+            break
+        pin = doc.source.split(":", 1)[0]
+        package = pin.split("==", 1)[0]
+        text = doc.messages[-1][1]
+        if doc.source.endswith(":METADATA"):
+            for para in _paragraphs(text, 300, 1500)[:1]:
+                add("summarize", doc.source, f"Summarize the following text in one sentence.\n\n{para}")
+            add("qa", doc.source, rng.choice(_QA[:2] + _QA[3:]).format(pkg=package))
+            continue
+        module_doc, functions = _functions(text)
+        for para in _paragraphs(module_doc, 300, 1500)[:1]:
+            add("summarize", doc.source, f"Summarize the following text in one sentence.\n\n{para}")
+        if not functions:
+            continue
+        name, signature, docstring, segment = rng.choice(functions)
+        first = _paragraphs(docstring, 40, 600)
+        if first:
+            add("code", doc.source, f"Write a Python function `{signature}` that does the following.\n\n{first[0]}")
+        if 200 <= len(segment) <= 1500:
+            add("explain", doc.source, f"Explain what the following Python function does.\n\n```python\n{segment}\n```")
+        if 200 <= len(docstring) <= 1500:
+            add("rag", doc.source, f"Answer the question using the passage below.\n\nPassage: {docstring}\n\n"
+                f"Question: {rng.choice(_RAG).format(name=name)}")
+        add("qa", doc.source, _QA[2].format(pkg=package, name=name))
+        sentences = _sentences(docstring)
+        if sentences:
+            add("translate", doc.source, f"Translate the following English text into German.\n\n{sentences[0]}",
+                "Translate the following German text into English.\n\n{answer}", restart=True)
+        for para in _paragraphs(docstring, 300, 1500)[:1]:
+            add("summarize", doc.source, f"Summarize the following text in one sentence.\n\n{para}")
+
+    # interleave: the i-th prompt of every kind, then the (i+1)-th, so any prefix of the list is balanced
+    ordered = []
+    for i in range(per_kind):
+        ordered.extend(by_kind[kind][i] for kind in KINDS if i < len(by_kind[kind]))
+    return ordered
+
+
+# ------------------------------------------------------------------------------------------- batched sampling
+
+
+def sample_batch(loaded, prompts: list[list[int]], temperature: float, max_new_tokens: int,
+                 generators: list[torch.Generator]) -> list[tuple[list[int], str]]:
+    """Sample one answer per prompt, all prompts as one left-padded batch through the transformers forward.
+
+    Returns (answer ids without EOS, finish reason "stop" | "length") per prompt. Rows leave the batch when
+    they finish. Padding is masked out and each row's positions count its own tokens only, so a row decodes
+    as it would alone (up to the last bits of a batched matmul).
+    """
+    import contextlib
+
+    from transformers import DynamicCache
+
+    from ..config import SamplingParams
+    from ..models.fastpath import WeightMajorLinear
+    from ..sampling import processed_probs, sample
+
+    if not prompts:
+        return []
+    eos = loaded.eos_token_ids
+    params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
+    pad = next(iter(eos))
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])  # [rows, width]
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])  # [rows, width]
+    cache = DynamicCache(config=loaded.model.config)
+
+    def forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]  # [rows, n]
+        few_rows = loaded.weight_major and ids.numel() <= WeightMajorLinear.MAX_ROWS
+        with WeightMajorLinear() if few_rows else contextlib.nullcontext():
+            out = loaded.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                               use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].float()  # [rows, V]
+
+    answers: list[list[int]] = [[] for _ in prompts]
+    reasons: list[str | None] = [None] * len(prompts)
+    active = list(range(len(prompts)))  # prompt index of each batch row
+    with torch.inference_mode():
+        probs = processed_probs(forward(input_ids, mask), params)  # [rows, V]
+        while True:
+            still = []
+            for row, i in enumerate(active):
+                token = int(sample(probs[row: row + 1], generators[i]))
+                if token in eos:
+                    reasons[i] = "stop"
+                else:
+                    answers[i].append(token)
+                    if len(answers[i]) >= max_new_tokens:
+                        reasons[i] = "length"
+                if reasons[i] is None:
+                    still.append(row)
+            if not still:
+                break
+            if len(still) < len(active):
+                keep = torch.tensor(still)
+                cache.batch_select_indices(keep)
+                mask = mask[keep]
+            active = [active[row] for row in still]
+            mask = torch.cat([mask, torch.ones(len(active), 1, dtype=mask.dtype)], dim=1)
+            step_ids = torch.tensor([[answers[i][-1]] for i in active])  # [rows, 1]
+            probs = processed_probs(forward(step_ids, mask), params)
+    return [(answers[i], reasons[i] or "length") for i in range(len(prompts))]
+
+
+# ------------------------------------------------------------------------------------------------- generation
+
+
+@dataclass
+class ChatsConfig:
+    out: str  # a name (saved under ~/.cache/specdraft/chats/NAME) or a folder
+    model: str = "qwen2.5-coder-0.5b-instruct"
+    tokens: int = 100_000  # stop once the answers hold this many tokens
+    per_kind: int = 150  # prompts built per kind (the run stops at `tokens` first, normally)
+    batch: int = 32  # prompts decoded together
+    max_new_tokens: int = 256
+    temperature: float = 0.7
+    seed: int = 0
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tokens", "per_kind", "batch", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise SpecdraftError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if not self.temperature > 0:
+            raise SpecdraftError("--temperature must be > 0: the corpus is sampled")
+
+
+def chats_root() -> Path:
+    return Path.home() / ".cache" / "specdraft" / "chats"
+
+
+def chats_file(name_or_folder: str) -> Path:
+    """`NAME` -> ~/.cache/specdraft/chats/NAME/chats.jsonl; a folder or a .jsonl path is taken as it is."""
+    path = Path(name_or_folder).expanduser()
+    if path.suffix == ".jsonl":
+        return path
+    if "/" in name_or_folder or path.is_dir():
+        return path / "chats.jsonl"
+    return chats_root() / name_or_folder / "chats.jsonl"
+
+
+def _read(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line cut by a killed run: everything before it is whole
+    return records
+
+
+def _seeded(seed: int, key: str) -> torch.Generator:
+    return torch.Generator().manual_seed(int(hashlib.sha256(f"{seed}:{key}".encode()).hexdigest()[:15], 16))
+
+
+def generate(config: ChatsConfig, progress: bool = True) -> Path:
+    """Answer prompts batch by batch until the answers hold `config.tokens` tokens; resumes a partial file."""
+    from tqdm import tqdm
+
+    from ..models.adapter import load_model, set_threads
+
+    path = chats_file(config.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = _read(path)
+    with open(path, "w") as f:  # rewrite without a cut last line, if any
+        f.writelines(json.dumps(r) + "\n" for r in done)
+    settings = {"model": config.model, "temperature": config.temperature, "seed": config.seed}
+    for r in done[:1]:
+        if {k: r.get(k) for k in settings} != settings:
+            raise SpecdraftError(f"{path} holds chats from other settings ({ {k: r.get(k) for k in settings} }); "
+                                 f"choose another --out")
+    done_ids = {r["id"].split("/")[0] for r in done}
+    total = sum(r["answer_tokens"] for r in done)
+    todo = [p for p in build_prompts(config.per_kind, config.seed) if p.id not in done_ids]
+    set_threads(config.threads)
+    # the batched forward is the transformers one: float32 here (bf16 matmuls are emulated on AVX2)
+    loaded = load_model(config.model, "float32", progress=progress, backend="transformers")
+    tokenizer = loaded.tokenizer
+
+    def encode(messages: list[tuple[str, str]]) -> list[int]:
+        ids = tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in messages],
+                                            add_generation_prompt=True, tokenize=True, return_dict=False)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def answer(conversations: list[list[tuple[str, str]]], keys: list[str]) -> list[tuple[list[int], str]]:
+        return sample_batch(loaded, [encode(c) for c in conversations], config.temperature, config.max_new_tokens,
+                            [_seeded(config.seed, k) for k in keys])
+
+    bar = tqdm(total=config.tokens, initial=min(total, config.tokens), unit="tok", desc="chats",
+               disable=not progress, smoothing=0.1)
+    started, written_now = time.time(), 0
+    with open(path, "a") as f:
+        for start in range(0, len(todo), config.batch):
+            if total >= config.tokens:
+                break
+            batch = todo[start: start + config.batch]
+            first = [[("user", p.user)] for p in batch]
+            results = answer(first, [p.id for p in batch])
+            records = []
+            second, second_of = [], []
+            for p, conversation, (ids, reason) in zip(batch, first, results):
+                text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+                conversation = conversation + [("assistant", text)]
+                records.append((p, conversation, reason, len(ids), p.id))
+                if p.followup and reason == "stop" and text:
+                    turn = ("user", p.followup.format(answer=text))
+                    second.append([turn] if p.restart else conversation + [turn])
+                    second_of.append(p)
+            for p, conversation, (ids, reason) in zip(second_of, second, answer(second, [p.id + "/2" for p in second_of])):
+                text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+                records.append((p, conversation + [("assistant", text)], reason, len(ids), p.id + "/2"))
+            for p, conversation, reason, n_tokens, key in records:
+                f.write(json.dumps({"id": key, "kind": p.kind, "source": p.source, **settings,
+                                    "messages": [list(m) for m in conversation], "finish": reason,
+                                    "answer_tokens": n_tokens}) + "\n")
+                total += n_tokens
+                written_now += n_tokens
+                bar.update(n_tokens)
+            f.flush()
+            bar.set_postfix(tok_s=f"{written_now / max(time.time() - started, 1e-9):.1f}")
+    bar.close()
+    if total < config.tokens:
+        print(f"chats: the prompts ran out at {total} answer tokens; raise --per-kind for more")
+    return path
+
+
+# -------------------------------------------------------------------------------------------------- as a corpus
+
+
+def chat_docs(name_or_folder: str) -> list[TextDoc]:
+    """The conversations of a chats file as training documents, ranked by SHA-256 of their id."""
+    path = chats_file(name_or_folder)
+    records = _read(path)
+    if not records:
+        raise SpecdraftError(f"no chats at {path}; make them with `specdraft train chats --out NAME`")
+    docs = [TextDoc(f"chats:{r['model']}:{r['id']}", tuple((role, text) for role, text in r["messages"]))
+            for r in records if r["messages"][-1][1]]
+    docs.sort(key=lambda d: hashlib.sha256(d.source.encode()).hexdigest())
+    return docs
+
+
+def corpus_docs(spec: str) -> list[TextDoc]:
+    """`packages` (the pinned-package corpus), `chats:NAME` (a chats file), or several joined by `+`;
+    several are interleaved document by document, so any prefix holds all of them in proportion."""
+    parts = [p.strip() for p in spec.split("+") if p.strip()]
+    if not parts:
+        raise SpecdraftError("--corpus is empty; use packages, chats:NAME or both joined by +")
+    lists = []
+    for part in parts:
+        if part == "packages":
+            lists.append(candidate_docs())
+        elif part.startswith("chats:") and part[6:]:
+            lists.append(chat_docs(part[6:]))
+        else:
+            raise SpecdraftError(f"unknown corpus {part!r}; use packages, chats:NAME or both joined by +")
+    if len(lists) == 1:
+        return lists[0]
+    merged, cursors = [], [0] * len(lists)
+    longest = max(len(docs) for docs in lists)
+    # take from each list in proportion to its length, so the shorter one is spread over the whole run
+    for step in range(longest):
+        for i, docs in enumerate(lists):
+            target = (step + 1) * len(docs) // longest
+            merged.extend(docs[cursors[i]: target])
+            cursors[i] = target
+    return merged
+
+
+def cmd_train_chats(args) -> int:
+    config = ChatsConfig(out=args.out, model=args.model, tokens=args.tokens, per_kind=args.per_kind,
+                         batch=args.batch, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                         seed=args.seed, threads=args.threads)
+    path = generate(config)
+    records = _read(path)
+    kinds: dict[str, int] = {}
+    for r in records:
+        kinds[r["kind"]] = kinds.get(r["kind"], 0) + r["answer_tokens"]
+    print(f"{len(records)} conversations, {sum(kinds.values())} answer tokens in {path}")
+    print("answer tokens per kind: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+    return 0

@@ -1,0 +1,139 @@
+"""Chat-style training text (train/chats.py): prompts, the batched sampler, the resumable file, the corpus."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specdraft.errors import SpecdraftError
+from tiny import build_model
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    """A tiny model with a trivial chat template, on the transformers backend (the sampler's forward)."""
+    from specdraft import load_model
+
+    path = build_model(tmp_path_factory.mktemp("chats") / "m", seed=31, chars="abcdefghijklmnopqrstuvwxyz .?",
+                       init_range=0.5)
+    config_path = path / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = ("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}.{% endfor %}"
+                               "{% if add_generation_prompt %}a:{% endif %}")
+    config_path.write_text(json.dumps(config))
+    return load_model(str(path), dtype="float32", backend="transformers")
+
+
+def _encode(model, text: str) -> list[int]:
+    return model.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _gens(n: int, base: int = 7) -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(base + i) for i in range(n)]
+
+
+def test_a_padded_batch_samples_what_each_prompt_samples_alone(chat_model):
+    from specdraft.train.chats import sample_batch
+
+    prompts = [_encode(chat_model, t) for t in ("hello there", "a much longer prompt than the others", "hi")]
+    batched = sample_batch(chat_model, prompts, 1.0, 12, _gens(3))
+    alone = [sample_batch(chat_model, [p], 1.0, 12, _gens(1, 7 + i))[0] for i, p in enumerate(prompts)]
+    assert batched == alone
+    assert {reason for _, reason in batched} <= {"stop", "length"}
+    assert all(len(ids) <= 12 for ids, _ in batched)
+    # negative control: the same pad tokens, seen as text instead of masked, change what the short prompt samples
+    pad = next(iter(chat_model.eos_token_ids))
+    width = len(prompts[1])
+    unmasked = [sample_batch(chat_model, [[pad] * (width - len(p)) + p], 1.0, 12, _gens(1, 7 + i))[0]
+                for i, p in enumerate(prompts) if len(p) < width]
+    assert unmasked != [a for a, p in zip(alone, prompts) if len(p) < width]
+
+
+def _fake_prompts(per_kind: int, seed: int = 0):
+    from specdraft.train.chats import ChatPrompt
+
+    prompts = []
+    for i in range(per_kind):
+        prompts.append(ChatPrompt(f"chat-{i}", "chat", "generator:chat", f"hi number {i}?", "why?"))
+        prompts.append(ChatPrompt(f"translate-{i}", "translate", "test", f"say {i} in german.",
+                                  "say in english. {answer}", restart=True))
+        prompts.append(ChatPrompt(f"math-{i}", "math", "generator:math", f"what is {i} plus {i}?"))
+    return prompts
+
+
+def test_generate_writes_conversations_resumes_and_refuses_other_settings(chat_model, tmp_path, monkeypatch):
+    from specdraft.train import chats
+
+    monkeypatch.setattr(chats, "build_prompts", _fake_prompts)
+    monkeypatch.setattr("specdraft.models.adapter.load_model", lambda *a, **k: chat_model)
+    config = chats.ChatsConfig(out=str(tmp_path / "c"), model="tiny", tokens=30, per_kind=6, batch=3,
+                               max_new_tokens=10, temperature=1.0)
+    path = chats.generate(config, progress=False)
+    first = [json.loads(line) for line in path.read_text().splitlines()]
+    assert sum(r["answer_tokens"] for r in first) >= 30
+    by_id = {r["id"]: r for r in first}
+    for r in first:
+        roles = [role for role, _ in r["messages"]]
+        assert roles[-1] == "assistant" and roles[0] == "user"
+        if r["id"].endswith("/2"):
+            parent = by_id[r["id"][:-2]]
+            if r["kind"] == "translate":  # a restart: the German answer is the new prompt, alone
+                assert len(r["messages"]) == 2 and parent["messages"][1][1] in r["messages"][0][1]
+            else:  # a second turn: the first exchange, then the follow-up
+                assert r["messages"][:2] == parent["messages"] and r["messages"][2] == ["user", "why?"]
+    # resume: a larger budget keeps every finished line and continues with the next prompts
+    path.write_text(path.read_text() + '{"id": "cut-by-a-kil')  # a line cut by a killed run is dropped
+    more = chats.generate(chats.ChatsConfig(**{**config.__dict__, "tokens": 60}), progress=False)
+    second = [json.loads(line) for line in more.read_text().splitlines()]
+    assert second[: len(first)] == first and len(second) > len(first)
+    assert len({r["id"] for r in second}) == len(second)
+    with pytest.raises(SpecdraftError, match="other settings"):
+        chats.generate(chats.ChatsConfig(**{**config.__dict__, "temperature": 0.5}), progress=False)
+    # the file as a corpus: every conversation is a document
+    docs = chats.corpus_docs(f"chats:{tmp_path / 'c'}")
+    assert len(docs) == len(second) and all(d.source.startswith("chats:tiny:") for d in docs)
+
+
+def test_prompts_cover_every_kind_deterministically_and_interleaved():
+    from specdraft.train.chats import KINDS, build_prompts
+
+    prompts = build_prompts(3)
+    assert prompts == build_prompts(3)
+    assert [p.kind for p in prompts[: len(KINDS)]] == list(KINDS)
+    assert sorted(p.kind for p in prompts) == sorted(KINDS * 3)
+    assert len({p.id for p in prompts}) == len(prompts)
+    for p in prompts:
+        assert p.source.startswith("generator:") or "==" in p.source
+        assert "bigbench" not in p.source and "human" not in p.source.split("==")[0]
+
+
+def test_mixed_corpus_spreads_the_shorter_source_over_the_whole_list(tmp_path):
+    from specdraft.train.chats import corpus_docs
+
+    path = tmp_path / "x.jsonl"
+    path.write_text("".join(json.dumps({"id": f"q{i}", "model": "m", "messages": [["user", "q"], ["assistant", "a"]]})
+                            + "\n" for i in range(10)))
+    merged = corpus_docs(f"packages+chats:{path}")
+    chat_positions = [i for i, d in enumerate(merged) if d.source.startswith("chats:")]
+    assert len(chat_positions) == 10 and len(merged) > 100
+    assert chat_positions[-1] > len(merged) * 0.8 and chat_positions[0] < len(merged) * 0.2
+
+
+@pytest.mark.parametrize("spec, message", [("chats:", "unknown corpus"), ("pkgs", "unknown corpus"),
+                                           ("", "empty"), ("chats:/nonexistent/x", "no chats at")])
+def test_bad_corpus_specs_are_user_errors(spec, message):
+    from specdraft.train.chats import corpus_docs
+
+    with pytest.raises(SpecdraftError, match=message):
+        corpus_docs(spec)
+
+
+def test_bad_chats_settings_are_user_errors():
+    from specdraft.train.chats import ChatsConfig
+
+    with pytest.raises(SpecdraftError, match="--batch"):
+        ChatsConfig(out="x", batch=0)
+    with pytest.raises(SpecdraftError, match="temperature"):
+        ChatsConfig(out="x", temperature=0)
