@@ -161,6 +161,70 @@ def test_sampling_with_adapters_and_a_small_vocabulary_follows_the_target(models
     assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
 
 
+def with_probes(adapters: ExitAdapters, bias: tuple[float, ...], seed: int = 5) -> ExitAdapters:
+    """Probes that stand in for trained ones: random directions, and per-exit biases that set how often they stop."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        adapters.probe.copy_(torch.randn(adapters.probe.shape, generator=generator))
+        adapters.probe_bias.copy_(torch.tensor(bias + (0.0,) * (adapters.probe_bias.shape[0] - len(bias))))
+    adapters.config.probes = True
+    return adapters
+
+
+def test_probe_rule_stops_where_the_probe_says_and_runs_the_head_once_per_token(models, monkeypatch):
+    target, _, deep = models
+    params = SamplingParams(max_new_tokens=20)
+    plain = Engine(target).generate(PROMPT, params).token_ids
+    for bias, expected_exit in (((50.0,), 0), ((-50.0, -50.0), 2)):  # always stop at exit 1; never before the last
+        drafter = SortedDrafter(deep, target, (1, 2, 4), ThresholdExit((0.5,), signal="probe"),
+                                with_probes(adapters_for(deep), bias), SMALL_VOCAB)
+        heads = []
+        original = drafter.head_logits
+        monkeypatch.setattr(drafter, "head_logits", lambda hidden: heads.append(1) or original(hidden))
+        result = Engine(target, drafter, SpecConfig("sorted", 3)).generate(PROMPT, params)
+        assert result.token_ids == plain
+        drafted = sum(drafter.exit_counts)
+        assert drafter.exit_counts[expected_exit] == drafted > 0
+        assert len(heads) == drafted  # one head per draft token, wherever it stops
+    # control: the top-1 rule passing exits runs the head at each of them, so the count above can fail
+    drafter = SortedDrafter(deep, target, (1, 2, 4), ThresholdExit((1.0,)), adapters_for(deep), SMALL_VOCAB)
+    heads = []
+    original = drafter.head_logits
+    monkeypatch.setattr(drafter, "head_logits", lambda hidden: heads.append(1) or original(hidden))
+    Engine(target, drafter, SpecConfig("sorted", 3)).generate(PROMPT, params)
+    assert len(heads) == 3 * sum(drafter.exit_counts)
+
+
+def test_sampling_with_the_probe_rule_follows_the_target(models):
+    target, draft, deep = models
+    drafter = SortedDrafter(deep, target, (1, 2, 4), ThresholdExit((0.5,), signal="probe"),
+                            with_probes(adapters_for(deep), (0.0, 0.0)), SMALL_VOCAB)
+    pvalue = engine_pvalue(target, draft, SETTINGS["T=1"], drafter=drafter, spec=SpecConfig("sorted", 3))
+    assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
+
+
+def test_adapters_saved_before_probes_still_load_and_the_probe_rule_refuses_them(models, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    target, _, deep = models
+    native = deep.native
+    folder = save_adapters(adapters_for(deep), tmp_path / "old")
+    tensors = {k: v for k, v in load_file(str(folder / "adapters.safetensors")).items() if not k.startswith("probe")}
+    save_file(tensors, str(folder / "adapters.safetensors"))
+    config = json.loads((folder / "adapters.json").read_text())
+    config.pop("probes")
+    (folder / "adapters.json").write_text(json.dumps(config))
+    old = load_adapters(str(folder), native.final_norm, native.lm_head)
+    assert not old.config.probes and float(old.probe.abs().sum()) == 0.0
+    assert build_drafter(SpecConfig("sorted", sorted_draft=str(folder)), target, deep).adapters is not None
+    with pytest.raises(SpecdraftError, match="exit probes"):
+        build_drafter(SpecConfig("sorted", sorted_draft=str(folder), exit_rule="probe:0.5"), target, deep)
+    config["probes"] = True  # a file that claims probes but lacks them is refused
+    (folder / "adapters.json").write_text(json.dumps(config))
+    with pytest.raises(SpecdraftError, match="does not match"):
+        load_adapters(str(folder), native.final_norm, native.lm_head)
+
+
 def test_adapters_load_by_name_refuse_another_model_and_auto_finds_them(models, tmp_path, monkeypatch):
     target, draft, deep = models
     monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path))
@@ -220,6 +284,9 @@ def test_training_lowers_the_loss_and_raises_agreement(chat_draft, tmp_path, los
     else:
         assert sum(after["val_text_agreement"]) > sum(before["val_text_agreement"])
     assert (tmp_path / "run" / "loss.png").is_file() and (tmp_path / "run" / "adapters.json").is_file()
+    # the exit probes learn to tell when an exit agrees with the last layer (better than always saying "no")
+    assert len(trainer.history[-1]["probe_accuracy"]) == 2 and len(after["val_probe_stops"]) == 2
+    assert trainer.adapters.config.probes
 
 
 def test_resumed_training_reaches_the_same_adapters(chat_draft, tmp_path):

@@ -92,9 +92,13 @@ class LayeredState(SequenceState):
 @dataclass(frozen=True)
 class ThresholdExit:
     """S2D's rule: stop at exit i when its top-1 probability exceeds thresholds[i] (the drafter never asks at
-    the last exit: it always stops there); exits past the tuple reuse its last threshold."""
+    the last exit: it always stops there); exits past the tuple reuse its last threshold.
+
+    signal "top1": the exit's top-1 probability (the LM head runs at every exit passed); "probe": the trained exit
+    probe's probability that the exit agrees with the draft's last layer (the head runs once, where it stops)."""
 
     thresholds: tuple[float, ...] = (0.5,)
+    signal: str = "top1"
 
     def stop(self, exit_index: int, top1: float) -> bool:
         return top1 > self.thresholds[min(exit_index, len(self.thresholds) - 1)]
@@ -109,6 +113,7 @@ class CostAwareExit:
 
     remaining_cost: tuple[float, ...]
     weight: float = 1.0
+    signal: str = "top1"
 
     def stop(self, exit_index: int, top1: float) -> bool:
         return 1.0 - top1 <= self.weight * self.remaining_cost[exit_index]
@@ -179,8 +184,14 @@ class SortedDrafter:
             draft_vocab = draft_vocab or adapters.config.draft_vocab
         exits = exits or tuple(sorted({max(1, n_layers // 2), max(1, 3 * n_layers // 4), n_layers}))
         kind, numbers = parse_exit_rule(exit_rule)
-        rule = ThresholdExit(numbers) if kind == "threshold" else cost_aware_rule(draft.native, target, exits,
-                                                                                  numbers[0])
+        if kind == "cost":
+            rule = cost_aware_rule(draft.native, target, exits, numbers[0])
+        else:
+            rule = ThresholdExit(numbers, signal="probe" if kind == "probe" else "top1")
+        if rule.signal == "probe" and (adapters is None or not adapters.config.probes):
+            raise SpecdraftError(f"exit rule {exit_rule!r} needs a sorted draft trained with exit probes; "
+                                 f"{'there is none' if adapters is None else repr(adapters.config.draft) + ' has none'}"
+                                 f" (train one with `specdraft train sorted`, or use threshold:T)")
         return cls(draft, target, exits, rule, adapters, draft_vocab)
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
@@ -217,23 +228,39 @@ class SortedDrafter:
             draft_probs = self.vocab.spread(draft_probs)  # [k, V]: q is 0 outside the rows drafted from
         return Draft(torch.tensor(token_ids, dtype=torch.long), draft_probs, labels=labels)
 
-    def exit_logits(self, exit_index: int) -> torch.Tensor:
-        """The last position's logits at exit `exit_index` (its depth must be filled): [1, V_draft]."""
+    def exit_hidden(self, exit_index: int) -> torch.Tensor:
+        """The last position's row for the LM head at exit `exit_index` (its depth must be filled): [1, D]."""
         native = self.native
         normed = native.ops.rms_norm(self.state.last_residual().contiguous(), self.exit_norms[exit_index],
                                      native.eps)  # [1, D]
         if self.adapters is not None:
             normed = self.adapters.adapt_normed(normed, self.adapter_rows[exit_index])
-        head = native.lm_head if self.vocab is None else self.vocab.weight
-        return native._linear(normed.contiguous(), head, None)
+        return normed.contiguous()
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[1, D] -> [1, V_draft] through the shared head (the reduced rows, when there are)."""
+        head = self.native.lm_head if self.vocab is None else self.vocab.weight
+        return self.native._linear(hidden, head, None)
+
+    def exit_logits(self, exit_index: int) -> torch.Tensor:
+        """The last position's logits at exit `exit_index`: [1, V_draft]."""
+        return self.head_logits(self.exit_hidden(exit_index))
 
     def _exit(self) -> tuple[torch.Tensor, int]:
         """Run the last position exit by exit until the rule stops it: (its logits [1, V_draft], the exit index)."""
         last = len(self.exits) - 1
         for exit_index, depth in enumerate(self.exits):
             self.state.run_to(depth)
-            logits = self.exit_logits(exit_index)  # [1, V_draft]
-            if exit_index == last or self.rule.stop(exit_index, float(logits[0].softmax(-1).max())):
+            hidden = self.exit_hidden(exit_index)  # [1, D]
+            if exit_index == last:
+                return self.head_logits(hidden), exit_index
+            if self.rule.signal == "probe":  # decide first, then run the head only where the token stops
+                signal = float(torch.sigmoid(self.adapters.probe_logit(hidden, self.adapter_rows[exit_index])))
+                if self.rule.stop(exit_index, signal):
+                    return self.head_logits(hidden), exit_index
+                continue
+            logits = self.head_logits(hidden)  # [1, V_draft]
+            if self.rule.stop(exit_index, float(logits[0].softmax(-1).max())):
                 return logits, exit_index
         raise AssertionError("unreachable: the last exit always stops")
 

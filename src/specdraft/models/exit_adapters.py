@@ -8,11 +8,17 @@ much of that ("tuned lens", Belrose et al. 2023). Here, per exit e:
     x'     = x + up_e(down_e(x))                 (a rank-r residual; up_e starts at zero)
     logits = lm_head[draft vocabulary] @ x'      (the draft's own head rows, frozen and shared by every exit)
 
+Each exit but the last also has an *exit probe*: a logistic regression on x' that predicts whether this exit's
+top-1 token equals the draft's last layer's. The `probe:T` exit rule stops where the probe says so, and so runs
+the LM head once per draft token, at the exit it stops at; the top-1 rules run the head at every exit they pass
+(each head is about two layers' worth of the 0.5B's bytes).
+
 At initialisation every exit equals the bare exit. Only norm_e, down_e and up_e train (2·r·D + D numbers per
 exit: about 115 k for r = 64 on the 0.5B), so the adapters ship inside the package (specdraft/assets/sorted/)
 and users get the trained sorted draft without training. Training: train/sorted_train.py.
 
-Files: `adapters.json` (config) and `adapters.safetensors` (norm [E, D], down [E, r, D], up [E, D, r]).
+Files: `adapters.json` (config) and `adapters.safetensors` (norm [E, D], down [E, r, D], up [E, D, r],
+probe [E, D], probe_bias [E]; adapters saved before probes existed have no probe tensors and `probes` false).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class AdapterConfig:
     hidden_size: int
     draft_vocab: int  # the head rows trained against: ids below this, plus special tokens (drafters/vocab.py)
     eps: float
+    probes: bool = False  # whether the exit probes were trained (older adapters have none)
     extra: dict = field(default_factory=dict)  # training settings and results
 
     @classmethod
@@ -68,6 +75,8 @@ class ExitAdapters(torch.nn.Module):
         self.norm = torch.nn.Parameter(start_norm.repeat(n_exits, 1))  # [E, D]
         self.down = torch.nn.Parameter(torch.randn(n_exits, r, d, generator=generator) / d ** 0.5)  # [E, r, D]
         self.up = torch.nn.Parameter(torch.zeros(n_exits, d, r))  # [E, D, r]: the identity at the start
+        self.probe = torch.nn.Parameter(torch.zeros(n_exits, d))  # [E, D]
+        self.probe_bias = torch.nn.Parameter(torch.zeros(n_exits))  # [E]
 
     def exit_index(self, depth: int) -> int:
         if depth not in self.config.exits:
@@ -78,6 +87,11 @@ class ExitAdapters(torch.nn.Module):
     def adapt_normed(self, normed: torch.Tensor, index: int) -> torch.Tensor:
         """normed [T, D] (rms-normalised with exit `index`'s norm weight) -> the row the LM head reads."""
         return normed + (normed @ self.down[index].T) @ self.up[index].T
+
+    def probe_logit(self, adapted: torch.Tensor, index: int) -> torch.Tensor:
+        """adapted [T, D] (what the head reads at exit `index`) -> [T]: the log-odds that this exit's top-1 token
+        is the draft's last layer's."""
+        return adapted @ self.probe[index] + self.probe_bias[index]
 
     def forward(self, hidden: torch.Tensor, index: int) -> torch.Tensor:
         """hidden [T, D], the residual stream after exits[index] layers -> [T, D] for the LM head (training:
@@ -132,7 +146,11 @@ def load_adapters(name_or_path: str, final_norm: torch.Tensor, lm_head: torch.Te
                              f"this draft (weights fingerprint {config.fingerprint} vs {fingerprint}); pass the "
                              f"draft it was trained on (--draft) or --sorted-draft none")
     adapters = ExitAdapters(config)
-    adapters.load_state_dict(load_file(str(folder / "adapters.safetensors")))
+    result = adapters.load_state_dict(load_file(str(folder / "adapters.safetensors")), strict=False)
+    may_lack = set() if config.probes else {"probe", "probe_bias"}  # saved before probes existed
+    if result.unexpected_keys or set(result.missing_keys) - may_lack:
+        raise SpecdraftError(f"{folder / 'adapters.safetensors'} does not match its adapters.json (missing "
+                             f"{sorted(set(result.missing_keys) - may_lack)}, unexpected {result.unexpected_keys})")
     adapters.requires_grad_(False)
     return adapters
 

@@ -145,7 +145,7 @@ def build_prompts(per_kind: int, seed: int = 0) -> list[ChatPrompt]:
             key = hashlib.sha256(f"{kind}:{source}:{user}".encode()).hexdigest()[:16]
             by_kind[kind].append(ChatPrompt(f"{kind}-{key}", kind, source, user, followup, restart))
 
-    for i in range(per_kind):
+    for _ in range(per_kind):
         topic, opener = rng.choice(_TOPICS), rng.choice(_OPENERS)
         add("chat", "generator:chat", opener.format(t=topic), rng.choice(_FOLLOWUPS))
         add("math", "generator:math", _math_prompt(rng))
@@ -329,6 +329,10 @@ def generate(config: ChatsConfig, progress: bool = True) -> Path:
     done_ids = {r["id"].split("/")[0] for r in done}
     total = sum(r["answer_tokens"] for r in done)
     todo = [p for p in build_prompts(config.per_kind, config.seed) if p.id not in done_ids]
+    # within each run of 8 batches, prompts of similar length share a batch: a batch pads to its longest prompt
+    # (an explain prompt is ~20x a chat opener) and decodes as long as its longest answer
+    chunk = 8 * config.batch
+    todo = [p for i in range(0, len(todo), chunk) for p in sorted(todo[i: i + chunk], key=lambda p: len(p.user))]
     set_threads(config.threads)
     # the batched forward is the transformers one: float32 here (bf16 matmuls are emulated on AVX2)
     loaded = load_model(config.model, "float32", progress=progress, backend="transformers")

@@ -102,12 +102,12 @@ class SortedTrainer:
         self.stream = WindowStream(self.draft.tokenizer, config.window, config.max_len, held_out_docs=40,
                                    corpus=config.corpus)
         self.val_windows = self.stream.validation(config.validation_windows)
-        self.teacher_depth = n_layers if config.loss in ("self", "both") else config.exits[-1]
+        self.n_layers = n_layers  # the teacher (self loss) and the probes' labels come from the last layer
         ckpt_path = self.folder / CHECKPOINT
         fingerprint = draft_fingerprint(native.final_norm, native.lm_head)
         adapter_config = AdapterConfig(draft=config.draft, fingerprint=fingerprint, exits=tuple(config.exits),
                                        rank=config.rank, hidden_size=native.embed.shape[1],
-                                       draft_vocab=config.draft_vocab, eps=native.eps)
+                                       draft_vocab=config.draft_vocab, eps=native.eps, probes=True)
         self.adapters = ExitAdapters(adapter_config, native.final_norm, seed=config.seed)
         self.optimizer = torch.optim.AdamW(self.adapters.parameters(), lr=config.lr,
                                            weight_decay=config.weight_decay, betas=(0.9, 0.95))
@@ -170,22 +170,30 @@ class SortedTrainer:
         normed = self.native.ops.rms_norm(final_hidden.contiguous(), self.native.final_norm, self.native.eps)
         return F.linear(normed, self.head_rows).softmax(-1)
 
-    def window_losses(self, tokens: list[int]) -> tuple[list[torch.Tensor], list[float]]:
-        """Per exit: the loss on one window (a tensor with gradients) and the top-1 agreement with the next token."""
-        residuals = self.trunk(tokens, self.teacher_depth)
+    def window_losses(self, tokens: list[int]) -> tuple[list[torch.Tensor], list[float], list[float]]:
+        """Per exit: the loss on one window (a tensor with gradients; the exit probe's included), the top-1
+        agreement with the next token, and the probe's accuracy (exits but the last)."""
+        residuals = self.trunk(tokens, self.n_layers)
         labels = self.to_draft[torch.tensor(tokens[1:])]  # [T - 1]: the next token's row, -100 outside
-        teacher = self.teacher_probs(residuals[self.teacher_depth][:-1]) if self.config.loss != "text" else None
-        losses, agreement = [], []
+        teacher = self.teacher_probs(residuals[self.n_layers][:-1])  # [T - 1, V_draft]
+        teacher_top1 = teacher.argmax(-1)  # [T - 1]: what the probes predict agreement with
+        losses, agreement, probe_accuracy = [], [], []
         for index, depth in enumerate(self.config.exits):
-            logits = F.linear(self.adapters(residuals[depth][:-1], index), self.head_rows)  # [T - 1, V_draft]
+            adapted = self.adapters(residuals[depth][:-1], index)  # [T - 1, D]
+            logits = F.linear(adapted, self.head_rows)  # [T - 1, V_draft]
             loss = logits.new_zeros(())
             if self.config.loss in ("text", "both"):
                 loss = loss + F.cross_entropy(logits, labels, ignore_index=-100)
-            if teacher is not None:
+            if self.config.loss in ("self", "both"):
                 loss = loss - (teacher * logits.log_softmax(-1)).sum(-1).mean()
+            if index < len(self.config.exits) - 1:  # the last exit always stops: no probe
+                agrees = (logits.argmax(-1) == teacher_top1).float()  # [T - 1]
+                probe = self.adapters.probe_logit(adapted.detach(), index)  # trains the probe only
+                loss = loss + F.binary_cross_entropy_with_logits(probe, agrees)
+                probe_accuracy.append(float(((probe > 0).float() == agrees).float().mean()))
             losses.append(loss)
             agreement.append(float((logits.argmax(-1) == labels).float().mean()))
-        return losses, agreement
+        return losses, agreement, probe_accuracy
 
     # ------------------------------------------------------------------------------------------------ training
 
@@ -200,19 +208,22 @@ class SortedTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         per_exit = [0.0] * len(c.exits)
         agree = [0.0] * len(c.exits)
+        probe_accuracy = [0.0] * (len(c.exits) - 1)
         tokens = 0
         for w in range(c.windows_per_step):
             window = self.stream.get(step * c.windows_per_step + w)
-            losses, agreement = self.window_losses(window)
+            losses, agreement, accuracy = self.window_losses(window)
             (sum(losses) / (len(losses) * c.windows_per_step)).backward()
-            for i, (loss, a) in enumerate(zip(losses, agreement)):
+            for i, (loss, a) in enumerate(zip(losses, agreement, strict=True)):
                 per_exit[i] += float(loss.detach()) / c.windows_per_step
                 agree[i] += a / c.windows_per_step
+            for i, a in enumerate(accuracy):
+                probe_accuracy[i] += a / c.windows_per_step
             tokens += len(window)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.adapters.parameters(), c.grad_clip))
         self.optimizer.step()
         return {"step": step + 1, "loss": sum(per_exit) / len(per_exit), "step_losses": per_exit,
-                "agreement": agree, "tokens": tokens, "lr": self.lr_at(step), "grad_norm": grad_norm}
+                "agreement": agree, "probe_accuracy": probe_accuracy, "tokens": tokens, "lr": self.lr_at(step), "grad_norm": grad_norm}
 
     @torch.no_grad()
     def _reference_argmax(self) -> dict[str, list[torch.Tensor]]:
@@ -237,24 +248,36 @@ class SortedTrainer:
 
     @torch.no_grad()
     def validate(self) -> dict:
-        """Per exit: top-1 agreement with each reference model's greedy token and with the text."""
+        """Per exit: top-1 agreement with each reference model's greedy token and with the text; per exit but the
+        last, how often its probe says stop, and the agreement with each reference where it does."""
         c = self.config
         agree = {name: [0.0] * len(c.exits) for name in c.validate_against}
+        probe_agree = {name: [0.0] * (len(c.exits) - 1) for name in c.validate_against}
+        stops = [0.0] * (len(c.exits) - 1)
         text = [0.0] * len(c.exits)
         positions = 0
         for w, window in enumerate(self.val_windows):
             residuals = self.trunk(window, c.exits[-1])
             labels = torch.tensor(window[1:])
             for index, depth in enumerate(c.exits):
-                logits = F.linear(self.adapters(residuals[depth], index), self.head_rows)  # [T, V_draft]
-                drafted = self.vocab_ids[logits.argmax(-1)]  # [T] target ids
+                adapted = self.adapters(residuals[depth], index)  # [T, D]
+                drafted = self.vocab_ids[F.linear(adapted, self.head_rows).argmax(-1)]  # [T] target ids
                 text[index] += float((drafted[:-1] == labels).sum())
+                stop = self.adapters.probe_logit(adapted, index) > 0 if index < len(stops) else None  # [T]
+                if stop is not None:
+                    stops[index] += float(stop.sum())
                 for name in c.validate_against:
-                    agree[name][index] += float((drafted == self.reference_argmax[name][w]).sum())
+                    same = drafted == self.reference_argmax[name][w]  # [T]
+                    agree[name][index] += float(same.sum())
+                    if stop is not None:
+                        probe_agree[name][index] += float((same & stop).sum())
             positions += len(window)
         n_text = sum(len(w) - 1 for w in self.val_windows)
         return {"val_text_agreement": [t / n_text for t in text],
-                "val_agreement": {name: [a / positions for a in values] for name, values in agree.items()}}
+                "val_agreement": {name: [a / positions for a in values] for name, values in agree.items()},
+                "val_probe_stops": [s / positions for s in stops],
+                "val_probe_agreement": {name: [a / max(s, 1.0) for a, s in zip(values, stops, strict=True)]
+                                        for name, values in probe_agree.items()}}
 
     def checkpoint(self) -> None:
         ckpt = {"train_config": self._identity(), "adapters": self.adapters.state_dict(),
