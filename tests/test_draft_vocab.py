@@ -5,6 +5,7 @@ at initialisation, loading by name, and their training (train/sorted_train.py) e
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -284,9 +285,13 @@ def test_training_lowers_the_loss_and_raises_agreement(chat_draft, tmp_path, los
     else:
         assert sum(after["val_text_agreement"]) > sum(before["val_text_agreement"])
     assert (tmp_path / "run" / "loss.png").is_file() and (tmp_path / "run" / "adapters.json").is_file()
-    # the exit probes learn to tell when an exit agrees with the last layer (better than always saying "no")
-    assert len(trainer.history[-1]["probe_accuracy"]) == 2 and len(after["val_probe_stops"]) == 2
-    assert trainer.adapters.config.probes
+    # the exit probes train: they start at log-odds 0 (loss log 2) and their loss falls. (On these random tiny
+    # models whether an exit agrees with the last one is close to noise, so this checks that the probes get
+    # gradients, not how well they predict: docs/s2d.md has their held-out figures on the real draft.)
+    assert len(after["val_probe_stops"]) == 2 and trainer.adapters.config.probes
+    assert trainer.history[0]["probe_loss"] == pytest.approx([math.log(2)] * 2)
+    tail = [loss for r in trainer.history[-8:] for loss in r["probe_loss"]]
+    assert sum(tail) / len(tail) < math.log(2) - 0.02
 
 
 def test_resumed_training_reaches_the_same_adapters(chat_draft, tmp_path):

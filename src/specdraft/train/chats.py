@@ -88,7 +88,8 @@ def _paragraphs(text: str, low: int, high: int) -> list[str]:
 
 def _sentences(text: str) -> list[str]:
     flat = " ".join(text.split())
-    return [s for s in re.split(r"(?<=[.!?])\s+", flat) if 40 <= len(s) <= 220 and re.fullmatch(r"[A-Za-z0-9 ,.;:'()!?-]+", s)]
+    plain = re.compile(r"[A-Za-z0-9 ,.;:'()!?-]+")  # prose only: no code, markup or symbols
+    return [s for s in re.split(r"(?<=[.!?])\s+", flat) if 40 <= len(s) <= 220 and plain.fullmatch(s)]
 
 
 def _functions(source_text: str) -> tuple[str, list[tuple[str, str, str, str]]]:
@@ -140,10 +141,13 @@ def build_prompts(per_kind: int, seed: int = 0) -> list[ChatPrompt]:
     rng = random.Random(seed)
     by_kind: dict[str, list[ChatPrompt]] = {kind: [] for kind in KINDS}
 
+    seen: set[str] = set()
+
     def add(kind: str, source: str, user: str, followup: str | None = None, restart: bool = False) -> None:
-        if len(by_kind[kind]) < per_kind:
-            key = hashlib.sha256(f"{kind}:{source}:{user}".encode()).hexdigest()[:16]
-            by_kind[kind].append(ChatPrompt(f"{kind}-{key}", kind, source, user, followup, restart))
+        key = f"{kind}-" + hashlib.sha256(f"{kind}:{source}:{user}".encode()).hexdigest()[:16]
+        if len(by_kind[kind]) < per_kind and key not in seen:  # a generator can repeat itself: once is enough
+            seen.add(key)
+            by_kind[kind].append(ChatPrompt(key, kind, source, user, followup, restart))
 
     for _ in range(per_kind):
         topic, opener = rng.choice(_TOPICS), rng.choice(_OPENERS)
@@ -297,12 +301,15 @@ def chats_file(name_or_folder: str) -> Path:
 def _read(path: Path) -> list[dict]:
     if not path.is_file():
         return []
-    records = []
+    records, ids = [], set()
     for line in path.read_text().splitlines():
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             break  # a line cut by a killed run: everything before it is whole
+        if record["id"] not in ids:  # files from before prompts were deduplicated repeat some chat openers
+            ids.add(record["id"])
+            records.append(record)
     return records
 
 
@@ -321,17 +328,19 @@ def generate(config: ChatsConfig, progress: bool = True) -> Path:
     done = _read(path)
     with open(path, "w") as f:  # rewrite without a cut last line, if any
         f.writelines(json.dumps(r) + "\n" for r in done)
-    settings = {"model": config.model, "temperature": config.temperature, "seed": config.seed}
+    # the prompts depend on per_kind too (one seeded stream draws them all): a resumed run must not change it
+    settings = {"model": config.model, "temperature": config.temperature, "seed": config.seed,
+                "per_kind": config.per_kind}
     for r in done[:1]:
-        if {k: r.get(k) for k in settings} != settings:
-            raise SpecdraftError(f"{path} holds chats from other settings ({ {k: r.get(k) for k in settings} }); "
-                                 f"choose another --out")
+        theirs = {k: r.get(k, settings[k] if k == "per_kind" else None) for k in settings}  # older files: no per_kind
+        if theirs != settings:
+            raise SpecdraftError(f"{path} holds chats from other settings ({theirs}); choose another --out")
     done_ids = {r["id"].split("/")[0] for r in done}
     total = sum(r["answer_tokens"] for r in done)
     todo = [p for p in build_prompts(config.per_kind, config.seed) if p.id not in done_ids]
-    # within each run of 8 batches, prompts of similar length share a batch: a batch pads to its longest prompt
+    # within each pair of batches, prompts of similar length share a batch: a batch pads to its longest prompt
     # (an explain prompt is ~20x a chat opener) and decodes as long as its longest answer
-    chunk = 8 * config.batch
+    chunk = 2 * config.batch  # small, so that a run stopped anywhere still holds every kind in proportion
     todo = [p for i in range(0, len(todo), chunk) for p in sorted(todo[i: i + chunk], key=lambda p: len(p.user))]
     set_threads(config.threads)
     # the batched forward is the transformers one: float32 here (bf16 matmuls are emulated on AVX2)
@@ -357,9 +366,9 @@ def generate(config: ChatsConfig, progress: bool = True) -> Path:
             batch = todo[start: start + config.batch]
             first = [[("user", p.user)] for p in batch]
             results = answer(first, [p.id for p in batch])
-            records = []
-            second, second_of = [], []
-            for p, conversation, (ids, reason) in zip(batch, first, results):
+            records = []  # each first exchange is followed by its second turn, if any: they are written together
+            second, second_of, second_at = [], [], []
+            for p, conversation, (ids, reason) in zip(batch, first, results, strict=True):
                 text = tokenizer.decode(ids, skip_special_tokens=True).strip()
                 conversation = conversation + [("assistant", text)]
                 records.append((p, conversation, reason, len(ids), p.id))
@@ -367,9 +376,12 @@ def generate(config: ChatsConfig, progress: bool = True) -> Path:
                     turn = ("user", p.followup.format(answer=text))
                     second.append([turn] if p.restart else conversation + [turn])
                     second_of.append(p)
-            for p, conversation, (ids, reason) in zip(second_of, second, answer(second, [p.id + "/2" for p in second_of])):
+                    second_at.append(len(records))
+            second_answers = answer(second, [p.id + "/2" for p in second_of])
+            for at, p, conversation, (ids, reason) in reversed(list(zip(second_at, second_of, second, second_answers,
+                                                                         strict=True))):
                 text = tokenizer.decode(ids, skip_special_tokens=True).strip()
-                records.append((p, conversation + [("assistant", text)], reason, len(ids), p.id + "/2"))
+                records.insert(at, (p, conversation + [("assistant", text)], reason, len(ids), p.id + "/2"))
             for p, conversation, reason, n_tokens, key in records:
                 f.write(json.dumps({"id": key, "kind": p.kind, "source": p.source, **settings,
                                     "messages": [list(m) for m in conversation], "finish": reason,
@@ -394,15 +406,18 @@ def chat_docs(name_or_folder: str) -> list[TextDoc]:
     records = _read(path)
     if not records:
         raise SpecdraftError(f"no chats at {path}; make them with `specdraft train chats --out NAME`")
-    docs = [TextDoc(f"chats:{r['model']}:{r['id']}", tuple((role, text) for role, text in r["messages"]))
-            for r in records if r["messages"][-1][1]]
-    docs.sort(key=lambda d: hashlib.sha256(d.source.encode()).hexdigest())
-    return docs
+    def rank(record: dict) -> tuple[str, str]:  # a second turn stays right after its first (it repeats it)
+        base, _, turn = record["id"].partition("/")
+        return hashlib.sha256(f"{record['model']}:{base}".encode()).hexdigest(), turn
+
+    return [TextDoc(f"chats:{r['model']}:{r['id']}", tuple((role, text) for role, text in r["messages"]))
+            for r in sorted(records, key=rank) if r["messages"][-1][1]]
 
 
 def corpus_docs(spec: str) -> list[TextDoc]:
-    """`packages` (the pinned-package corpus), `chats:NAME` (a chats file), or several joined by `+`;
-    several are interleaved document by document, so any prefix holds all of them in proportion."""
+    """`packages` (the pinned-package corpus), `chats:NAME` (a chats file), or several joined by `+` (so a
+    chats path cannot contain `+`); several are interleaved document by document, so any prefix holds all of
+    them in proportion."""
     parts = [p.strip() for p in spec.split("+") if p.strip()]
     if not parts:
         raise SpecdraftError("--corpus is empty; use packages, chats:NAME or both joined by +")

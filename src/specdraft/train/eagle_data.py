@@ -184,6 +184,12 @@ def collect(config: CollectConfig, progress: bool = True) -> Path:
     from .chats import corpus_docs
 
     docs = corpus_docs(config.corpus)
+    # resuming continues the same document list: a corpus that changed since (a chats file that grew) would
+    # skip some documents and repeat others
+    changed = next((i for i, s in enumerate(done) if i >= len(docs) or s["source"] != docs[i].source), None)
+    if changed is not None:
+        raise SpecdraftError(f"{out} was collected from another version of the corpus {config.corpus!r} (document "
+                             f"{changed} differs); collect into a new folder (--data)")
     bar = tqdm(total=config.tokens, initial=min(n_done, config.tokens), unit="tok", disable=not progress,
                desc="collect", smoothing=0.05)
     started, collected_now = time.time(), 0

@@ -22,6 +22,7 @@ the corpus and the step, so a resumed run reaches the same weights as an uninter
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import asdict
@@ -51,7 +52,12 @@ class WindowStream:
         docs = corpus_docs(corpus)
         if len(docs) <= held_out_docs:
             raise SpecdraftError(f"the corpus has {len(docs)} documents; need more than {held_out_docs}")
-        self.train_docs, self.val_docs = docs[:-held_out_docs], docs[-held_out_docs:]
+        cut = len(docs) - held_out_docs
+        while cut > 1 and docs[cut].source.endswith("/2"):  # a chat's second turn repeats its first: same side
+            cut -= 1
+        self.train_docs, self.val_docs = docs[:cut], docs[cut:]
+        # which documents, in which order: a resumed run must see the same (a chats file can grow in between)
+        self.fingerprint = hashlib.sha256("\n".join(d.source for d in docs).encode()).hexdigest()[:16]
         self.tokenizer, self.window, self.max_len = tokenizer, window, max_len
         self.windows: list[list[int]] = []
         self.next_doc = 0
@@ -142,6 +148,7 @@ class SortedTrainer:
 
     def _identity(self) -> dict:
         d = asdict(self.config)
+        d["corpus_fingerprint"] = self.stream.fingerprint
         for name in ("steps", "checkpoint_every", "out"):
             d.pop(name)
         return d
@@ -176,24 +183,29 @@ class SortedTrainer:
         residuals = self.trunk(tokens, self.n_layers)
         labels = self.to_draft[torch.tensor(tokens[1:])]  # [T - 1]: the next token's row, -100 outside
         teacher = self.teacher_probs(residuals[self.n_layers][:-1])  # [T - 1, V_draft]
-        teacher_top1 = teacher.argmax(-1)  # [T - 1]: what the probes predict agreement with
-        losses, agreement, probe_accuracy = [], [], []
-        for index, depth in enumerate(self.config.exits):
-            adapted = self.adapters(residuals[depth][:-1], index)  # [T - 1, D]
+        last = len(self.config.exits) - 1
+        losses, agreement = [None] * (last + 1), [0.0] * (last + 1)
+        probe_losses, probe_stats = [], []
+        fallback_top1 = None  # [T - 1]: the token the draft falls back to, the last exit's: probes predict it
+        for index in [last, *range(last)]:
+            adapted = self.adapters(residuals[self.config.exits[index]][:-1], index)  # [T - 1, D]
             logits = F.linear(adapted, self.head_rows)  # [T - 1, V_draft]
             loss = logits.new_zeros(())
             if self.config.loss in ("text", "both"):
                 loss = loss + F.cross_entropy(logits, labels, ignore_index=-100)
             if self.config.loss in ("self", "both"):
                 loss = loss - (teacher * logits.log_softmax(-1)).sum(-1).mean()
-            if index < len(self.config.exits) - 1:  # the last exit always stops: no probe
-                agrees = (logits.argmax(-1) == teacher_top1).float()  # [T - 1]
-                probe = self.adapters.probe_logit(adapted.detach(), index)  # trains the probe only
-                loss = loss + F.binary_cross_entropy_with_logits(probe, agrees)
-                probe_accuracy.append(float(((probe > 0).float() == agrees).float().mean()))
-            losses.append(loss)
-            agreement.append(float((logits.argmax(-1) == labels).float().mean()))
-        return losses, agreement, probe_accuracy
+            losses[index] = loss
+            agreement[index] = float((logits.argmax(-1) == labels).float().mean())
+            if index == last:
+                fallback_top1 = logits.argmax(-1).detach()
+                continue
+            agrees = (logits.argmax(-1) == fallback_top1).float()  # [T - 1]
+            probe = self.adapters.probe_logit(adapted.detach(), index)  # trains the probe only
+            probe_losses.append(F.binary_cross_entropy_with_logits(probe, agrees))
+            base_rate = float(agrees.mean())
+            probe_stats.append((float(((probe > 0).float() == agrees).float().mean()), max(base_rate, 1 - base_rate)))
+        return losses, agreement, probe_losses, probe_stats
 
     # ------------------------------------------------------------------------------------------------ training
 
@@ -208,22 +220,29 @@ class SortedTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         per_exit = [0.0] * len(c.exits)
         agree = [0.0] * len(c.exits)
+        probe_loss = [0.0] * (len(c.exits) - 1)
         probe_accuracy = [0.0] * (len(c.exits) - 1)
+        probe_base_rate = [0.0] * (len(c.exits) - 1)  # accuracy of always answering the majority label
         tokens = 0
         for w in range(c.windows_per_step):
             window = self.stream.get(step * c.windows_per_step + w)
-            losses, agreement, accuracy = self.window_losses(window)
-            (sum(losses) / (len(losses) * c.windows_per_step)).backward()
+            losses, agreement, probe_losses, probe_stats = self.window_losses(window)
+            # the probes' loss only reaches the probes (their inputs are detached); it is logged on its own
+            ((sum(losses) / len(losses) + sum(probe_losses)) / c.windows_per_step).backward()
             for i, (loss, a) in enumerate(zip(losses, agreement, strict=True)):
                 per_exit[i] += float(loss.detach()) / c.windows_per_step
                 agree[i] += a / c.windows_per_step
-            for i, a in enumerate(accuracy):
-                probe_accuracy[i] += a / c.windows_per_step
+            for i, (loss, (accuracy, base_rate)) in enumerate(zip(probe_losses, probe_stats, strict=True)):
+                probe_loss[i] += float(loss.detach()) / c.windows_per_step
+                probe_accuracy[i] += accuracy / c.windows_per_step
+                probe_base_rate[i] += base_rate / c.windows_per_step
             tokens += len(window)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.adapters.parameters(), c.grad_clip))
         self.optimizer.step()
         return {"step": step + 1, "loss": sum(per_exit) / len(per_exit), "step_losses": per_exit,
-                "agreement": agree, "probe_accuracy": probe_accuracy, "tokens": tokens, "lr": self.lr_at(step), "grad_norm": grad_norm}
+                "agreement": agree, "probe_loss": probe_loss, "probe_accuracy": probe_accuracy,
+                "probe_base_rate": probe_base_rate, "tokens": tokens, "lr": self.lr_at(step),
+                "grad_norm": grad_norm}
 
     @torch.no_grad()
     def _reference_argmax(self) -> dict[str, list[torch.Tensor]]:
