@@ -314,6 +314,19 @@ def test_resumed_training_reaches_the_same_adapters(chat_draft, tmp_path):
         SortedTrainer(replace(sorted_config(chat_draft, tmp_path / "straight", 9), rank=5), progress=False)
 
 
+def test_training_on_a_chats_corpus_too_small_for_the_steps_fails_before_training(chat_draft, tmp_path):
+    from specdraft.train.sorted_train import SortedTrainer
+
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"id": f"c{i}", "model": "m", "messages": [
+        ["user", "say something"], ["assistant", "abc def ghi " * 4]]}) + "\n" for i in range(50)))
+    config = replace(sorted_config(chat_draft, tmp_path / "run", 4), corpus=f"chats:{chats}")
+    trainer = SortedTrainer(config, progress=False)  # 10 training documents, two windows each: 4 steps fit
+    assert trainer.stream.val_docs[0].source.startswith("chats:m:")
+    with pytest.raises(SpecdraftError, match="holds 20 training windows"):
+        SortedTrainer(replace(config, out=str(tmp_path / "big"), steps=11), progress=False)
+
+
 def test_fine_tuning_starts_from_the_given_adapters(chat_draft, tmp_path):
     from specdraft.train.sorted_train import SortedTrainer
 

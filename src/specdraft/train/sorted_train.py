@@ -71,7 +71,9 @@ class WindowStream:
     def get(self, index: int) -> list[int]:
         while len(self.windows) <= index:
             if self.next_doc >= len(self.train_docs):
-                raise SpecdraftError(f"the corpus ran out after {len(self.windows)} windows; lower --steps")
+                raise SpecdraftError(f"the corpus holds {len(self.windows)} training windows of at most {self.window} "
+                                     f"tokens, fewer than --steps x --windows-per-step = {index + 1}; lower --steps "
+                                     f"or add text (--corpus packages+chats:NAME, or more chats)")
             self.windows.extend(self._cut(self.train_docs[self.next_doc]))
             self.next_doc += 1
         return self.windows[index]
@@ -108,6 +110,7 @@ class SortedTrainer:
         self.stream = WindowStream(self.draft.tokenizer, config.window, config.max_len, held_out_docs=40,
                                    corpus=config.corpus)
         self.val_windows = self.stream.validation(config.validation_windows)
+        self.stream.get(config.steps * config.windows_per_step - 1)  # a corpus too small fails now, not at the end
         self.n_layers = n_layers  # the teacher (self loss) and the probes' labels come from the last layer
         ckpt_path = self.folder / CHECKPOINT
         fingerprint = draft_fingerprint(native.final_norm, native.lm_head)
