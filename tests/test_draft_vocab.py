@@ -327,6 +327,26 @@ def test_training_on_a_chats_corpus_too_small_for_the_steps_fails_before_trainin
         SortedTrainer(replace(config, out=str(tmp_path / "big"), steps=11), progress=False)
 
 
+def test_probes_can_predict_agreement_with_a_served_model(chat_draft, tmp_path):
+    from specdraft.train.sorted_train import SortedTrainer
+
+    other = build_model(tmp_path / "other", seed=23, chars="abcdefghijklmnopqrstuvwxyz .", init_range=0.5, layers=2)
+    own = SortedTrainer(sorted_config(chat_draft, tmp_path / "self", 3), progress=False)
+    own.run()
+    served = SortedTrainer(replace(sorted_config(chat_draft, tmp_path / "served", 3), probe_target=str(other)),
+                           progress=False)
+    served.run()
+    reference = torch.load(tmp_path / "served" / "probe_reference.pt", weights_only=False)
+    assert sorted(reference) == list(range(6))  # 3 steps x 2 windows, each run through the served model once
+    alone = load_model(str(other), "float32").new_state()
+    assert torch.equal(reference[0], alone.forward(served.stream.get(0), len(served.stream.get(0))).argmax(-1))
+    # the labels changed with the target: a random other model rarely agrees with an exit, the draft's own last
+    # exit often does
+    assert [r["probe_base_rate"] for r in served.history] != [r["probe_base_rate"] for r in own.history]
+    with pytest.raises(SpecdraftError, match="other settings"):  # resuming with another probe target is refused
+        SortedTrainer(replace(sorted_config(chat_draft, tmp_path / "served", 3)), progress=False)
+
+
 def test_fine_tuning_starts_from_the_given_adapters(chat_draft, tmp_path):
     from specdraft.train.sorted_train import SortedTrainer
 

@@ -62,6 +62,9 @@ class SortedTrainConfig:
     max_len: int = 512  # tokens per corpus document (longer ones are cut), then split into windows
     corpus: str = "packages"  # packages, chats:NAME (train/chats.py), or both joined by +
     init: str | None = None  # start from these adapters (name or folder; e.g. the shipped ones) instead of identity
+    # what the exit probes predict agreement with: "self" (the draft's last exit, the token it falls back to) or a
+    # served model by name or path (its greedy token: the acceptance of a greedy draft token at that exit)
+    probe_target: str = "self"
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:

@@ -60,6 +60,9 @@ def add_sorted_arguments(sub) -> None:
                    "`specdraft train chats`), or both joined by +")
     p.add_argument("--init", default=None, help="start from trained adapters (a name, e.g. the shipped "
                    "qwen2.5-coder-0.5b-instruct-sorted, or a folder) and fine-tune them on --corpus")
+    p.add_argument("--probe-target", default=d.probe_target, help="what the exit probes predict agreement with: self "
+                   "(the draft's last exit) or a served model (its greedy token; runs it once over every window, "
+                   "cached in the run folder)")
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--window", type=int, default=d.window, help="tokens per window")
     p.add_argument("--windows-per-step", type=int, default=d.windows_per_step)

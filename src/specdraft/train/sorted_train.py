@@ -133,6 +133,10 @@ class SortedTrainer:
         elif config.init:
             self._start_from(config.init)
         self.reference_argmax = self._reference_argmax()
+        self.probe_model = None  # loaded when the first window needs the probe target's greedy tokens
+        self.probe_reference_path = self.folder / "probe_reference.pt"
+        self.probe_reference: dict[int, torch.Tensor] = (
+            torch.load(self.probe_reference_path, weights_only=False) if self.probe_reference_path.is_file() else {})
 
     def _start_from(self, name_or_path: str) -> None:
         """Fine-tuning: copy trained adapters of the same shape (and the same draft: the fingerprint is checked)."""
@@ -180,7 +184,8 @@ class SortedTrainer:
         normed = self.native.ops.rms_norm(final_hidden.contiguous(), self.native.final_norm, self.native.eps)
         return F.linear(normed, self.head_rows).softmax(-1)
 
-    def window_losses(self, tokens: list[int]) -> tuple[list[torch.Tensor], list[float], list[float]]:
+    def window_losses(self, tokens: list[int], window_index: int | None = None
+                      ) -> tuple[list[torch.Tensor], list[float], list[torch.Tensor], list[tuple[float, float]]]:
         """Per exit: the loss on one window (a tensor with gradients; the exit probe's included), the top-1
         agreement with the next token, and the probe's accuracy (exits but the last)."""
         residuals = self.trunk(tokens, self.n_layers)
@@ -189,7 +194,10 @@ class SortedTrainer:
         last = len(self.config.exits) - 1
         losses, agreement = [None] * (last + 1), [0.0] * (last + 1)
         probe_losses, probe_stats = [], []
-        fallback_top1 = None  # [T - 1]: the token the draft falls back to, the last exit's: probes predict it
+        fallback_top1 = None  # [T - 1]: the token the draft falls back to, the last exit's: "self" probes predict it
+        target_top1 = None  # [T - 1]: or the probe target's greedy token, as a draft-vocabulary row (-1 outside)
+        if self.config.probe_target != "self" and window_index is not None:
+            target_top1 = self.to_draft[self.probe_labels_reference(window_index, tokens)[:-1]]
         for index in [last, *range(last)]:
             adapted = self.adapters(residuals[self.config.exits[index]][:-1], index)  # [T - 1, D]
             logits = F.linear(adapted, self.head_rows)  # [T - 1, V_draft]
@@ -203,7 +211,8 @@ class SortedTrainer:
             if index == last:
                 fallback_top1 = logits.argmax(-1).detach()
                 continue
-            agrees = (logits.argmax(-1) == fallback_top1).float()  # [T - 1]
+            label_top1 = fallback_top1 if target_top1 is None else target_top1
+            agrees = (logits.argmax(-1) == label_top1).float()  # [T - 1]
             probe = self.adapters.probe_logit(adapted.detach(), index)  # trains the probe only
             probe_losses.append(F.binary_cross_entropy_with_logits(probe, agrees))
             base_rate = float(agrees.mean())
@@ -228,8 +237,9 @@ class SortedTrainer:
         probe_base_rate = [0.0] * (len(c.exits) - 1)  # accuracy of always answering the majority label
         tokens = 0
         for w in range(c.windows_per_step):
-            window = self.stream.get(step * c.windows_per_step + w)
-            losses, agreement, probe_losses, probe_stats = self.window_losses(window)
+            index = step * c.windows_per_step + w
+            window = self.stream.get(index)
+            losses, agreement, probe_losses, probe_stats = self.window_losses(window, index)
             # the probes' loss only reaches the probes (their inputs are detached); it is logged on its own
             ((sum(losses) / len(losses) + sum(probe_losses)) / c.windows_per_step).backward()
             for i, (loss, a) in enumerate(zip(losses, agreement, strict=True)):
@@ -246,6 +256,25 @@ class SortedTrainer:
                 "agreement": agree, "probe_loss": probe_loss, "probe_accuracy": probe_accuracy,
                 "probe_base_rate": probe_base_rate, "tokens": tokens, "lr": self.lr_at(step),
                 "grad_norm": grad_norm}
+
+    @torch.no_grad()
+    def probe_labels_reference(self, window_index: int, tokens: list[int]) -> torch.Tensor:
+        """The probe target's greedy next token at each position of a training window: [T] (computed once per
+        window and kept in the run folder, so a resumed run reuses it)."""
+        from ..models.adapter import load_model
+
+        if window_index not in self.probe_reference:
+            if self.probe_model is None:
+                name = self.config.probe_target
+                self.probe_model = self.draft if name == self.config.draft else load_model(name, "float32",
+                                                                                            progress=False)
+                if self.probe_model.vocab_size != self.to_draft.shape[0]:
+                    raise SpecdraftError(f"--probe-target {name!r} has {self.probe_model.vocab_size} logits, the "
+                                         f"draft {self.to_draft.shape[0]}: it must share the draft's vocabulary")
+            state = self.probe_model.new_state(capacity=len(tokens))
+            self.probe_reference[window_index] = state.forward(tokens, len(tokens)).argmax(-1)  # [T]
+            torch.save(self.probe_reference, self.probe_reference_path)
+        return self.probe_reference[window_index]
 
     @torch.no_grad()
     def _reference_argmax(self) -> dict[str, list[torch.Tensor]]:
@@ -352,7 +381,7 @@ def cmd_train_sorted(args) -> int:
                                rank=args.rank, draft_vocab=args.draft_vocab, loss=args.loss, steps=args.steps,
                                window=args.window, windows_per_step=args.windows_per_step, lr=args.lr,
                                checkpoint_every=args.checkpoint_every, seed=args.seed, corpus=args.corpus,
-                               init=args.init,
+                               init=args.init, probe_target=args.probe_target,
                                validate_against=tuple(n for n in args.validate_against.split(",") if n))
     trainer = SortedTrainer(config)
     trainer.run()
