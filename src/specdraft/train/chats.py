@@ -393,7 +393,8 @@ def generate(config: ChatsConfig, progress: bool = True) -> Path:
             bar.set_postfix(tok_s=f"{written_now / max(time.time() - started, 1e-9):.1f}")
     bar.close()
     if total < config.tokens:
-        print(f"chats: the prompts ran out at {total} answer tokens; raise --per-kind for more")
+        print(f"chats: the prompts ran out at {total} answer tokens; for more, start another --out with a larger "
+              f"--per-kind or another --seed (the prompts depend on both), and join them: --corpus chats:A+chats:B")
     return path
 
 
