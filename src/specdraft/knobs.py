@@ -24,9 +24,9 @@ def add_drafter_knob_args(parser: argparse.ArgumentParser) -> None:
                         "score only the N most frequent rows of the draft's LM head, plus the prompt's tokens "
                         "(0: all; exact either way)")
     parser.add_argument("--exit-rule", default=defaults.exit_rule, help="method sorted: threshold:T1,T2,.. (stop at "
-                        "the first exit whose top-1 probability > Ti), probe:T1,T2,.. (stop where the trained exit probe's "
-                        "probability > Ti; the LM head runs once per token) or cost:W (weigh the remaining layers' "
-                        "cost)")
+                        "the first exit whose top-1 probability > Ti), probe:T1,T2,.. (stop where the trained "
+                        "exit probe's probability > Ti; the LM head runs once per token) or cost:W (weigh the "
+                        "remaining layers' cost)")
 
 
 def drafter_knobs(args: argparse.Namespace) -> dict:

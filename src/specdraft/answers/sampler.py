@@ -53,8 +53,9 @@ def one_line(text: str) -> bool:
     return "\n" in text.lstrip()
 
 
-class _Decoder:
-    """One model's forward over a batch of rows that share a prefix, with a KV cache."""
+class BatchDecoder:
+    """One model's forward over a batch of rows with a KV cache: rows that share a prefix, or left-padded
+    prompts (`attention_mask` and `position_ids` as transformers takes them)."""
 
     def __init__(self, loaded: LoadedModel):
         from transformers import DynamicCache
@@ -62,12 +63,14 @@ class _Decoder:
         self.loaded = loaded
         self.cache = DynamicCache(config=loaded.model.config)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids [rows, n] -> float32 logits [rows, V] of the last position; the cache grows by n."""
         rows, n = input_ids.shape
         few_rows = self.loaded.weight_major and 1 < rows * n <= WeightMajorLinear.MAX_ROWS
         with WeightMajorLinear() if few_rows else contextlib.nullcontext():
-            out = self.loaded.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=1)
+            out = self.loaded.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                    cache=self.cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1].float()
 
 
@@ -95,7 +98,7 @@ def sample_answers(loaded: LoadedModel, prompt_ids: list[int], n: int, temperatu
     out = AnswerSet(prompt_tokens=len(prompt_ids), greedy=None)
     with torch.inference_mode():
         t0 = time.perf_counter()
-        decoder = _Decoder(loaded)
+        decoder = BatchDecoder(loaded)
         first_logits = decoder.forward(torch.tensor([prompt_ids]))  # [1, V]
         out.time_prefill_s = time.perf_counter() - t0
 

@@ -205,12 +205,8 @@ def sample_batch(loaded, prompts: list[list[int]], temperature: float, max_new_t
     they finish. Padding is masked out and each row's positions count its own tokens only, so a row decodes
     as it would alone (up to the last bits of a batched matmul).
     """
-    import contextlib
-
-    from transformers import DynamicCache
-
+    from ..answers.sampler import BatchDecoder
     from ..config import SamplingParams
-    from ..models.fastpath import WeightMajorLinear
     from ..sampling import processed_probs, sample
 
     if not prompts:
@@ -221,15 +217,11 @@ def sample_batch(loaded, prompts: list[list[int]], temperature: float, max_new_t
     width = max(len(p) for p in prompts)
     input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])  # [rows, width]
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])  # [rows, width]
-    cache = DynamicCache(config=loaded.model.config)
+    decoder = BatchDecoder(loaded)
 
     def forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]  # [rows, n]
-        few_rows = loaded.weight_major and ids.numel() <= WeightMajorLinear.MAX_ROWS
-        with WeightMajorLinear() if few_rows else contextlib.nullcontext():
-            out = loaded.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                               use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1].float()  # [rows, V]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]  # [rows, n]: each row counts its own
+        return decoder.forward(ids, mask, positions)  # [rows, V]
 
     answers: list[list[int]] = [[] for _ in prompts]
     reasons: list[str | None] = [None] * len(prompts)
@@ -252,7 +244,7 @@ def sample_batch(loaded, prompts: list[list[int]], temperature: float, max_new_t
                 break
             if len(still) < len(active):
                 keep = torch.tensor(still)
-                cache.batch_select_indices(keep)
+                decoder.cache.batch_select_indices(keep)
                 mask = mask[keep]
             active = [active[row] for row in still]
             mask = torch.cat([mask, torch.ones(len(active), 1, dtype=mask.dtype)], dim=1)

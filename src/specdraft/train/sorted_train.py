@@ -87,6 +87,11 @@ class WindowStream:
         return out[:count]
 
 
+def greedy_next_tokens(model, tokens: list[int]) -> torch.Tensor:
+    """A model's greedy next token after every prefix of `tokens`: [T] target ids."""
+    return model.new_state(capacity=len(tokens)).forward(tokens, len(tokens)).argmax(-1)
+
+
 class SortedTrainer:
     def __init__(self, config: SortedTrainConfig, progress: bool = True):
         from ..drafters.vocab import DraftVocab
@@ -145,9 +150,7 @@ class SortedTrainer:
         start = load_adapters(name_or_path, self.native.final_norm, self.native.lm_head)
         mine, theirs = self.adapters.config, start.config
         for name in ("exits", "rank", "draft_vocab"):
-            this_run, given = getattr(mine, name), getattr(theirs, name)
-            if name == "exits":
-                this_run, given = tuple(this_run), tuple(given)
+            this_run, given = getattr(mine, name), getattr(theirs, name)  # exits: tuples on both sides
             if this_run != given:
                 raise SpecdraftError(f"--init {name_or_path!r} has {name} {given}, this run {this_run}; pass the "
                                      f"same --{name.replace('_', '-')}")
@@ -184,10 +187,11 @@ class SortedTrainer:
         normed = self.native.ops.rms_norm(final_hidden.contiguous(), self.native.final_norm, self.native.eps)
         return F.linear(normed, self.head_rows).softmax(-1)
 
-    def window_losses(self, tokens: list[int], window_index: int | None = None
+    def window_losses(self, tokens: list[int], window_index: int
                       ) -> tuple[list[torch.Tensor], list[float], list[torch.Tensor], list[tuple[float, float]]]:
-        """Per exit: the loss on one window (a tensor with gradients; the exit probe's included), the top-1
-        agreement with the next token, and the probe's accuracy (exits but the last)."""
+        """Training window `window_index` of the stream: per exit, its loss (a tensor with gradients) and the top-1
+        agreement with the next token; per exit but the last, its probe's loss and (accuracy, majority-answer
+        rate)."""
         residuals = self.trunk(tokens, self.n_layers)
         labels = self.to_draft[torch.tensor(tokens[1:])]  # [T - 1]: the next token's row, -100 outside
         teacher = self.teacher_probs(residuals[self.n_layers][:-1])  # [T - 1, V_draft]
@@ -195,8 +199,8 @@ class SortedTrainer:
         losses, agreement = [None] * (last + 1), [0.0] * (last + 1)
         probe_losses, probe_stats = [], []
         fallback_top1 = None  # [T - 1]: the token the draft falls back to, the last exit's: "self" probes predict it
-        target_top1 = None  # [T - 1]: or the probe target's greedy token, as a draft-vocabulary row (-1 outside)
-        if self.config.probe_target != "self" and window_index is not None:
+        target_top1 = None  # [T - 1]: or the probe target's greedy token, as a draft-vocabulary row (-100 outside)
+        if self.config.probe_target != "self":
             target_top1 = self.to_draft[self.probe_labels_reference(window_index, tokens)[:-1]]
         for index in [last, *range(last)]:
             adapted = self.adapters(residuals[self.config.exits[index]][:-1], index)  # [T - 1, D]
@@ -261,26 +265,26 @@ class SortedTrainer:
     def probe_labels_reference(self, window_index: int, tokens: list[int]) -> torch.Tensor:
         """The probe target's greedy next token at each position of a training window: [T] (computed once per
         window and kept in the run folder, so a resumed run reuses it)."""
-        from ..models.adapter import load_model
-
         if window_index not in self.probe_reference:
             if self.probe_model is None:
                 name = self.config.probe_target
-                self.probe_model = self.draft if name == self.config.draft else load_model(name, "float32",
-                                                                                            progress=False)
+                self.probe_model = self._served_model(name)
                 if self.probe_model.vocab_size != self.to_draft.shape[0]:
                     raise SpecdraftError(f"--probe-target {name!r} has {self.probe_model.vocab_size} logits, the "
                                          f"draft {self.to_draft.shape[0]}: it must share the draft's vocabulary")
-            state = self.probe_model.new_state(capacity=len(tokens))
-            self.probe_reference[window_index] = state.forward(tokens, len(tokens)).argmax(-1)  # [T]
+            self.probe_reference[window_index] = greedy_next_tokens(self.probe_model, tokens)
             torch.save(self.probe_reference, self.probe_reference_path)
         return self.probe_reference[window_index]
+
+    def _served_model(self, name: str):
+        """A model the draft serves, by name or path, float32 (the draft itself when it is named)."""
+        from ..models.adapter import load_model
+
+        return self.draft if name == self.config.draft else load_model(name, "float32", progress=False)
 
     @torch.no_grad()
     def _reference_argmax(self) -> dict[str, list[torch.Tensor]]:
         """Per model in validate_against: its greedy next token at every held-out position (cached on disk)."""
-        from ..models.adapter import load_model
-
         path = self.folder / "validation_reference.pt"
         cached = torch.load(path, weights_only=False) if path.is_file() else {}
         if cached.get("windows") != self.val_windows:
@@ -288,12 +292,8 @@ class SortedTrainer:
         for name in self.config.validate_against:
             if name in cached["argmax"]:
                 continue
-            model = self.draft if name == self.config.draft else load_model(name, "float32", progress=False)
-            state_rows = []
-            for window in self.val_windows:
-                state = model.new_state()
-                state_rows.append(state.forward(window, len(window)).argmax(-1))  # [T]
-            cached["argmax"][name] = state_rows
+            model = self._served_model(name)
+            cached["argmax"][name] = [greedy_next_tokens(model, window) for window in self.val_windows]
             torch.save(cached, path)
         return cached["argmax"]
 
