@@ -83,7 +83,7 @@ def eager_curve(model, ks, prefix: int, device: str, repeats: int) -> dict[int, 
     for k in ks:
         ids = torch.randint(0, vocab, (1, k), device=device)
 
-        def one_pass():
+        def one_pass(k=k, ids=ids):
             model(input_ids=ids, past_key_values=cache, use_cache=True)
             cache.crop(-k)  # drop the k new tokens (transformers 5 counts from the end)
 
@@ -154,9 +154,10 @@ def main() -> int:
         model = build(shape, args.device, dtype)
         entry = {"weight_bytes": weight_bytes(model)}
         for mode, curve in (("eager", eager_curve), ("graph", graph_curve)):
+            # record a failure and go on: one mode failing must not lose the other's numbers
             try:
                 entry[mode] = {str(k): t for k, t in curve(model, ks, args.prefix, args.device, args.repeats).items()}
-            except Exception as error:  # record and go on: one mode failing must not lose the other's numbers
+            except Exception as error:  # noqa: BLE001
                 entry[mode] = {"error": f"{type(error).__name__}: {error}"[:500]}
             times = entry[mode]
             if "error" in times:

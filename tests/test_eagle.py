@@ -111,17 +111,21 @@ def tiny_features(tmp_path_factory):
     from specdraft.train.eagle_data import CollectConfig, collect
 
     root = tmp_path_factory.mktemp("eagle_data")
-    target_dir = build_model(root / "target", seed=5, layers=3)
-    config_path = target_dir / "tokenizer_config.json"
-    import json
-
-    tokenizer_config = json.loads(config_path.read_text())
-    tokenizer_config["chat_template"] = CHAT_TEMPLATE
-    config_path.write_text(json.dumps(tokenizer_config))
+    target_dir = with_chat_template(build_model(root / "target", seed=5, layers=3))
     folder = collect(CollectConfig(target=str(target_dir), out=str(root / "features"), tokens=400, max_len=48,
                                    layers=(1, 2, 3), dtype="float32", backend="native", threads=1),
                      progress=False)
     return target_dir, folder
+
+
+def with_chat_template(target_dir):
+    import json
+
+    config_path = target_dir / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_path.read_text())
+    tokenizer_config["chat_template"] = CHAT_TEMPLATE
+    config_path.write_text(json.dumps(tokenizer_config))
+    return target_dir
 
 
 def test_collected_features_match_a_fresh_forward(tiny_features):
@@ -189,6 +193,40 @@ def test_resuming_with_other_settings_is_a_user_error(tiny_features, tmp_path):
     Trainer(train_config(folder, tmp_path / "run", 3), progress=False).run()
     with pytest.raises(SpecdraftError, match="other settings"):
         Trainer(replace(train_config(folder, tmp_path / "run", 3), lr=1e-2), progress=False)
+
+
+def test_training_on_two_folders_reads_both_and_holds_out_from_each(tiny_features, tmp_path):
+    """--data A+B: corpora collected apart train one head; each folder gives held-out sequences."""
+    from specdraft.train.eagle_data import CollectConfig, collect
+    from specdraft.train.eagle_train import Trainer
+
+    target_dir, folder = tiny_features
+    second = collect(CollectConfig(target=str(target_dir), out=str(tmp_path / "second"), tokens=150, max_len=30,
+                                   layers=(1, 2, 3), dtype="float32", backend="native", threads=1),
+                     progress=False)
+    both = Trainer(train_config(f"{folder}+{second}", tmp_path / "both", 3), progress=False)
+    one = Trainer(train_config(folder, tmp_path / "one", 3), progress=False)
+    n_first = len(one.store.sequences)
+    assert len(both.store.sequences) == n_first + len(both.store.stores[1].sequences)
+    assert {w[0] for w in both.val_ids} & set(range(n_first)) == {w[0] for w in one.val_ids}
+    assert any(w[0] >= n_first for w in both.val_ids) and any(w[0] >= n_first for w in both.train_ids)
+    index = next(w[0] for w in both.train_ids if w[0] >= n_first)
+    for got, expected in zip(both.store.sequence(index), both.store.stores[1].sequence(index - n_first)):
+        assert torch.equal(got, expected)
+    both.run()
+    assert both.head.config.extra["data"] == f"{folder}+{second}"
+    other_target = build_other_target(tmp_path)
+    third = collect(CollectConfig(target=str(other_target), out=str(tmp_path / "third"), tokens=60, max_len=30,
+                                  layers=(1, 2, 3), dtype="float32", backend="native", threads=1), progress=False)
+    with pytest.raises(SpecdraftError, match="another"):
+        Trainer(train_config(f"{folder}+{third}", tmp_path / "mixed", 3), progress=False)
+
+
+def build_other_target(tmp_path):
+    """A tiny target of another width (a folder of another target must be refused)."""
+    from tiny import build_model
+
+    return with_chat_template(build_model(tmp_path / "other_target", seed=6, layers=3, hidden=64))
 
 
 def test_head_cache_rollback_matches_a_fresh_head_pass(tiny_models):

@@ -102,6 +102,24 @@ def test_kernels_are_built_with_openmp_and_thread_count_never_changes_a_result(t
     assert torch.equal(one_thread, two_threads)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_kernel_is_batch_invariant_across_k_blocks_and_tile_shapes(tiny_native, dtype):
+    """The tiny models' K (64) fits in one k block; a real model's 1,536 or 8,960 do not. K here spans three
+    blocks plus a tail that is not a multiple of 8, and N a partial row group: every token count's tile
+    shapes must give each token's row bit for bit what a one-token call gives, and a float64 reference."""
+    ops = tiny_native["qwen2", "bfloat16"].native.ops
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(13, 1540, generator=generator)  # [T, K]
+    weight = torch.randn(12 * 3 + 5, 1540, generator=generator).to(dtype)  # [N, K]
+    bias = torch.randn(12 * 3 + 5, generator=generator)
+    one_token = torch.cat([ops.linear(x[t:t + 1].contiguous(), weight, bias) for t in range(13)])  # [T, N]
+    reference = (x.double() @ weight.double().T + bias.double()).float()
+    torch.testing.assert_close(one_token, reference, atol=1e-3, rtol=1e-4)
+    for tokens in range(2, 14):
+        together = ops.linear(x[:tokens].contiguous(), weight, bias)
+        assert torch.equal(together, one_token[:tokens]), f"{tokens} tokens differ from one-token calls"
+
+
 def test_long_passes_use_the_matmul_path_and_agree(tiny_native):
     model = tiny_native["qwen2", "float32"]
     tokens = (TOKENS * 5)[: MAX_KERNEL_ROWS + 9]

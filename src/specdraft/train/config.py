@@ -9,7 +9,7 @@ from ..errors import SpecdraftError
 
 @dataclass
 class TrainConfig:
-    data: str  # a collected feature folder (train/eagle_data.collect)
+    data: str  # a collected feature folder (train/eagle_data.collect), or several joined by +
     out: str  # a head name (saved under ~/.cache/specdraft/heads/NAME) or a folder
     steps: int | None = None  # optimizer steps (one window each); None: `epochs` passes over the data
     epochs: float = 1.5

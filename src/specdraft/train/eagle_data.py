@@ -142,6 +142,36 @@ class FeatureStore:
         return torch.bincount(torch.from_numpy(np.array(self.tokens)).long(), minlength=vocab_size)
 
 
+class FeatureStores:
+    """Several collected folders read as one (corpora collected apart, e.g. chats and package text): the
+    sequences are numbered across the folders in order. All must come from the same target and taps."""
+
+    def __init__(self, folders: list[str | Path]):
+        if not folders:
+            raise SpecdraftError("no feature folder given")
+        self.stores = [FeatureStore(folder) for folder in folders]
+        self.meta = self.stores[0].meta
+        for store in self.stores[1:]:
+            for key in ("target", "hidden_size", "layers", "vocab_hash", "vocab_size"):
+                if store.meta.get(key) != self.meta.get(key):
+                    raise SpecdraftError(f"{store.folder} was collected with another {key} "
+                                         f"({store.meta.get(key)!r}) than {self.stores[0].folder} "
+                                         f"({self.meta.get(key)!r}); train on folders of one target")
+        self.sequences = [s for store in self.stores for s in store.sequences]
+        self.owner = [(k, i) for k, store in enumerate(self.stores) for i in range(len(store.sequences))]
+        self.n_tokens = sum(store.n_tokens for store in self.stores)
+
+    def sequence(self, index: int, start: int = 0, length: int | None = None):
+        """As FeatureStore.sequence, for a sequence numbered across the folders."""
+        k, i = self.owner[index]
+        return self.stores[k].sequence(i, start, length)
+
+
+def split_folders(spec: str) -> list[str]:
+    """"a+b" -> ["a", "b"] (feature folders joined by +, as corpora are)."""
+    return [part.strip() for part in spec.split("+") if part.strip()]
+
+
 def collect(config: CollectConfig, progress: bool = True) -> Path:
     """Run the target over the corpus, appending each sequence's features; resumes a partial folder."""
     from tqdm import tqdm
@@ -227,6 +257,7 @@ __all__ = [
     "PINNED_PACKAGES",
     "CollectConfig",
     "FeatureStore",
+    "FeatureStores",
     "candidate_docs",
     "collect",
     "default_layers",

@@ -40,7 +40,7 @@ from ..models.eagle_head import (
 )
 from .common import CHECKPOINT, LOG, output_folder, warmup_cosine_lr, write_checkpoint
 from .config import TrainConfig
-from .eagle_data import FeatureStore
+from .eagle_data import FeatureStores, split_folders
 
 
 @dataclass
@@ -145,15 +145,20 @@ class Trainer:
     def __init__(self, config: TrainConfig, progress: bool = True):
         self.config = config
         self.progress = progress
-        self.store = FeatureStore(config.data)
+        self.store = FeatureStores(split_folders(config.data))
         meta = self.store.meta
-        usable = [i for i, s in enumerate(self.store.sequences) if s["length"] >= 8]
-        if len(usable) < 2:
-            raise SpecdraftError(f"{config.data} holds {len(usable)} usable sequences; collect more (--tokens)")
-        n_val = max(1, int(len(usable) * config.validation_fraction))
-        # (sequence, start, length) windows; held-out sequences are the last ones of the ranked corpus
-        self.train_ids = self._windows(usable[:-n_val])
-        self.val_ids = self._windows(usable[-n_val:])
+        # (sequence, start, length) windows; held out: the last sequences of each folder's ranked corpus
+        train_sequences, val_sequences = [], []
+        for k, store in enumerate(self.store.stores):
+            usable = [i for i, (owner, j) in enumerate(self.store.owner)
+                      if owner == k and store.sequences[j]["length"] >= 8]
+            if len(usable) < 2:
+                raise SpecdraftError(f"{store.folder} holds {len(usable)} usable sequences; collect more (--tokens)")
+            n_val = max(1, int(len(usable) * config.validation_fraction))
+            train_sequences += usable[:-n_val]
+            val_sequences += usable[-n_val:]
+        self.train_ids = self._windows(train_sequences)
+        self.val_ids = self._windows(val_sequences)
         self.folder = output_folder(config.out, heads_root())
         self.folder.mkdir(parents=True, exist_ok=True)
         self.target = TargetTensors.load(meta["target_path"])
@@ -180,8 +185,11 @@ class Trainer:
                                           tuple(meta["layers"]), config.draft_vocab, meta["vocab_hash"],
                                           config.intermediate_size)
             covered = float(counts[draft_to_target].sum()) / max(1, int(counts.sum()))
-            head_config.extra = {"data": str(self.store.folder), "data_tokens": self.store.n_tokens,
-                                 "collect_dtype": meta.get("collect_dtype"), "train": asdict(config),
+            head_config.extra = {"data": "+".join(str(store.folder) for store in self.store.stores),
+                                 "data_tokens": self.store.n_tokens,
+                                 "collect_dtype": "+".join(str(store.meta.get("collect_dtype"))
+                                                           for store in self.store.stores),
+                                 "train": asdict(config),
                                  "draft_vocab_coverage": covered}
             self.head = new_head(head_config, self.target.embed, self.target.lm_head, self.target.final_norm,
                                  draft_to_target, seed=config.seed)
@@ -204,7 +212,7 @@ class Trainer:
         d = asdict(self.config)
         d.pop("steps")
         d.pop("checkpoint_every")
-        d["data"] = str(Path(d["data"]).expanduser().resolve())
+        d["data"] = "+".join(str(Path(folder).expanduser().resolve()) for folder in split_folders(d["data"]))
         return d
 
     def _optimizer(self) -> torch.optim.Optimizer:
@@ -315,8 +323,15 @@ def cmd_train(args) -> int:
     if args.corpus != "packages":  # one feature folder per corpus
         folder += "-" + args.corpus.replace(":", "-").replace("+", "_").replace("/", "_")
     data = args.data or str(Path("~/.cache/specdraft/eagle-data").expanduser() / folder)
-    collect(CollectConfig(target=args.target, out=data, tokens=args.tokens, max_len=args.max_len,
-                          dtype=args.collect_dtype, threads=args.threads, corpus=args.corpus))
+    if len(split_folders(data)) > 1:  # several folders: collected already (each by its own --corpus run)
+        print(f"training on the collected folders {data} (nothing is collected with several --data folders)")
+    else:
+        collect(CollectConfig(target=args.target, out=data, tokens=args.tokens, max_len=args.max_len,
+                              dtype=args.collect_dtype, threads=args.threads, corpus=args.corpus))
+    if args.collect_only:
+        print(f"features: {data}; train on them (and other folders: --data A+B) with the same command without "
+              f"--collect-only")
+        return 0
     config = TrainConfig(data=data, out=args.out, steps=args.steps, epochs=args.epochs, ttt_steps=args.ttt_steps,
                          window=args.window, draft_vocab=args.draft_vocab, intermediate_size=args.intermediate_size,
                          lr=args.lr, checkpoint_every=args.checkpoint_every, seed=args.seed)

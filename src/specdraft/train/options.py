@@ -15,7 +15,9 @@ def add_train_arguments(parser) -> None:
     defaults = TrainConfig(data="", out="")
     eagle.add_argument("--target", default=DEFAULT_TARGET)
     eagle.add_argument("--out", required=True, help="head name (saved in ~/.cache/specdraft/heads/NAME) or folder")
-    eagle.add_argument("--data", default=None, help="feature folder (default ~/.cache/specdraft/eagle-data/TARGET)")
+    eagle.add_argument("--data", default=None, help="feature folder (default ~/.cache/specdraft/eagle-data/TARGET, "
+                       "suffixed by the corpus); several joined by + train on all of them, collected already")
+    eagle.add_argument("--collect-only", action="store_true", help="collect the features, do not train")
     eagle.add_argument("--tokens", type=int, default=60_000, help="tokens of training text to collect "
                        "(default sized with --epochs 1.5 to about 2 h on this 2-core AVX2 machine: docs/eagle.md)")
     eagle.add_argument("--max-len", type=int, default=512, help="tokens per collected sequence")
