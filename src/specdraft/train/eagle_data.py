@@ -149,7 +149,8 @@ class FeatureStores:
     def __init__(self, folders: list[str | Path]):
         if not folders:
             raise SpecdraftError("no feature folder given")
-        self.stores = [FeatureStore(folder) for folder in folders]
+        # expanded here: a shell expands the ~ of the first folder of A+B only
+        self.stores = [FeatureStore(Path(folder).expanduser()) for folder in folders]
         self.meta = self.stores[0].meta
         for store in self.stores[1:]:
             for key in ("target", "hidden_size", "layers", "vocab_hash", "vocab_size"):

@@ -41,9 +41,16 @@ inline float hsum(__m256 v) {
 // Each (row, token) pair owns one accumulator and sees the same instruction sequence in every tile shape, so
 // the tile shape (chosen by the number of tokens) never changes a result. The accumulators are named
 // variables, not an array, so that the compiler keeps them in registers.
+//
+// `ahead` (or nullptr): the same rows of the next row group, pulled into L2 while this tile computes. A
+// multi-token tile is compute-bound and leaves the memory bus idle; without the prefetch the next group's weights
+// would be read only when its own compute starts, so streaming and arithmetic would take turns. Prefetches change
+// no result.
 template <typename WT, int R, int TB>
-inline void dot_block(const WT* w, int64_t K, const float* x, float* out, int64_t N, const float* bias) {
+inline void dot_block(const WT* w, int64_t K, const float* x, float* out, int64_t N, const float* bias,
+                      const WT* ahead = nullptr) {
   static_assert(R >= 1 && R <= 6 && TB >= 1 && TB <= 6 && R * TB + R + 1 <= 16, "tile does not fit in 16 ymm");
+  constexpr int64_t kLine = 64 / sizeof(WT);  // weights per cache line
   const __m256 zero = _mm256_setzero_ps();
 #define SPECDRAFT_ACC(r) __m256 a##r##0 = zero, a##r##1 = zero, a##r##2 = zero, a##r##3 = zero, \
                                 a##r##4 = zero, a##r##5 = zero;
@@ -51,6 +58,9 @@ inline void dot_block(const WT* w, int64_t K, const float* x, float* out, int64_
 #undef SPECDRAFT_ACC
   const int64_t K8 = K - K % 8;
   for (int64_t k = 0; k < K8; k += 8) {
+    if (ahead && k % kLine == 0) {
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(ahead + r * K + k), _MM_HINT_T1);
+    }
     const __m256 wv0 = load8(w + k);
     const __m256 wv1 = R > 1 ? load8(w + 1 * K + k) : zero;
     const __m256 wv2 = R > 2 ? load8(w + 2 * K + k) : zero;
@@ -86,14 +96,15 @@ inline void dot_block(const WT* w, int64_t K, const float* x, float* out, int64_
 // the token count of the tile shrinks: few tokens need more independent rows to hide the FMA latency.
 template <typename WT, int R, int TB>
 inline void tile_rows(const WT* w, int64_t rows, int64_t K, const float* x, float* out, int64_t N,
-                      const float* bias) {
+                      const float* bias, const WT* ahead) {
   for (int64_t r = 0; r < rows; r += R)
-    dot_block<WT, R, TB>(w + r * K, K, x, out + r, N, bias ? bias + r : nullptr);
+    dot_block<WT, R, TB>(w + r * K, K, x, out + r, N, bias ? bias + r : nullptr, ahead ? ahead + r * K : nullptr);
 }
 
+// `next`: the next full group of 12 rows (or nullptr), prefetched by the multi-token tiles.
 template <typename WT>
 inline void rows_all_tokens(const WT* w, int64_t rows, int64_t K, const float* x, int64_t T, float* out,
-                            int64_t N, const float* bias) {
+                            int64_t N, const float* bias, const WT* next) {
   if (rows != 12) {  // the last rows of the matrix, one at a time
     for (int64_t r = 0; r < rows; ++r) {
       const float* b = bias ? bias + r : nullptr;
@@ -103,16 +114,20 @@ inline void rows_all_tokens(const WT* w, int64_t rows, int64_t K, const float* x
     }
     return;
   }
+  // one-token steps stream at the bandwidth limit already: no prefetch there (nor for a 1-token remainder, whose
+  // weights the earlier tiles of this group have just read)
+  const WT* ahead = T > 1 ? next : nullptr;
   int64_t t = 0;
-  for (; t + 6 <= T; t += 6) tile_rows<WT, 2, 6>(w, 12, K, x + t * K, out + t * N, N, bias);
+  for (; t + 6 <= T; t += 6) tile_rows<WT, 2, 6>(w, 12, K, x + t * K, out + t * N, N, bias, t == 0 ? ahead : nullptr);
+  const WT* rest_ahead = t == 0 ? ahead : nullptr;
   const float* xt = x + t * K;
   float* ot = out + t * N;
   switch (T - t) {
-    case 1: tile_rows<WT, 6, 1>(w, 12, K, xt, ot, N, bias); break;
-    case 2: tile_rows<WT, 4, 2>(w, 12, K, xt, ot, N, bias); break;
-    case 3: tile_rows<WT, 3, 3>(w, 12, K, xt, ot, N, bias); break;
-    case 4: tile_rows<WT, 2, 4>(w, 12, K, xt, ot, N, bias); break;
-    case 5: tile_rows<WT, 2, 5>(w, 12, K, xt, ot, N, bias); break;
+    case 1: tile_rows<WT, 6, 1>(w, 12, K, xt, ot, N, bias, nullptr); break;
+    case 2: tile_rows<WT, 4, 2>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
+    case 3: tile_rows<WT, 3, 3>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
+    case 4: tile_rows<WT, 2, 4>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
+    case 5: tile_rows<WT, 2, 5>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
     default: break;
   }
 }
@@ -126,7 +141,8 @@ void linear_impl(const float* x, const WT* w, const float* bias, float* out, int
   at::parallel_for(0, groups, 4, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       const int64_t n = g * G, rows = std::min(G, N - n);
-      rows_all_tokens<WT>(w + n * K, rows, K, x, T, out + n, N, bias ? bias + n : nullptr);
+      const WT* next = g + 1 < end && n + 2 * G <= N ? w + (n + G) * K : nullptr;  // this thread's next group
+      rows_all_tokens<WT>(w + n * K, rows, K, x, T, out + n, N, bias ? bias + n : nullptr, next);
     }
   });
 }
