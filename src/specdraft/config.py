@@ -66,7 +66,9 @@ class SpecConfig:
     # tokens. Default from the verify-cost curve T(k)/T(1) measured on a quiet machine, 2 threads, bf16 native,
     # 1.5B target (2026-11-29): k=2 1.22, 3 1.44, 4 1.75, 6 2.04, 8 2.66, 16 4.30. The step from 4 to 6 tokens
     # is the cheapest per token on that curve, so 5 nodes (a 6-token pass, about 2 steps). A faster k > 1 kernel
-    # flattens the curve and favours larger budgets: re-measure and override (--tree-budget).
+    # flattens the curve and favours larger budgets: re-measure and override (--tree-budget). Session 6's kernel
+    # (next-group prefetch): k=2 1.08, 3 1.15, 4 1.42, 6 1.89, 16 4.57 against a faster T(1); the budget has
+    # not been re-tuned end to end against it (docs/performance.md).
     tree_budget: int = 5
     tree_depth: int = 4
     tree_branch: int = 2

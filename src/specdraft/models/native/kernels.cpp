@@ -42,10 +42,10 @@ inline float hsum(__m256 v) {
 // the tile shape (chosen by the number of tokens) never changes a result. The accumulators are named
 // variables, not an array, so that the compiler keeps them in registers.
 //
-// `ahead` (or nullptr): the same rows of the next row group, pulled into L2 while this tile computes. A
-// multi-token tile is compute-bound and leaves the memory bus idle; without the prefetch the next group's weights
-// would be read only when its own compute starts, so streaming and arithmetic would take turns. Prefetches change
-// no result.
+// `ahead` (or nullptr): the same rows of the next row group, pulled into L2 while this tile computes. Without it
+// the next group's weights are read only when its own compute starts, so streaming and arithmetic take turns;
+// with it a multi-token tile's arithmetic overlaps the next tile's loads, and a one-token tile keeps more loads
+// in flight than the hardware prefetcher does (docs/performance.md has the A/B). Prefetches change no result.
 template <typename WT, int R, int TB>
 inline void dot_block(const WT* w, int64_t K, const float* x, float* out, int64_t N, const float* bias,
                       const WT* ahead = nullptr) {
@@ -114,16 +114,14 @@ inline void rows_all_tokens(const WT* w, int64_t rows, int64_t K, const float* x
     }
     return;
   }
-  // one-token steps stream at the bandwidth limit already: no prefetch there (nor for a 1-token remainder, whose
-  // weights the earlier tiles of this group have just read)
-  const WT* ahead = T > 1 ? next : nullptr;
+  const WT* ahead = next;  // prefetched by the first tile that reads this group (later ones re-read it from cache)
   int64_t t = 0;
   for (; t + 6 <= T; t += 6) tile_rows<WT, 2, 6>(w, 12, K, x + t * K, out + t * N, N, bias, t == 0 ? ahead : nullptr);
   const WT* rest_ahead = t == 0 ? ahead : nullptr;
   const float* xt = x + t * K;
   float* ot = out + t * N;
   switch (T - t) {
-    case 1: tile_rows<WT, 6, 1>(w, 12, K, xt, ot, N, bias, nullptr); break;
+    case 1: tile_rows<WT, 6, 1>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
     case 2: tile_rows<WT, 4, 2>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
     case 3: tile_rows<WT, 3, 3>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
     case 4: tile_rows<WT, 2, 4>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
