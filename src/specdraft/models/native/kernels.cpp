@@ -101,7 +101,7 @@ inline void tile_rows(const WT* w, int64_t rows, int64_t K, const float* x, floa
     dot_block<WT, R, TB>(w + r * K, K, x, out + r, N, bias ? bias + r : nullptr, ahead ? ahead + r * K : nullptr);
 }
 
-// `next`: the next full group of 12 rows (or nullptr), prefetched by the multi-token tiles.
+// `next`: the next full group of 12 rows of this thread (or nullptr), prefetched while this group computes.
 template <typename WT>
 inline void rows_all_tokens(const WT* w, int64_t rows, int64_t K, const float* x, int64_t T, float* out,
                             int64_t N, const float* bias, const WT* next) {
