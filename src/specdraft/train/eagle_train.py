@@ -148,10 +148,10 @@ class Trainer:
         self.store = FeatureStores(split_folders(config.data))
         meta = self.store.meta
         # (sequence, start, length) windows; held out: the last sequences of each folder's ranked corpus
-        train_sequences, val_sequences = [], []
-        for k, store in enumerate(self.store.stores):
-            usable = [i for i, (owner, j) in enumerate(self.store.owner)
-                      if owner == k and store.sequences[j]["length"] >= 8]
+        train_sequences, val_sequences, offset = [], [], 0
+        for store in self.store.stores:
+            usable = [offset + j for j, s in enumerate(store.sequences) if s["length"] >= 8]  # numbered across
+            offset += len(store.sequences)
             if len(usable) < 2:
                 raise SpecdraftError(f"{store.folder} holds {len(usable)} usable sequences; collect more (--tokens)")
             n_val = max(1, int(len(usable) * config.validation_fraction))

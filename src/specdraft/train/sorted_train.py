@@ -264,7 +264,7 @@ class SortedTrainer:
     @torch.no_grad()
     def probe_labels_reference(self, window_index: int, tokens: list[int]) -> torch.Tensor:
         """The probe target's greedy next token at each position of a training window: [T] (computed once per
-        window and kept in the run folder, so a resumed run reuses it)."""
+        window; saved with each checkpoint, so a resumed run reuses it)."""
         if window_index not in self.probe_reference:
             if self.probe_model is None:
                 name = self.config.probe_target
@@ -273,7 +273,6 @@ class SortedTrainer:
                     raise SpecdraftError(f"--probe-target {name!r} has {self.probe_model.vocab_size} logits, the "
                                          f"draft {self.to_draft.shape[0]}: it must share the draft's vocabulary")
             self.probe_reference[window_index] = greedy_next_tokens(self.probe_model, tokens)
-            torch.save(self.probe_reference, self.probe_reference_path)
         return self.probe_reference[window_index]
 
     def _served_model(self, name: str):
@@ -333,6 +332,8 @@ class SortedTrainer:
     def checkpoint(self) -> None:
         ckpt = {"train_config": self._identity(), "adapters": self.adapters.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "step": self.step, "history": self.history}
+        if self.probe_reference:
+            torch.save(self.probe_reference, self.probe_reference_path)
         write_checkpoint(self.folder, ckpt, self.history, [f"exit at layer {e}" for e in self.config.exits],
                          f"{self.config.loss} loss")
 

@@ -114,10 +114,10 @@ inline void rows_all_tokens(const WT* w, int64_t rows, int64_t K, const float* x
     }
     return;
   }
-  const WT* ahead = next;  // prefetched by the first tile that reads this group (later ones re-read it from cache)
+  // the first tile that reads this group prefetches the next one (later tiles re-read this group from cache)
   int64_t t = 0;
-  for (; t + 6 <= T; t += 6) tile_rows<WT, 2, 6>(w, 12, K, x + t * K, out + t * N, N, bias, t == 0 ? ahead : nullptr);
-  const WT* rest_ahead = t == 0 ? ahead : nullptr;
+  for (; t + 6 <= T; t += 6) tile_rows<WT, 2, 6>(w, 12, K, x + t * K, out + t * N, N, bias, t == 0 ? next : nullptr);
+  const WT* rest_ahead = t == 0 ? next : nullptr;
   const float* xt = x + t * K;
   float* ot = out + t * N;
   switch (T - t) {
