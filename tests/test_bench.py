@@ -262,3 +262,54 @@ def test_per_label_tallies_of_labelled_drafts_reach_the_summary_and_report():
     assert label_tallies([{"stats": {"drafted": 3}}]) is None
     lines = label_section({"results": {"sorted": {"overall": {"by_label": tallies}}, "ar": {"overall": {}}}})
     assert lines[2] == "- sorted: exit 8: 1/4 accepted (0.25); exit 24: 2/2 accepted (1.00)"
+
+
+def test_an_interrupted_run_resumes_where_it_stopped_and_refuses_other_settings(tiny_models, tiny_dirs, tmp_path):
+    """A killed run (whole prompts written, one cut off mid-write) continues with --resume: kept records stay as
+    they were, the cut-off prompt runs again whole, and the result equals an uninterrupted run's."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    settings = BenchSettings(prompts=str(prompts), methods=("ar", "draft"), target=str(tiny_dirs["target"]),
+                             draft=str(tiny_dirs["draft"]), gammas=(2,), max_new_tokens=6, dtype="float32",
+                             out=str(tmp_path / "out"), chat=False, warmup_tokens=1, command="test")
+    models = BenchModels(settings.model_config(), tiny_models["target"], tiny_models["draft"])
+    run_bench(settings, progress=False, models=models)
+    records_path = tmp_path / "out" / "records.jsonl"
+    lines = records_path.read_text().splitlines()
+    full = {(r["question_id"], r["turn"], r["label"]): r["output_ids"] for r in map(json.loads, lines)}
+    first_prompt = [line for line in lines if json.loads(line)["question_id"] == "chat-1"]
+    second_prompt = [line for line in lines if json.loads(line)["question_id"] == "chat-2"]
+    # killed while writing chat-2: one of its records written, the next one cut off
+    records_path.write_text("\n".join(first_prompt + second_prompt[:1]) + "\n" + second_prompt[1][:25])
+
+    with pytest.raises(SpecdraftError, match="--resume to continue"):
+        run_bench(settings, progress=False, models=models)
+    other = BenchSettings(**{**settings.__dict__, "resume": True, "max_new_tokens": 7})
+    with pytest.raises(SpecdraftError, match="max_new_tokens: 6 then, 7 now"):
+        run_bench(other, progress=False, models=models)
+    assert records_path.read_text().endswith(second_prompt[1][:25])  # a refusal changes nothing
+
+    resumed = BenchSettings(**{**settings.__dict__, "resume": True})
+    summary = run_bench(resumed, progress=False, models=models)
+    lines_after = records_path.read_text().splitlines()
+    assert lines_after[:len(first_prompt)] == first_prompt  # kept as written, not rerun
+    after = [json.loads(line) for line in lines_after]
+    assert sorted((r["question_id"], r["turn"], r["label"]) for r in after) == sorted(full)
+    assert {(r["question_id"], r["turn"], r["label"]): r["output_ids"] for r in after} == full
+    segments = summary["segments"]
+    assert [s["prompts_run"] for s in segments] == [4, 3]  # chat-2 ran again whole
+    assert summary["results"]["draft"]["overall"]["identical_to_ar"] == 1.0
+    assert "Resumed run, 2 parts" in (tmp_path / "out" / "report.md").read_text()
+
+    again = run_bench(resumed, progress=False, models=models)  # nothing left: no generation, same records
+    assert records_path.read_text().splitlines() == lines_after and again["segments"][-1]["prompts_run"] == 0
+    fresh = run_bench(BenchSettings(**{**settings.__dict__, "overwrite": True}), progress=False, models=models)
+    assert [s["prompts_run"] for s in fresh["segments"]] == [4]
+
+
+def test_cli_bench_refuses_resume_with_overwrite(capsys):
+    from specdraft.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["bench", "--resume", "--overwrite"])
+    assert "not allowed with argument" in capsys.readouterr().err

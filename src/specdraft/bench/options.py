@@ -41,6 +41,8 @@ class BenchSettings:
     threads: int | None = None
     cache_dir: str | None = None
     command: str = ""
+    resume: bool = False  # continue the run in `out`: prompts with every record present are not run again
+    overwrite: bool = False  # start afresh although `out` holds records of an earlier run
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(target=self.target, draft=self.draft, dtype=self.dtype, cache_dir=self.cache_dir,
@@ -133,6 +135,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench-out", help="directory for records.jsonl, summary.json, report.md")
+    restart = parser.add_mutually_exclusive_group()
+    restart.add_argument("--resume", action="store_true", help="continue the run in --out (same settings): prompts "
+                         "whose records are all there are kept and skipped, a prompt cut off midway runs again")
+    restart.add_argument("--overwrite", action="store_true", help="replace the records already in --out")
     parser.add_argument("--no-chat", action="store_true", help="raw prompts, no chat template")
     parser.add_argument("--warmup-tokens", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None)
@@ -159,4 +165,5 @@ def settings_from_args(args: argparse.Namespace, command: str = "") -> BenchSett
                          dtype=normalize_dtype(args.dtype), backend=normalize_backend(args.backend),
                          temperature=args.temperature, seed=args.seed,
                          out=args.out, chat=not args.no_chat, warmup_tokens=args.warmup_tokens,
-                         threads=args.threads, cache_dir=args.cache_dir, command=command)
+                         threads=args.threads, cache_dir=args.cache_dir, command=command,
+                         resume=args.resume, overwrite=args.overwrite)

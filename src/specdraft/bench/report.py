@@ -136,6 +136,16 @@ def _gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2 ** 30:.2f} GiB"
 
 
+def _segments(summary: dict) -> list[str]:
+    """A resumed run ran in parts: when each ran, how many prompts, and the load average around it."""
+    segments = summary.get("segments") or []
+    if len(segments) < 2:
+        return []
+    parts = [f"{seg['started']} ({seg['prompts_run']} prompts, load {_load(seg.get('load_average_at_start'))} → "
+             f"{_load(seg.get('load_average_at_end'))})" for seg in segments]
+    return [f"Resumed run, {len(segments)} parts (`--resume`): " + "; ".join(parts) + "."]
+
+
 def format_report(summary: dict, figures: list[str]) -> str:
     s = summary["settings"]
     mem = summary.get("memory", {})
@@ -152,7 +162,7 @@ def format_report(summary: dict, figures: list[str]) -> str:
         f"{s['max_new_tokens']} new tokens per turn, γ {', '.join(map(str, s['gammas']))}, "
         f"{'chat template' if s['chat'] else 'raw prompts'}; our backend: target {_backend(summary, 'target')}, "
         f"draft {_backend(summary, 'draft')} (transformers' methods always run the model's own forward).",
-        f"Command: `{s['command']}`", "",
+        f"Command: `{s['command']}`", *_segments(summary), "",
         format_table(summary), "",
         "τ counts the tokens each target pass produced (accepted + 1); α = accepted / examined; predicted τ = "
         "(1 − α^(γ+1)) / (1 − α) at the configured γ (prompt lookup drafts fewer than γ when nothing matches, "

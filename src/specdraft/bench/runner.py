@@ -72,16 +72,23 @@ def base_spec_fields(settings: BenchSettings, gamma: int) -> dict:
                 eagle_head=settings.eagle_head, **tree_knobs(settings))
 
 
-def build_variants(settings: BenchSettings, models: BenchModels) -> list[Variant]:
+def plan_variants(settings: BenchSettings) -> list[tuple[str, Method, int | None, SpecConfig]]:
+    """(label, method, gamma, drafter config) per results column, without loading a model: one column per
+    --methods entry, or one per gamma when --gamma sweeps and the method takes it."""
     sweep = len(settings.gammas) > 1
-    variants = []
+    plan = []
     for text, method, overrides in check_methods(settings):
         gammas = settings.gammas if method.uses_gamma and "gamma" not in overrides else (None,)
         for gamma in gammas:
             spec = SpecConfig(**{**base_spec_fields(settings, gamma or settings.gammas[0]), **overrides})
             label = f"{text}-g{gamma}" if sweep and gamma is not None else text
-            variants.append(Variant(label, method, gamma or overrides.get("gamma"), method.build(models, spec)))
-    return variants
+            plan.append((label, method, gamma or overrides.get("gamma"), spec))
+    return plan
+
+
+def build_variants(settings: BenchSettings, models: BenchModels) -> list[Variant]:
+    return [Variant(label, method, gamma, method.build(models, spec))
+            for label, method, gamma, spec in plan_variants(settings)]
 
 
 def compare_tokens(candidate: list[int], reference: list[int]) -> tuple[bool, int | None]:
@@ -156,12 +163,16 @@ def mark_equality(records: list[dict], greedy: bool) -> None:
 
 
 def run_prompts(settings: BenchSettings, variants: list[Variant], target: LoadedModel, prompts: list[dict],
-                on_prompt_done=None, progress: bool = True, warmup_s: dict | None = None) -> list[dict]:
-    """Warm up, then every variant on every prompt (rotating order); returns all records. `warmup_s`, when
-    given, receives each variant's warm-up wall time (a one-off cost, reported apart from the timings)."""
+                on_prompt_done=None, progress: bool = True, warmup_s: dict | None = None,
+                done: frozenset[str] = frozenset()) -> list[dict]:
+    """Warm up, then every variant on every prompt (rotating order); returns the new records. `warmup_s`, when
+    given, receives each variant's warm-up wall time (a one-off cost, reported apart from the timings). Prompts
+    whose question_id is in `done` are skipped (a resumed run); the others keep the rotation of a full run."""
     from tqdm import tqdm
 
     params = settings.sampling()
+    if all(p["question_id"] in done for p in prompts):
+        return []
     for variant in variants:  # warm-up: one-off costs (allocations, lazy init) stay out of the timings
         conversation = Conversation(target, settings.chat)
         started = time.perf_counter()
@@ -169,10 +180,12 @@ def run_prompts(settings: BenchSettings, variants: list[Variant], target: Loaded
         if warmup_s is not None:
             warmup_s[variant.label] = time.perf_counter() - started
     records: list[dict] = []
-    total = sum(len(p["turns"]) for p in prompts) * len(variants)
+    total = sum(len(p["turns"]) for p in prompts if p["question_id"] not in done) * len(variants)
     with tqdm(total=total, unit="turn", desc="bench", file=sys.stderr, disable=not progress,
               dynamic_ncols=True) as bar:
         for index, prompt in enumerate(prompts):
+            if prompt["question_id"] in done:
+                continue
             shift = index % len(variants)
             prompt_records = []
             for variant in variants[shift:] + variants[:shift]:
@@ -192,6 +205,77 @@ def run_prompts(settings: BenchSettings, variants: list[Variant], target: Loaded
             if on_prompt_done:
                 on_prompt_done(prompt_records)
     return records
+
+
+# ------------------------------------------------------------------------------------------------ resume
+
+# Settings that do not change what a record measures: where files go, which prompts this call selects.
+NOT_RUN_IDENTITY = ("out", "command", "resume", "overwrite", "limit", "categories", "cache_dir")
+
+
+def run_identity(settings: BenchSettings) -> dict:
+    return json.loads(json.dumps({k: v for k, v in asdict(settings).items() if k not in NOT_RUN_IDENTITY}))
+
+
+def read_records(path: Path) -> list[dict]:
+    """The records of an earlier run; a line cut off by a kill mid-write (the last one) is dropped."""
+    records = []
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise SpecdraftError(f"{path}: line {number} is not JSON; the records file was edited or is "
+                                     "corrupt, use --overwrite to start afresh") from None
+    return records
+
+
+def complete_records(records: list[dict], prompts: list[dict], labels: list[str]) -> tuple[list[dict], set[str]]:
+    """(records to keep, question_ids done): a selected prompt counts as done when every label has every turn;
+    a prompt with only part of them (cut off midway) is dropped so that it runs again whole. Records of prompts
+    outside this call's selection are kept as they are."""
+    turns = {p["question_id"]: len(p["turns"]) for p in prompts}
+    seen: dict[str, set] = {}
+    for r in records:
+        seen.setdefault(r["question_id"], set()).add((r["label"], r["turn"]))
+    done = {qid for qid, n in turns.items()
+            if seen.get(qid, set()) >= {(label, t) for label in labels for t in range(n)}}
+    kept = [r for r in records if r["question_id"] in done or r["question_id"] not in turns]
+    return kept, done
+
+
+def open_run(settings: BenchSettings, prompts: list[dict], labels: list[str]) -> tuple[list[dict], set[str], dict]:
+    """(records kept from an earlier run, question_ids done, the run file's content) for --out. Refuses to
+    overwrite records silently, and to resume a run made with other settings; both before any model loads."""
+    out = Path(settings.out)
+    records_path, run_path = out / "records.jsonl", out / "run.json"
+    has_records = records_path.exists() and records_path.stat().st_size > 0
+    identity = run_identity(settings)
+    fresh = {"settings": identity, "segments": []}
+    if settings.overwrite or not (has_records or settings.resume):
+        return [], set(), fresh
+    if not settings.resume:
+        raise SpecdraftError(f"{records_path} holds records of an earlier run: pass --resume to continue it, "
+                             "--overwrite to replace it, or another --out")
+    if not has_records:
+        return [], set(), json.loads(run_path.read_text()) if run_path.exists() else fresh
+    if not run_path.exists():
+        raise SpecdraftError(f"{out} has records but no run.json (written by an older specdraft, or edited): "
+                             "its settings cannot be checked; use --overwrite or another --out")
+    run = json.loads(run_path.read_text(encoding="utf-8"))
+    changed = sorted(k for k in identity.keys() | run["settings"].keys()
+                     if identity.get(k) != run["settings"].get(k))
+    if changed:
+        details = ", ".join(f"{k}: {run['settings'].get(k)!r} then, {identity.get(k)!r} now" for k in changed)
+        raise SpecdraftError(f"cannot resume {out}: the run there had other settings ({details}); use the same "
+                             "ones, --overwrite, or another --out")
+    kept, done = complete_records(read_records(records_path), prompts, labels)
+    return kept, done, run
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 # ------------------------------------------------------------------------------------------------ memory
@@ -256,7 +340,7 @@ def run_info(settings: BenchSettings, models: BenchModels) -> dict:
     return {
         # the dtype the target was loaded in (auto gives the native backend bf16 weights, see load_model)
         "settings": {**asdict(settings), "dtype_resolved": str(models.target.dtype).removeprefix("torch.")},
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": _now(),
         "machine": {"cpu": _cpu_model(), "cores": len(os.sched_getaffinity(0)),
                     "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
                     "platform": platform.platform(), "load_average_at_start": os.getloadavg()},
@@ -273,7 +357,10 @@ def run_bench(settings: BenchSettings, progress: bool = True, models: BenchModel
     from .report import summarize, write_report
 
     prompts = load_prompts(settings.prompts, list(settings.categories) or None, settings.limit)
-    methods = check_methods(settings)  # fail before loading gigabytes
+    labels = [label for label, *_ in plan_variants(settings)]  # fail before loading gigabytes
+    methods = check_methods(settings)
+    out = Path(settings.out)
+    kept, done, run = open_run(settings, prompts, labels)
     startup: dict = {}  # one-off costs, paid once per process and kept out of every timing
     if models is None:
         set_threads(settings.threads)
@@ -290,17 +377,37 @@ def run_bench(settings: BenchSettings, progress: bool = True, models: BenchModel
         models = BenchModels(config, target, draft)
     startup["native_kernels"] = kernel_startup_info()
     variants = build_variants(settings, models)
-    out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
     info = run_info(settings, models)
-    with open(out / "records.jsonl", "w", encoding="utf-8") as sink:
+    # one segment per call: a resumed run says when each part ran and how loaded the machine was
+    segment = {"started": info["date"], "load_average_at_start": os.getloadavg(), "prompts_run": 0}
+    run["segments"].append(segment)
+
+    def save_run() -> None:
+        (out / "run.json.tmp").write_text(json.dumps(run, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.replace(out / "run.json.tmp", out / "run.json")
+
+    (out / "records.jsonl.tmp").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept),
+                                           encoding="utf-8")
+    os.replace(out / "records.jsonl.tmp", out / "records.jsonl")  # an interrupted prompt's records are gone
+    save_run()
+    with open(out / "records.jsonl", "a", encoding="utf-8") as sink:
         def write(prompt_records: list[dict]) -> None:
             for r in prompt_records:
                 sink.write(json.dumps(r, ensure_ascii=False) + "\n")
             sink.flush()
+            segment.update(prompts_run=segment["prompts_run"] + 1, last_prompt_done=_now(),
+                           load_average_at_end=os.getloadavg())
+            save_run()
 
         startup["warmup_s"] = {}
-        records = run_prompts(settings, variants, models.target, prompts, write, progress, startup["warmup_s"])
+        new = run_prompts(settings, variants, models.target, prompts, write, progress, startup["warmup_s"],
+                          frozenset(done))
+    records = kept + new
+    if not records:
+        raise SpecdraftError(f"no records in {out}: the prompt selection is empty")
+    info["date"] = run["segments"][0]["started"]
+    info["segments"] = run["segments"]
     info["startup"] = startup
     info["memory"] = memory_info(models, variants, records)
     info["machine"]["load_average_at_end"] = os.getloadavg()  # other processes distort timings: say so
