@@ -10,6 +10,8 @@ forward pass of k new tokens over a cached prefix (the verify-cost curve T(k)/T(
 - the 1.5B target's shape (Qwen2, 28 layers, D 1536),
 - the 0.5B draft's shape (24 layers, D 896; a draft step is one k = 1 pass of it),
 - an EAGLE-head-like model (one decoder layer, D 1536, MLP 2048, an 8,192-row head, as our default head),
+- the sorted (S2D) draft's exits: the 0.5B's first 8, 12 and 16 layers with its full head (one exit's step),
+- a 7B target's shape (Qwen2.5-7B: 28 layers, D 3584), the larger target one sorted draft would also serve,
 
 each in two ways: transformers' eager forward with its dynamic cache (what plain `generate` runs), and the same
 forward captured once per k into a CUDA graph over a static cache (what a serving engine runs; no Python or
@@ -34,6 +36,10 @@ SHAPES = {
     "target-1.5b": (1536, 28, 12, 2, 8960, 151936, False),
     "draft-0.5b": (896, 24, 14, 2, 4864, 151936, True),
     "eagle-like": (1536, 1, 12, 2, 2048, 8192, False),
+    "draft-0.5b-exit8": (896, 8, 14, 2, 4864, 151936, True),
+    "draft-0.5b-exit12": (896, 12, 14, 2, 4864, 151936, True),
+    "draft-0.5b-exit16": (896, 16, 14, 2, 4864, 151936, True),
+    "target-7b": (3584, 28, 28, 4, 18944, 152064, False),
 }
 TINY = {name: (64, min(layers, 2), 4, 2, 128, 512, tied) for name, (_, layers, _, _, _, _, tied) in SHAPES.items()}
 
@@ -134,6 +140,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (a smoke run of the script)")
+    parser.add_argument("--models", default="", help="comma list of shapes to run (default: all)")
     parser.add_argument("--ks", default="1,2,3,4,6,8,12,16,24,32,48,64,96,128")
     parser.add_argument("--prefix", type=int, default=512, help="cached tokens before each pass")
     parser.add_argument("--repeats", type=int, default=30)
@@ -142,6 +149,11 @@ def main() -> int:
     ks = [int(k) for k in args.ks.split(",")]
     dtype = torch.bfloat16
     shapes = TINY if args.tiny else SHAPES
+    if args.models:
+        unknown = set(args.models.split(",")) - set(shapes)
+        if unknown:
+            parser.error(f"unknown shapes {sorted(unknown)}; choose from {', '.join(shapes)}")
+        shapes = {name: shape for name, shape in shapes.items() if name in args.models.split(",")}
     report = {"command": "python scripts/gpu_mechanism.py " + " ".join(
                   f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in (None, False)),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "dtype": "bfloat16",

@@ -287,6 +287,11 @@ def test_an_interrupted_run_resumes_where_it_stopped_and_refuses_other_settings(
     other = BenchSettings(**{**settings.__dict__, "resume": True, "max_new_tokens": 7})
     with pytest.raises(SpecdraftError, match="max_new_tokens: 6 then, 7 now"):
         run_bench(other, progress=False, models=models)
+    suite = prompts.read_text()
+    prompts.write_text(suite.replace("bad cab", "bad cap"))  # the suite was edited between the parts
+    with pytest.raises(SpecdraftError, match="prompts_sha256"):
+        run_bench(BenchSettings(**{**settings.__dict__, "resume": True}), progress=False, models=models)
+    prompts.write_text(suite)
     assert records_path.read_text().endswith(second_prompt[1][:25])  # a refusal changes nothing
 
     resumed = BenchSettings(**{**settings.__dict__, "resume": True})

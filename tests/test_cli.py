@@ -61,3 +61,13 @@ def test_streaming_text_goes_to_stdout_and_statistics_to_stderr(tiny_dirs):
     assert proc.returncode == 0, proc.stderr
     assert "τ=" in proc.stderr and "outputs identical" in proc.stderr
     assert proc.stdout.strip()
+
+
+def test_statistics_line_names_the_backends_and_the_draft_head_rows():
+    from specdraft.cli import format_stats
+    from specdraft.types import SpecStats
+
+    line = format_stats(SpecStats(method="draft", gamma=2, backend="native", draft_backend="native",
+                                  draft_vocab=32768))
+    assert line.endswith("backend: target native, draft native (32,768-row head + prompt tokens)")
+    assert format_stats(SpecStats(method="ar", backend="transformers")).endswith("backend: target transformers")

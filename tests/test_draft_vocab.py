@@ -68,6 +68,7 @@ def test_greedy_with_a_small_draft_vocabulary_is_token_identical(models):
     drafter = ModelDrafter(draft, target, draft_vocab=SMALL_VOCAB)
     result = Engine(target, drafter, SpecConfig("draft", 3)).generate(PROMPT, params)
     assert result.token_ids == plain.token_ids
+    assert result.stats.draft_vocab == SMALL_VOCAB  # the statistics say which head the draft scored
     assert set(drafter.vocab.ids.tolist()) == {0, 1, 2, 3, 4}
     assert any(t in (5, 6) for t in plain.token_ids)  # the target does emit tokens the draft cannot propose
 
@@ -106,6 +107,33 @@ def test_a_draft_vocabulary_on_the_transformers_backend_is_a_clear_error(models)
         ModelDrafter(on_transformers, target, draft_vocab=4)
     with pytest.raises(SpecdraftError, match="draft vocabulary"):
         SpecConfig("draft", draft_vocab=-1)
+    assert ModelDrafter(on_transformers, target).vocab_rows == 0  # auto, the default, scores all rows there
+
+
+def test_auto_draft_vocabulary_is_32768_rows_on_a_larger_native_head_and_all_otherwise(models):
+    from types import SimpleNamespace
+
+    from specdraft.drafters.vocab import AUTO_ROWS, resolve_rows
+
+    large, small = (SimpleNamespace(lm_head=torch.empty(rows, 2)) for rows in (151_936, AUTO_ROWS))
+    assert resolve_rows(None, large) == AUTO_ROWS and resolve_rows(None, small) == 0  # the 0.5B; a small model
+    assert resolve_rows(None, None) == 0  # transformers backend: no native head to take rows of
+    assert resolve_rows(0, large) == 0 and resolve_rows(7, large) == 7  # explicit values stand
+    target, draft, _ = models
+    assert SpecConfig().draft_vocab is None and ModelDrafter(draft, target).vocab_rows == 0  # tiny vocabulary
+
+
+def test_draft_vocab_flag_takes_auto_or_a_count_and_rejects_the_rest(capsys):
+    from specdraft.bench.options import parse_method
+    from specdraft.cli import main
+
+    assert parse_method("draft[draft_vocab=auto]") == ("draft", {"draft_vocab": None})
+    assert parse_method("draft[draft_vocab=0]") == ("draft", {"draft_vocab": 0})
+    with pytest.raises(SpecdraftError, match="draft_vocab takes a row count or auto"):
+        parse_method("draft[draft_vocab=-3]")
+    with pytest.raises(SystemExit):
+        main(["generate", "--draft-vocab", "many", "hi"])
+    assert "--draft-vocab: expected a row count >= 0 or auto, got 'many'" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------------ exit adapters

@@ -239,7 +239,17 @@ def format_stats(stats) -> str:
             f"τ={stats.tau:.2f} (predicted {stats.predicted_tau:.2f}), acceptance {stats.acceptance_rate:.2f} "
             f"(α={stats.alpha:.2f}; per position {per_pos}); time: prefill {stats.time_prefill_s:.2f}s, "
             f"draft {stats.time_draft_s:.2f}s, verify {stats.time_verify_s:.2f}s, other {stats.time_other_s:.2f}s; "
-            f"finish: {stats.finish_reason}")
+            f"finish: {stats.finish_reason}; backend: {describe_backends(stats)}")
+
+
+def describe_backends(stats) -> str:
+    """Which forward ran the target and the draft, and how many head rows the draft scored (automatic choices
+    are visible here)."""
+    text = f"target {stats.backend}"
+    if stats.draft_backend:
+        text += f", draft {stats.draft_backend}"
+        text += f" ({stats.draft_vocab:,}-row head + prompt tokens)" if stats.draft_vocab else ""
+    return text
 
 
 def format_comparison(spec_result, ar_result, dtype: str, params: SamplingParams) -> str:

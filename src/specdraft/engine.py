@@ -184,7 +184,8 @@ class Generation:
     def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams):
         self.engine, self.prompt_ids, self.params = engine, prompt_ids, params
         self.stats = SpecStats(method=engine.spec.method, gamma=engine.spec.draft_len, prompt_tokens=len(prompt_ids),
-                               backend=engine.target.backend, draft_backend=getattr(engine.drafter, "backend", ""))
+                               backend=engine.target.backend, draft_backend=getattr(engine.drafter, "backend", ""),
+                               draft_vocab=getattr(engine.drafter, "vocab_rows", 0))
         self.generator = torch.Generator()
         if params.seed is not None:
             self.generator.manual_seed(params.seed)

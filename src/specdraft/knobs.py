@@ -8,6 +8,19 @@ import argparse
 from .config import SpecConfig, parse_int_list
 
 
+def parse_draft_vocab(text: str) -> int | None:
+    """--draft-vocab: "auto" (None) or a row count; argparse prints the error as a one-line usage error."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a row count >= 0 or auto, got {text!r}")
+    return value
+
+
 def add_drafter_knob_args(parser: argparse.ArgumentParser) -> None:
     defaults = SpecConfig()
     parser.add_argument("--tree-budget", type=int, default=defaults.tree_budget,
@@ -20,9 +33,10 @@ def add_drafter_knob_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sorted-draft", default=defaults.sorted_draft, help="method sorted: trained exit "
                         "adapters by name or folder (auto: the shipped ones for the draft model, if any; none: "
                         "bare exits)")
-    parser.add_argument("--draft-vocab", type=int, default=defaults.draft_vocab, help="methods draft and sorted: "
-                        "score only the N most frequent rows of the draft's LM head, plus the prompt's tokens "
-                        "(0: all; exact either way)")
+    parser.add_argument("--draft-vocab", type=parse_draft_vocab, default=defaults.draft_vocab, metavar="N|auto",
+                        help="methods draft and sorted: score only the N most frequent rows of the draft's LM "
+                        "head, plus the prompt's tokens (0: all; auto, the default: 32768 on the native backend, "
+                        "all on transformers; exact either way)")
     parser.add_argument("--exit-rule", default=defaults.exit_rule, help="method sorted: threshold:T1,T2,.. (stop at "
                         "the first exit whose top-1 probability > Ti), probe:T1,T2,.. (stop where the trained "
                         "exit probe's probability > Ti; the LM head runs once per token) or cost:W (weigh the "

@@ -99,6 +99,7 @@ class SpecStats:
     gamma: int = 0
     backend: str = ""  # the target's forward: "native" or "transformers"
     draft_backend: str = ""  # the draft model's, when there is one
+    draft_vocab: int = 0  # rows of the draft's LM head it scores per step, before the prompt's tokens (0: all)
     target_passes: int = 0
     drafted: int = 0
     accepted: int = 0

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..config import ModelConfig, SamplingParams, SpecConfig, normalize_backend, normalize_dtype
 from ..errors import SpecdraftError
-from ..knobs import add_drafter_knob_args, drafter_knobs
+from ..knobs import add_drafter_knob_args, drafter_knobs, parse_draft_vocab
 
 DEFAULT_METHODS = ("ar", "hf-ar", "hf-assisted", "hf-prompt-lookup", "draft", "prompt-lookup")
 
@@ -29,7 +29,7 @@ class BenchSettings:
     sorted_exits: tuple[int, ...] = ()  # method sorted: the draft's exits (layer counts) and its exit rule
     exit_rule: str = SpecConfig.exit_rule
     sorted_draft: str = SpecConfig.sorted_draft
-    draft_vocab: int = SpecConfig.draft_vocab  # methods draft and sorted: rows of the draft's head (0: all)
+    draft_vocab: int | None = SpecConfig.draft_vocab  # methods draft and sorted: head rows (0: all, None: auto)
     max_new_tokens: int = 128
     dtype: str = "auto"
     backend: str = "auto"  # our methods' forward: auto, native or transformers (transformers' methods: their own)
@@ -94,7 +94,9 @@ def parse_method(text: str) -> tuple[str, dict]:
                                  f"(one of {', '.join(known)})")
         default = getattr(SpecConfig(), key)
         try:
-            if isinstance(default, bool):
+            if key == "draft_vocab":
+                overrides[key] = parse_draft_vocab(value)
+            elif isinstance(default, bool):
                 overrides[key] = value.lower() in ("1", "true", "yes")
             elif isinstance(default, int):
                 overrides[key] = int(value)
@@ -104,8 +106,9 @@ def parse_method(text: str) -> tuple[str, dict]:
                 overrides[key] = tuple(int(v) for v in value.split(":") if v)
             else:
                 overrides[key] = value
-        except ValueError:
-            raise SpecdraftError(f"method {text!r}: {key} takes a {type(default).__name__}, got {value!r}") from None
+        except (ValueError, argparse.ArgumentTypeError):
+            kind = "row count or auto" if key == "draft_vocab" else type(default).__name__
+            raise SpecdraftError(f"method {text!r}: {key} takes a {kind}, got {value!r}") from None
     return name.strip(), overrides
 
 

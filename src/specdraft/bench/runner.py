@@ -15,6 +15,7 @@ summary.json and report.md with PNG figures (report.py).
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -33,7 +34,7 @@ from ..models.adapter import LoadedModel, load_model, set_threads
 from ..models.native.kernels import startup_info as kernel_startup_info
 from .methods import BenchModels, GenerateTurn, Method, TurnOutput, get_method
 from .options import BenchSettings, parse_method
-from .suite import load_prompts
+from .suite import DEFAULT_PROMPTS, load_prompts
 
 
 @dataclass
@@ -214,7 +215,12 @@ NOT_RUN_IDENTITY = ("out", "command", "resume", "overwrite", "limit", "categorie
 
 
 def run_identity(settings: BenchSettings) -> dict:
-    return json.loads(json.dumps({k: v for k, v in asdict(settings).items() if k not in NOT_RUN_IDENTITY}))
+    """The settings a resumed run must share with the run it continues, plus the prompt file's content hash
+    (a suite rebuilt between the parts would mix answers to different prompts under one question_id)."""
+    prompts_file = Path(settings.prompts) if settings.prompts else DEFAULT_PROMPTS
+    identity = {k: v for k, v in asdict(settings).items() if k not in NOT_RUN_IDENTITY}
+    identity["prompts_sha256"] = hashlib.sha256(prompts_file.read_bytes()).hexdigest()
+    return json.loads(json.dumps(identity))
 
 
 def read_records(path: Path) -> list[dict]:

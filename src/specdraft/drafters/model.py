@@ -9,26 +9,34 @@ from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel
 from ..sampling import processed_probs, sample
 from ..types import Draft
-from .vocab import DraftVocab
+from .vocab import DraftVocab, resolve_rows
 
 
 class ModelDrafter:
-    """draft_vocab > 0: score only that many rows of the draft's LM head (drafters/vocab.py; native backend)."""
+    """draft_vocab > 0: score only that many rows of the draft's LM head (drafters/vocab.py; native backend);
+    None: auto (vocab.resolve_rows)."""
 
     name = "draft"
 
-    def __init__(self, draft: LoadedModel, target: LoadedModel, min_confidence: float = 0.0, draft_vocab: int = 0):
+    def __init__(self, draft: LoadedModel, target: LoadedModel, min_confidence: float = 0.0,
+                 draft_vocab: int | None = None):
         check_compatible_vocab(draft, target)
         self.min_confidence = min_confidence  # stop drafting when the draft's top-1 probability drops below
         self.draft = draft
         self.backend = draft.backend  # shown in the statistics
         self.state = draft.new_state()
         self.vocab: DraftVocab | None = None
+        draft_vocab = resolve_rows(draft_vocab, draft.native)
         if draft_vocab:
             if draft.native is None:
                 raise SpecdraftError(f"a reduced draft vocabulary scores rows of the native backend's LM head; "
                                      f"{draft.name!r} is on transformers ({draft.backend_note}); drop --draft-vocab")
             self.vocab = DraftVocab.for_model(draft.native.lm_head, draft.tokenizer, draft_vocab)
+
+    @property
+    def vocab_rows(self) -> int:
+        """Rows of the head scored per step before the prompt's tokens (0: all); shown in the statistics."""
+        return self.vocab.size if self.vocab is not None else 0
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
         self.state = self.draft.new_state()

@@ -28,7 +28,7 @@ from ..models.native.llama import NativeLlama
 from ..sampling import processed_probs, sample
 from ..types import Draft
 from .model import check_compatible_vocab
-from .vocab import DraftVocab
+from .vocab import DraftVocab, resolve_rows
 
 
 class LayeredState(SequenceState):
@@ -168,10 +168,11 @@ class SortedDrafter:
 
     @classmethod
     def build(cls, draft: LoadedModel, target: LoadedModel, exits: tuple[int, ...], exit_rule: str,
-              sorted_draft: str = "auto", draft_vocab: int = 0) -> SortedDrafter:
+              sorted_draft: str = "auto", draft_vocab: int | None = None) -> SortedDrafter:
         """From the shared config. sorted_draft: trained adapters by name or folder, "auto" (the shipped ones for
         this draft, if any) or "none". exits () means the adapters' exits, or else half, three quarters and all of
-        the draft's layers. draft_vocab 0 means the adapters' training vocabulary, or else the whole one."""
+        the draft's layers. draft_vocab 0 or None (auto) means the adapters' training vocabulary; without adapters
+        0 is the whole vocabulary and None the automatic choice (vocab.resolve_rows)."""
         native = _require_native(draft)
         n_layers = len(native.layers)
         adapters = None
@@ -182,6 +183,7 @@ class SortedDrafter:
         if adapters is not None:
             exits = exits or adapters.config.exits
             draft_vocab = draft_vocab or adapters.config.draft_vocab
+        draft_vocab = resolve_rows(draft_vocab, native)
         exits = exits or tuple(sorted({max(1, n_layers // 2), max(1, 3 * n_layers // 4), n_layers}))
         kind, numbers = parse_exit_rule(exit_rule)
         if kind == "cost":
@@ -193,6 +195,11 @@ class SortedDrafter:
                                  f"{'there is none' if adapters is None else repr(adapters.config.draft) + ' has none'}"
                                  f" (train one with `specdraft train sorted`, or use threshold:T)")
         return cls(draft, target, exits, rule, adapters, draft_vocab)
+
+    @property
+    def vocab_rows(self) -> int:
+        """Rows of the head scored per step before the prompt's tokens (0: all); shown in the statistics."""
+        return self.vocab.size if self.vocab is not None else 0
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
         if self.vocab is not None:

@@ -18,6 +18,16 @@ from __future__ import annotations
 
 import torch
 
+AUTO_ROWS = 32768  # draft_vocab None (auto): this many rows where the native head has more
+
+
+def resolve_rows(requested: int | None, native) -> int:
+    """The rows a drafter scores: `requested` as given (0 = all), or for None (auto) AUTO_ROWS when the draft
+    runs on the native backend (`native` not None) with a larger vocabulary, else all (0)."""
+    if requested is not None:
+        return requested
+    return AUTO_ROWS if native is not None and native.lm_head.shape[0] > AUTO_ROWS else 0
+
 
 class DraftVocab:
     """ids [V_draft] int64: the target ids the draft scores, ascending; weight [V_draft, D]: their head rows."""
