@@ -306,6 +306,12 @@ def test_an_interrupted_run_resumes_where_it_stopped_and_refuses_other_settings(
     assert summary["results"]["draft"]["overall"]["identical_to_ar"] == 1.0
     assert "Resumed run, 2 parts" in (tmp_path / "out" / "report.md").read_text()
 
+    run_path = tmp_path / "out" / "run.json"
+    run = json.loads(run_path.read_text())
+    del run["settings"]["lookup_first"]  # a setting specdraft gained after the run began: its default is what ran
+    run_path.write_text(json.dumps(run))
+    with pytest.raises(SpecdraftError, match="lookup_first: 0 then, 2 now"):
+        run_bench(BenchSettings(**{**resumed.__dict__, "lookup_first": 2}), progress=False, models=models)
     again = run_bench(resumed, progress=False, models=models)  # nothing left: no generation, same records
     assert records_path.read_text().splitlines() == lines_after and again["segments"][-1]["prompts_run"] == 0
     fresh = run_bench(BenchSettings(**{**settings.__dict__, "overwrite": True}), progress=False, models=models)

@@ -59,6 +59,9 @@ class SpecConfig:
     # prompt lookup: longest and shortest n-gram to match in the context
     lookup_max_ngram: int = 3
     lookup_min_ngram: int = 1
+    # any model or head drafter: draft by prompt lookup first when the context's last n-gram, n >= lookup_first
+    # (up to lookup_max_ngram), occurred earlier, and by the drafter otherwise (drafters/lookup_first.py; 0: off)
+    lookup_first: int = 0
     # method eagle: a trained EAGLE head, by name (~/.cache/specdraft/heads/NAME) or folder (ours or EAGLE-3 layout)
     eagle_head: str | None = None
     # token trees (EAGLE-2-style dynamic trees, drafters/tree.py): at most tree_budget draft nodes, tree_depth
@@ -94,6 +97,9 @@ class SpecConfig:
             raise SpecdraftError(f"gamma must be between 1 and {MAX_GAMMA}, got {self.gamma}")
         if not (0.0 <= self.draft_confidence < 1.0):
             raise SpecdraftError(f"draft confidence must be in [0, 1), got {self.draft_confidence}")
+        if not (0 <= self.lookup_first <= self.lookup_max_ngram):
+            raise SpecdraftError(f"lookup_first must be between 0 (off) and lookup_max_ngram "
+                                 f"({self.lookup_max_ngram}), got {self.lookup_first}")
         if not (1 <= self.lookup_min_ngram <= self.lookup_max_ngram):
             raise SpecdraftError("prompt lookup needs 1 <= min n-gram <= max n-gram")
         if not (1 <= self.tree_budget <= MAX_TREE_BUDGET):

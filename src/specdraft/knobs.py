@@ -37,6 +37,9 @@ def add_drafter_knob_args(parser: argparse.ArgumentParser) -> None:
                         help="methods draft and sorted: score only the N most frequent rows of the draft's LM "
                         "head, plus the prompt's tokens (0: all; auto, the default: 32768 on the native backend, "
                         "all on transformers; exact either way)")
+    parser.add_argument("--lookup-first", type=int, default=defaults.lookup_first, metavar="N",
+                        help="model and head drafters: draft by prompt lookup where the context's last N or more "
+                        "tokens occurred earlier, by the drafter elsewhere (0: off; exact either way)")
     parser.add_argument("--exit-rule", default=defaults.exit_rule, help="method sorted: threshold:T1,T2,.. (stop at "
                         "the first exit whose top-1 probability > Ti), probe:T1,T2,.. (stop where the trained "
                         "exit probe's probability > Ti; the LM head runs once per token) or cost:W (weigh the "
@@ -47,4 +50,4 @@ def drafter_knobs(args: argparse.Namespace) -> dict:
     """The parsed knobs as SpecConfig keyword arguments."""
     return dict(tree_budget=args.tree_budget, tree_depth=args.tree_depth, tree_branch=args.tree_branch,
                 sorted_exits=parse_int_list(args.exits, "--exits"), exit_rule=args.exit_rule,
-                sorted_draft=args.sorted_draft, draft_vocab=args.draft_vocab)
+                sorted_draft=args.sorted_draft, draft_vocab=args.draft_vocab, lookup_first=args.lookup_first)

@@ -30,6 +30,7 @@ class BenchSettings:
     exit_rule: str = SpecConfig.exit_rule
     sorted_draft: str = SpecConfig.sorted_draft
     draft_vocab: int | None = SpecConfig.draft_vocab  # methods draft and sorted: head rows (0: all, None: auto)
+    lookup_first: int = SpecConfig.lookup_first  # model and head drafters: prompt lookup in front (0: off)
     max_new_tokens: int = 128
     dtype: str = "auto"
     backend: str = "auto"  # our methods' forward: auto, native or transformers (transformers' methods: their own)

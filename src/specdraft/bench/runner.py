@@ -51,7 +51,7 @@ def tree_knobs(settings: BenchSettings) -> dict:
     """The drafters' own knobs (trees, sorted exits) as SpecConfig fields."""
     return dict(tree_budget=settings.tree_budget, tree_depth=settings.tree_depth, tree_branch=settings.tree_branch,
                 sorted_exits=settings.sorted_exits, exit_rule=settings.exit_rule, sorted_draft=settings.sorted_draft,
-                draft_vocab=settings.draft_vocab)
+                draft_vocab=settings.draft_vocab, lookup_first=settings.lookup_first)
 
 
 def check_methods(settings: BenchSettings) -> list[tuple[str, Method, dict]]:
@@ -270,10 +270,13 @@ def open_run(settings: BenchSettings, prompts: list[dict], labels: list[str]) ->
         raise SpecdraftError(f"{out} has records but no run.json (written by an older specdraft, or edited): "
                              "its settings cannot be checked; use --overwrite or another --out")
     run = json.loads(run_path.read_text(encoding="utf-8"))
-    changed = sorted(k for k in identity.keys() | run["settings"].keys()
-                     if identity.get(k) != run["settings"].get(k))
+    # a setting added to specdraft after that run began is absent from its file; at its default it is what the
+    # run used (a new setting's default keeps the old behaviour)
+    defaults = json.loads(json.dumps(asdict(BenchSettings())))
+    then = {**{k: defaults[k] for k in identity.keys() - run["settings"].keys() if k in defaults}, **run["settings"]}
+    changed = sorted(k for k in identity.keys() | then.keys() if identity.get(k) != then.get(k))
     if changed:
-        details = ", ".join(f"{k}: {run['settings'].get(k)!r} then, {identity.get(k)!r} now" for k in changed)
+        details = ", ".join(f"{k}: {then.get(k)!r} then, {identity.get(k)!r} now" for k in changed)
         raise SpecdraftError(f"cannot resume {out}: the run there had other settings ({details}); use the same "
                              "ones, --overwrite, or another --out")
     kept, done = complete_records(read_records(records_path), prompts, labels)

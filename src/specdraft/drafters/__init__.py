@@ -9,6 +9,7 @@ from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel
 from .base import Drafter, NoDrafter
 from .eagle import EagleDrafter, EagleTreeDrafter
+from .lookup_first import LookupFirstDrafter
 from .model import ModelDrafter
 from .prompt_lookup import PromptLookupDrafter
 from .sorted import SortedDrafter
@@ -47,8 +48,18 @@ def _require_head(spec: SpecConfig) -> str:
     return spec.eagle_head
 
 
+# methods that already draft by prompt lookup, or do not draft: lookup_first has nothing to put lookup in front of
+NO_LOOKUP_FIRST = {"ar", "prompt-lookup", "prompt-lookup-tree"}
+
+
 def build_drafter(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:
-    return DRAFTERS[spec.method](spec, target, draft)
+    if spec.lookup_first and spec.method in NO_LOOKUP_FIRST:
+        raise SpecdraftError(f"lookup_first puts prompt lookup in front of a drafter; method {spec.method!r} has "
+                             "none to fall back on (use it with draft, draft-tree, eagle, eagle-tree or sorted)")
+    drafter = DRAFTERS[spec.method](spec, target, draft)
+    if spec.lookup_first:
+        drafter = LookupFirstDrafter(drafter, spec.lookup_max_ngram, spec.lookup_first)
+    return drafter
 
 
 __all__ = [
@@ -57,6 +68,7 @@ __all__ = [
     "Drafter",
     "EagleDrafter",
     "EagleTreeDrafter",
+    "LookupFirstDrafter",
     "ModelDrafter",
     "NoDrafter",
     "PromptLookupDrafter",

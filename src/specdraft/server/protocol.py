@@ -49,6 +49,7 @@ class SpeculativeOptions(_Strict):
     draft_confidence: float | None = None
     lookup_max_ngram: int | None = None
     lookup_min_ngram: int | None = None
+    lookup_first: int | None = None
 
 
 class StreamOptions(_Strict):

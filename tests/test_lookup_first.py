@@ -1,0 +1,119 @@
+"""Prompt lookup in front of another drafter (drafters/lookup_first.py): greedy equality for every kind of inner
+drafter, exact sampling with a negative control, the statistics' labels, and the configuration's errors."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from specdraft import Engine, SamplingParams, SpecConfig, load_model
+from specdraft.drafters import (
+    EagleDrafter,
+    LookupFirstDrafter,
+    ModelDrafter,
+    SortedDrafter,
+    TreeDrafter,
+    build_drafter,
+)
+from specdraft.errors import SpecdraftError
+from test_eagle import tiny_head
+from test_exactness import N_SAMPLES, P_THRESHOLD, SETTINGS, engine_pvalue
+from tiny import build_model
+
+GREEDY = SamplingParams(max_new_tokens=40)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A tiny target, a 1-layer draft and a 4-layer draft (sorted exits), native, over the characters a-e."""
+    root = tmp_path_factory.mktemp("lookup_first")
+    target = load_model(str(build_model(root / "t", seed=21, chars="abcde", init_range=0.5)), "float32",
+                        backend="native")
+    draft = load_model(str(build_model(root / "d", seed=12, chars="abcde", init_range=0.5, layers=1)), "float32",
+                       backend="native")
+    deep = load_model(str(build_model(root / "s", seed=22, chars="abcde", init_range=0.5, layers=4)), "float32",
+                      backend="native")
+    return target, draft, deep
+
+
+INNER = {
+    "draft": (lambda t, d, s: ModelDrafter(d, t), SpecConfig("draft", 3)),
+    "draft-tree": (lambda t, d, s: TreeDrafter(d, t, 6, 3, 2), SpecConfig("draft-tree", tree_budget=6, tree_depth=3)),
+    "eagle": (lambda t, d, s: EagleDrafter(tiny_head(t, draft_vocab=4), t), SpecConfig("eagle", 3, eagle_head="mem")),
+    "sorted": (lambda t, d, s: SortedDrafter.build(s, t, (1, 2, 4), "threshold:0.5", "none"), SpecConfig("sorted", 3)),
+}
+
+
+@pytest.mark.parametrize("inner_name", list(INNER))
+def test_greedy_with_lookup_first_equals_autoregressive_for_every_inner_drafter(models, inner_name):
+    target, draft, deep = models
+    make_inner, spec = INNER[inner_name]
+    prompt = target.tokenizer("abcabdabcab", add_special_tokens=False)["input_ids"]  # repeats: lookup has matches
+    expected = Engine(target).generate(prompt, GREEDY)
+    drafter = LookupFirstDrafter(make_inner(target, draft, deep), max_ngram=3, min_ngram=3)
+    got = Engine(target, drafter, spec).generate(prompt, GREEDY)
+    assert got.token_ids == expected.token_ids
+    drafted_by = got.stats.drafted_by
+    assert drafted_by.get("lookup", 0) > 0, drafted_by  # both drafters proposed in the same request
+    assert sum(v for k, v in drafted_by.items() if k != "lookup") > 0, drafted_by
+
+
+def test_lookup_first_drafts_a_copy_only_for_long_enough_matches(models):
+    target, draft, _ = models
+    drafter = LookupFirstDrafter(ModelDrafter(draft, target), max_ngram=3, min_ngram=2)
+    drafter.begin([2, 3, 4, 5, 2, 3])
+    copy = drafter.propose([2, 3, 4, 5, 2, 3], 2, GREEDY, None)  # "2 3" occurred before: copy what followed
+    assert copy.token_ids.tolist() == [4, 5] and copy.labels == ["lookup", "lookup"] and copy.draft_probs is None
+    drafter.begin([2, 3, 4, 5, 6, 3])
+    own = drafter.propose([2, 3, 4, 5, 6, 3], 2, GREEDY, None)  # only "3" repeats, shorter than min_ngram 2
+    assert own.labels == ["draft"] * own.k and own.k == 2
+
+
+@pytest.mark.parametrize("name", ["T=1", "T=0.7,top-k=3"])
+def test_sampling_with_lookup_first_follows_the_target(models, name):
+    """N = 1500 generations, chi-square on the first two tokens, pass if p > 1e-3 (test_exactness). From the
+    prompt "abc" the second pass copies whenever the first token repeats a prompt token (n-grams from 1)."""
+    target, draft, _ = models
+    drafter = LookupFirstDrafter(ModelDrafter(draft, target), max_ngram=3, min_ngram=1)
+    pvalue = engine_pvalue(target, draft, SETTINGS[name], drafter=drafter, spec=SpecConfig("draft", 3))
+    assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
+
+
+class BorrowedProbsDrafter(LookupFirstDrafter):
+    """Deliberately wrong: a copy is sent with the inner drafter's q (as if the model had sampled it), not as the
+    deterministic choice it is."""
+
+    def propose(self, context_ids, k, params, generator):
+        own = self.inner.propose(context_ids, k, params, generator)
+        draft = super().propose(context_ids, k, params, generator)
+        if draft.labels and draft.labels[0] == "lookup" and own.draft_probs is not None:
+            n = min(draft.k, own.k)
+            draft = replace(draft, token_ids=draft.token_ids[:n], draft_probs=own.draft_probs[:n], labels=None)
+        return draft
+
+
+def test_negative_control_a_copy_with_the_wrong_q_fails_the_same_test(models):
+    target, draft, _ = models
+    drafter = BorrowedProbsDrafter(ModelDrafter(draft, target), max_ngram=3, min_ngram=1)
+    pvalue = engine_pvalue(target, draft, SETTINGS["T=1"], drafter=drafter, spec=SpecConfig("draft", 3))
+    assert pvalue < P_THRESHOLD, f"the wrong drafter passed: p-value {pvalue:.2e} at N={N_SAMPLES}"
+
+
+def test_lookup_first_is_built_from_the_config_and_refused_where_it_has_nothing_to_wrap(models):
+    target, draft, _ = models
+    drafter = build_drafter(SpecConfig("draft", lookup_first=2), target, draft)
+    assert isinstance(drafter, LookupFirstDrafter) and drafter.min_ngram == 2 and drafter.name == "draft+lookup"
+    assert not isinstance(build_drafter(SpecConfig("draft"), target, draft), LookupFirstDrafter)
+    for method in ("ar", "prompt-lookup", "prompt-lookup-tree"):
+        with pytest.raises(SpecdraftError, match="has none to fall back on"):
+            build_drafter(SpecConfig(method, lookup_first=1), target, draft)
+    with pytest.raises(SpecdraftError, match="lookup_first must be between 0"):
+        SpecConfig("draft", lookup_first=4)  # above lookup_max_ngram 3
+
+
+def test_lookup_first_passes_the_feature_taps_of_an_eagle_head_through(models):
+    target, _, _ = models
+    inner = EagleDrafter(tiny_head(target, draft_vocab=4), target)
+    wrapped = LookupFirstDrafter(inner, 3, 2)
+    assert wrapped.feature_layers == inner.feature_layers and wrapped.backend == "eagle-head"
