@@ -268,6 +268,16 @@ def test_every_method_gives_the_greedy_text(idle_server, models, method):
     assert stats["drafted"] > 0 if method != "ar" else stats["drafted"] == 0
 
 
+def test_lookup_first_per_request_gives_the_greedy_text_and_counts_both_drafters(idle_server, models):
+    prompt = "abcabcabc abcabc"
+    expected = direct(models, encode(models, prompt), SpecConfig(method="ar"), max_new_tokens=30).text
+    response = idle_server.client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=30, temperature=0,
+        extra_body={"speculative": {"method": "draft", "gamma": 2, "lookup_first": 3}})
+    assert response.choices[0].text == expected
+    assert response.choices[0].model_extra["speculative_stats"]["drafted_by"].get("lookup", 0) > 0
+
+
 def test_models_health_and_model_card(idle_server):
     assert [m.id for m in idle_server.client.models.list().data] == [MODEL]
     assert idle_server.client.models.retrieve(MODEL).id == MODEL
@@ -311,6 +321,10 @@ BAD_COMPLETIONS = {
     "speculative gamma too large": {"model": MODEL, "prompt": "abc", "speculative": {"gamma": 99}},
     "speculative unknown method": {"model": MODEL, "prompt": "abc", "speculative": {"method": "magic"}},
     "speculative unknown key": {"model": MODEL, "prompt": "abc", "speculative": {"gama": 4}},
+    "speculative lookup_first without a drafter": {"model": MODEL, "prompt": "abc",
+                                                   "speculative": {"method": "ar", "lookup_first": 2}},
+    "speculative lookup_first too long": {"model": MODEL, "prompt": "abc",
+                                          "speculative": {"method": "draft", "lookup_first": 9}},
     "speculative not an object": {"model": MODEL, "prompt": "abc", "speculative": "draft"},
 }
 
