@@ -324,3 +324,19 @@ def test_cli_bench_refuses_resume_with_overwrite(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--resume", "--overwrite"])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_resuming_a_run_without_records_starts_afresh_under_the_new_settings(tiny_models, tiny_dirs, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps(PROMPTS[2]) + "\n")
+    settings = BenchSettings(prompts=str(prompts), methods=("ar",), target=str(tiny_dirs["target"]),
+                             draft=str(tiny_dirs["draft"]), max_new_tokens=4, dtype="float32",
+                             out=str(tmp_path / "out"), chat=False, warmup_tokens=1, command="test")
+    models = BenchModels(settings.model_config(), tiny_models["target"], tiny_models["draft"])
+    run_bench(settings, progress=False, models=models)
+    (tmp_path / "out" / "records.jsonl").write_text("")  # killed before its first prompt was written
+    summary = run_bench(BenchSettings(**{**settings.__dict__, "max_new_tokens": 5, "resume": True}),
+                        progress=False, models=models)
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert run["settings"]["max_new_tokens"] == 5 and len(run["segments"]) == 1
+    assert summary["settings"]["max_new_tokens"] == 5

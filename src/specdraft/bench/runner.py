@@ -9,7 +9,8 @@ Measurement protocol:
 - wall time covers the whole generation call (tokenization excluded, prefill included).
 
 Writes into --out: records.jsonl (one record per prompt, turn and method, written as each prompt completes),
-summary.json and report.md with PNG figures (report.py).
+run.json (the run's settings and one entry per part of it), summary.json and report.md with PNG figures
+(report.py). `--resume` continues an interrupted run from its whole prompts (hours-long suites run in parts).
 """
 
 from __future__ import annotations
@@ -264,8 +265,8 @@ def open_run(settings: BenchSettings, prompts: list[dict], labels: list[str]) ->
     if not settings.resume:
         raise SpecdraftError(f"{records_path} holds records of an earlier run: pass --resume to continue it, "
                              "--overwrite to replace it, or another --out")
-    if not has_records:
-        return [], set(), json.loads(run_path.read_text()) if run_path.exists() else fresh
+    if not has_records:  # nothing to continue: a fresh run under this call's settings
+        return [], set(), fresh
     if not run_path.exists():
         raise SpecdraftError(f"{out} has records but no run.json (written by an older specdraft, or edited): "
                              "its settings cannot be checked; use --overwrite or another --out")
@@ -366,8 +367,8 @@ def run_bench(settings: BenchSettings, progress: bool = True, models: BenchModel
     from .report import summarize, write_report
 
     prompts = load_prompts(settings.prompts, list(settings.categories) or None, settings.limit)
-    labels = [label for label, *_ in plan_variants(settings)]  # fail before loading gigabytes
-    methods = check_methods(settings)
+    plan = plan_variants(settings)  # fail before loading gigabytes
+    labels = [label for label, *_ in plan]
     out = Path(settings.out)
     kept, done, run = open_run(settings, prompts, labels)
     startup: dict = {}  # one-off costs, paid once per process and kept out of every timing
@@ -377,7 +378,7 @@ def run_bench(settings: BenchSettings, progress: bool = True, models: BenchModel
         started = time.perf_counter()
         target = load_model(config.target, config.dtype, config.cache_dir, progress, config.backend)
         startup["target_load_s"] = time.perf_counter() - started
-        needs_draft = any(m.needs_draft for _, m, _ in methods)
+        needs_draft = any(method.needs_draft for _, method, _, _ in plan)
         started = time.perf_counter()
         draft = (load_model(config.draft, config.dtype, config.cache_dir, progress, config.backend)
                  if needs_draft else None)
