@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from specdraft import Engine, SamplingParams, SpecConfig, load_model
+from specdraft import Engine, SamplingParams, SpecConfig
 from specdraft.drafters import (
     EagleDrafter,
     LookupFirstDrafter,
@@ -17,24 +17,11 @@ from specdraft.drafters import (
     build_drafter,
 )
 from specdraft.errors import SpecdraftError
+from test_draft_vocab import models  # noqa: F401  (fixture: a tiny target, a 1-layer and a 4-layer draft)
 from test_eagle import tiny_head
 from test_exactness import N_SAMPLES, P_THRESHOLD, SETTINGS, engine_pvalue
-from tiny import build_model
 
 GREEDY = SamplingParams(max_new_tokens=40)
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    """A tiny target, a 1-layer draft and a 4-layer draft (sorted exits), native, over the characters a-e."""
-    root = tmp_path_factory.mktemp("lookup_first")
-    target = load_model(str(build_model(root / "t", seed=21, chars="abcde", init_range=0.5)), "float32",
-                        backend="native")
-    draft = load_model(str(build_model(root / "d", seed=12, chars="abcde", init_range=0.5, layers=1)), "float32",
-                       backend="native")
-    deep = load_model(str(build_model(root / "s", seed=22, chars="abcde", init_range=0.5, layers=4)), "float32",
-                      backend="native")
-    return target, draft, deep
 
 
 INNER = {
