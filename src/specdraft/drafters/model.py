@@ -9,10 +9,10 @@ from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel
 from ..sampling import processed_probs, sample
 from ..types import Draft
-from .vocab import DraftVocab, resolve_rows
+from .vocab import DraftVocab, HasDraftVocab, resolve_rows
 
 
-class ModelDrafter:
+class ModelDrafter(HasDraftVocab):
     """draft_vocab > 0: score only that many rows of the draft's LM head (drafters/vocab.py; native backend);
     None: auto (vocab.resolve_rows)."""
 
@@ -32,11 +32,6 @@ class ModelDrafter:
                 raise SpecdraftError(f"a reduced draft vocabulary scores rows of the native backend's LM head; "
                                      f"{draft.name!r} is on transformers ({draft.backend_note}); drop --draft-vocab")
             self.vocab = DraftVocab.for_model(draft.native.lm_head, draft.tokenizer, draft_vocab)
-
-    @property
-    def vocab_rows(self) -> int:
-        """Rows of the head scored per step before the prompt's tokens (0: all); shown in the statistics."""
-        return self.vocab.size if self.vocab is not None else 0
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
         self.state = self.draft.new_state()

@@ -28,7 +28,7 @@ from ..models.native.llama import NativeLlama
 from ..sampling import processed_probs, sample
 from ..types import Draft
 from .model import check_compatible_vocab
-from .vocab import DraftVocab, resolve_rows
+from .vocab import DraftVocab, HasDraftVocab, resolve_rows
 
 
 class LayeredState(SequenceState):
@@ -134,7 +134,7 @@ def cost_aware_rule(draft: NativeLlama, target: LoadedModel, exits: tuple[int, .
 
 # ------------------------------------------------------------------------------------------------ drafter
 
-class SortedDrafter:
+class SortedDrafter(HasDraftVocab):
     """Drafts a chain of gamma tokens; each token leaves at the first exit the rule accepts.
 
     exits: layer counts (ascending), e.g. (8, 16, 24): sub-model i is the first exits[i] layers followed by the
@@ -195,11 +195,6 @@ class SortedDrafter:
                                  f"{'there is none' if adapters is None else repr(adapters.config.draft) + ' has none'}"
                                  f" (train one with `specdraft train sorted`, or use threshold:T)")
         return cls(draft, target, exits, rule, adapters, draft_vocab)
-
-    @property
-    def vocab_rows(self) -> int:
-        """Rows of the head scored per step before the prompt's tokens (0: all); shown in the statistics."""
-        return self.vocab.size if self.vocab is not None else 0
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
         if self.vocab is not None:

@@ -65,3 +65,14 @@ class DraftVocab:
         full = probs.new_zeros(probs.shape[0], self.full_size)
         full[:, self.ids] = probs
         return full
+
+
+class HasDraftVocab:
+    """Mixin of the drafters that may score a reduced vocabulary (`self.vocab`, None for all rows)."""
+
+    vocab: DraftVocab | None = None
+
+    @property
+    def vocab_rows(self) -> int:
+        """Rows of the head scored per step before the prompt's tokens (0: all); shown in the statistics."""
+        return self.vocab.size if self.vocab is not None else 0
