@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +15,7 @@ import torch
 from specdraft import Engine, SamplingParams, SpecConfig, load_model
 from specdraft.drafters import ModelDrafter
 from specdraft.errors import SpecdraftError
+from specdraft.models.native import kernels
 from specdraft.models.native.llama import MAX_KERNEL_ROWS, native_unsupported_reason
 from tiny import build_model
 
@@ -118,6 +123,35 @@ def test_linear_kernel_is_batch_invariant_across_k_blocks_and_tile_shapes(tiny_n
     for tokens in range(2, 14):
         together = ops.linear(x[:tokens].contiguous(), weight, bias)
         assert torch.equal(together, one_token[:tokens]), f"{tokens} tokens differ from one-token calls"
+
+
+def test_kernels_report_the_instruction_set_they_were_built_for(tiny_native):
+    ops = tiny_native["qwen2", "float32"].native.ops
+    assert ops.isa() == kernels.chosen_isa() == kernels.startup_info()["isa"]
+
+
+def _runnable_isas() -> list[str]:
+    return ["avx2"] + (["avx512"] if kernels._AVX512_NEEDS <= kernels._cpu_flags() else [])
+
+
+@pytest.mark.parametrize("isa", _runnable_isas())
+def test_every_build_this_cpu_can_run_is_batch_invariant(isa):
+    """This process has the CPU's best build; the other one (AVX2 on an AVX-512 machine, which is what a user
+    gets with SPECDRAFT_KERNELS_ISA=avx2) must pass the same kernel tests: they run again in a child process
+    (it builds the other library once, ~30 s, into the same cache)."""
+    env = dict(os.environ, **{kernels.ISA_ENV: isa})
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__)),
+         "-k", "batch_invariant_across_k_blocks or instruction_set_they_were_built_for or bit_for_bit"],
+        env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout
+
+
+def test_an_unknown_instruction_set_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv(kernels.ISA_ENV, "sse9")
+    with pytest.raises(ValueError, match="use auto, avx2 or avx512"):
+        kernels.chosen_isa()
 
 
 def test_long_passes_use_the_matmul_path_and_agree(tiny_native):

@@ -1,9 +1,11 @@
-// CPU kernels for the native Llama/Qwen2 forward (AVX2 + FMA).
+// CPU kernels for the native Llama/Qwen2 forward (AVX2 + FMA; the matrix products use AVX-512 where the build
+// enables it, see kernels.py).
 //
 // Every output element is computed by the same sequence of instructions whatever the number of rows (tokens)
-// in the call: a dot product accumulates 8 lanes over k in order, then reduces the lanes in a fixed order.
+// in the call: a dot product accumulates kLanes lanes over k in order, then reduces the lanes in a fixed order.
 // So a verify pass over k tokens gives bit-for-bit the logits that k one-token decode steps would give
 // (batch invariance), and greedy speculative decoding is token-identical to plain decoding by construction.
+// (An AVX2 build and an AVX-512 build sum in different orders: each is batch-invariant on its own.)
 //
 // Weights are read in their stored dtype (float32 or bfloat16, widened in registers); activations, the KV
 // cache and all accumulation are float32.
@@ -37,7 +39,35 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// The vector type of the matrix products: 16 float lanes in 32 registers with AVX-512, else 8 lanes in 16.
+#ifdef __AVX512F__
+using Vec = __m512;
+constexpr int kLanes = 16, kRegisters = 32;
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec vload(const at::BFloat16* p) {
+  __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+inline Vec vfmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+// fixed order: the two 256-bit halves lane by lane, then as hsum above
+inline float vsum(Vec v) {
+  return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+constexpr const char* kIsa = "avx512";
+#else
+using Vec = __m256;
+constexpr int kLanes = 8, kRegisters = 16;
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec vload(const at::BFloat16* p) { return load8(p); }
+inline Vec vfmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float vsum(Vec v) { return hsum(v); }
+constexpr const char* kIsa = "avx2";
+#endif
+
 // out[t, n] for R (<= 6) consecutive weight rows and TB (<= 6) consecutive tokens; x rows are K floats apart.
+// R * TB accumulators, R weight vectors and one activation vector must fit in the registers.
 // Each (row, token) pair owns one accumulator and sees the same instruction sequence in every tile shape, so
 // the tile shape (chosen by the number of tokens) never changes a result. The accumulators are named
 // variables, not an array, so that the compiler keeps them in registers.
@@ -49,28 +79,29 @@ inline float hsum(__m256 v) {
 template <typename WT, int R, int TB>
 inline void dot_block(const WT* w, int64_t K, const float* x, float* out, int64_t N, const float* bias,
                       const WT* ahead = nullptr) {
-  static_assert(R >= 1 && R <= 6 && TB >= 1 && TB <= 6 && R * TB + R + 1 <= 16, "tile does not fit in 16 ymm");
+  static_assert(R >= 1 && R <= 6 && TB >= 1 && TB <= 6 && R * TB + R + 1 <= kRegisters,
+                "tile does not fit in the vector registers");
   constexpr int64_t kLine = 64 / sizeof(WT);  // weights per cache line
-  const __m256 zero = _mm256_setzero_ps();
-#define SPECDRAFT_ACC(r) __m256 a##r##0 = zero, a##r##1 = zero, a##r##2 = zero, a##r##3 = zero, \
+  const Vec zero = vzero();
+#define SPECDRAFT_ACC(r) Vec a##r##0 = zero, a##r##1 = zero, a##r##2 = zero, a##r##3 = zero, \
                                 a##r##4 = zero, a##r##5 = zero;
   SPECDRAFT_ACC(0) SPECDRAFT_ACC(1) SPECDRAFT_ACC(2) SPECDRAFT_ACC(3) SPECDRAFT_ACC(4) SPECDRAFT_ACC(5)
 #undef SPECDRAFT_ACC
-  const int64_t K8 = K - K % 8;
-  for (int64_t k = 0; k < K8; k += 8) {
+  const int64_t KV = K - K % kLanes;
+  for (int64_t k = 0; k < KV; k += kLanes) {
     if (ahead && k % kLine == 0) {
       for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(ahead + r * K + k), _MM_HINT_T1);
     }
-    const __m256 wv0 = load8(w + k);
-    const __m256 wv1 = R > 1 ? load8(w + 1 * K + k) : zero;
-    const __m256 wv2 = R > 2 ? load8(w + 2 * K + k) : zero;
-    const __m256 wv3 = R > 3 ? load8(w + 3 * K + k) : zero;
-    const __m256 wv4 = R > 4 ? load8(w + 4 * K + k) : zero;
-    const __m256 wv5 = R > 5 ? load8(w + 5 * K + k) : zero;
-#define SPECDRAFT_FMA(r, j) if constexpr (R > r) a##r##j = _mm256_fmadd_ps(wv##r, xv, a##r##j);
+    const Vec wv0 = vload(w + k);
+    const Vec wv1 = R > 1 ? vload(w + 1 * K + k) : zero;
+    const Vec wv2 = R > 2 ? vload(w + 2 * K + k) : zero;
+    const Vec wv3 = R > 3 ? vload(w + 3 * K + k) : zero;
+    const Vec wv4 = R > 4 ? vload(w + 4 * K + k) : zero;
+    const Vec wv5 = R > 5 ? vload(w + 5 * K + k) : zero;
+#define SPECDRAFT_FMA(r, j) if constexpr (R > r) a##r##j = vfmadd(wv##r, xv, a##r##j);
 #define SPECDRAFT_STEP(j)                                                                    \
     if constexpr (TB > j) {                                                                  \
-      const __m256 xv = _mm256_loadu_ps(x + j * K + k);                                      \
+      const Vec xv = vload(x + j * K + k);                                                   \
       SPECDRAFT_FMA(0, j) SPECDRAFT_FMA(1, j) SPECDRAFT_FMA(2, j) SPECDRAFT_FMA(3, j)        \
       SPECDRAFT_FMA(4, j) SPECDRAFT_FMA(5, j)                                                \
     }
@@ -78,14 +109,14 @@ inline void dot_block(const WT* w, int64_t K, const float* x, float* out, int64_
 #undef SPECDRAFT_STEP
 #undef SPECDRAFT_FMA
   }
-  const __m256 acc[6][6] = {{a00, a01, a02, a03, a04, a05}, {a10, a11, a12, a13, a14, a15},
+  const Vec acc[6][6] = {{a00, a01, a02, a03, a04, a05}, {a10, a11, a12, a13, a14, a15},
                             {a20, a21, a22, a23, a24, a25}, {a30, a31, a32, a33, a34, a35},
                             {a40, a41, a42, a43, a44, a45}, {a50, a51, a52, a53, a54, a55}};
   for (int r = 0; r < R; ++r) {
     for (int j = 0; j < TB; ++j) {
       float tail = 0.f;
-      for (int64_t k = K8; k < K; ++k) tail += to_float(w[r * K + k]) * x[j * K + k];
-      float v = hsum(acc[r][j]) + tail;
+      for (int64_t k = KV; k < K; ++k) tail += to_float(w[r * K + k]) * x[j * K + k];
+      float v = vsum(acc[r][j]) + tail;
       if (bias) v += bias[r];
       out[j * N + r] = v;
     }
@@ -115,17 +146,20 @@ inline void rows_all_tokens(const WT* w, int64_t rows, int64_t K, const float* x
     return;
   }
   // the first tile that reads this group prefetches the next one (later tiles re-read this group from cache)
+  // rows per tile by tokens per tile (1..6): as many as the registers hold, each a divisor of 12
+  constexpr bool wide = kRegisters >= 32;
+  constexpr int R1 = 6, R2 = wide ? 6 : 4, R3 = wide ? 6 : 3, R4 = wide ? 4 : 2, R5 = wide ? 4 : 2, R6 = wide ? 4 : 2;
   int64_t t = 0;
-  for (; t + 6 <= T; t += 6) tile_rows<WT, 2, 6>(w, 12, K, x + t * K, out + t * N, N, bias, t == 0 ? next : nullptr);
+  for (; t + 6 <= T; t += 6) tile_rows<WT, R6, 6>(w, 12, K, x + t * K, out + t * N, N, bias, t == 0 ? next : nullptr);
   const WT* rest_ahead = t == 0 ? next : nullptr;
   const float* xt = x + t * K;
   float* ot = out + t * N;
   switch (T - t) {
-    case 1: tile_rows<WT, 6, 1>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
-    case 2: tile_rows<WT, 4, 2>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
-    case 3: tile_rows<WT, 3, 3>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
-    case 4: tile_rows<WT, 2, 4>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
-    case 5: tile_rows<WT, 2, 5>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
+    case 1: tile_rows<WT, R1, 1>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
+    case 2: tile_rows<WT, R2, 2>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
+    case 3: tile_rows<WT, R3, 3>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
+    case 4: tile_rows<WT, R4, 4>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
+    case 5: tile_rows<WT, R5, 5>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
     default: break;
   }
 }
@@ -335,6 +369,9 @@ torch::Tensor silu_mul(torch::Tensor gate, torch::Tensor up) {
 
 // How at::parallel_for runs in this build: it is a header template, parallel only when this file is compiled
 // with OpenMP (-fopenmp); without it every kernel silently runs on one thread.
+// The instruction set of the matrix products in this build: "avx512" or "avx2".
+std::string isa() { return kIsa; }
+
 std::string parallel_backend() {
 #ifdef _OPENMP
   return "openmp";
@@ -345,6 +382,7 @@ std::string parallel_backend() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("parallel_backend", &parallel_backend, "\"openmp\" when the kernels use several threads");
+  m.def("isa", &isa, "the instruction set of the matrix products: \"avx512\" or \"avx2\"");
   m.def("linear", &linear, "batch-invariant x @ W.T (+ b), float32 or bfloat16 weights");
   m.def("rms_norm", &rms_norm, "row-wise RMSNorm, fixed reduction order");
   m.def("attention", &attention, "causal GQA attention of new queries against the KV cache");

@@ -14,6 +14,11 @@ _SOURCE = Path(__file__).with_name("kernels.cpp")
 # -fopenmp matters: at::parallel_for is a header template that runs sequentially unless the extension itself is
 # compiled with OpenMP (it then shares torch's libgomp and follows torch.set_num_threads).
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
+# The matrix products use 512-bit vectors where the CPU has AVX-512 (twice the multiply-adds per instruction:
+# verify passes of several tokens are partly compute-bound). SPECDRAFT_KERNELS_ISA=avx2 forces the AVX2 build.
+_AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
+_AVX512_NEEDS = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+ISA_ENV = "SPECDRAFT_KERNELS_ISA"
 _loaded = None
 _failure: str | None = None
 _startup: dict = {}  # how this process got the kernels: {"kernels": "built" | "imported", "seconds": float}
@@ -27,6 +32,21 @@ def _cpu_flags() -> set[str]:
         return set()
 
 
+def chosen_isa() -> str:
+    """"avx512" or "avx2": the CPU's best, unless SPECDRAFT_KERNELS_ISA asks for avx2 (or for avx512)."""
+    wanted = os.environ.get(ISA_ENV, "auto").strip().lower() or "auto"
+    if wanted not in ("auto", "avx2", "avx512"):
+        raise ValueError(f"{ISA_ENV}={wanted!r}: use auto, avx2 or avx512")
+    has_avx512 = _AVX512_NEEDS <= _cpu_flags()
+    if wanted == "avx512" and not has_avx512:
+        raise ValueError(f"{ISA_ENV}=avx512, but this CPU lacks {sorted(_AVX512_NEEDS - _cpu_flags())}")
+    return "avx2" if wanted == "avx2" or not has_avx512 else "avx512"
+
+
+def _flags() -> list[str]:
+    return _FLAGS + (_AVX512_FLAGS if chosen_isa() == "avx512" else [])
+
+
 def build_dir() -> Path:
     """Compiled artifacts live in the specdraft cache, keyed by the source, Python and torch versions: the
     build (about 30 s) is paid once per machine, later processes import the library directly."""
@@ -34,7 +54,7 @@ def build_dir() -> Path:
 
     from .. import fetch
 
-    fingerprint = _SOURCE.read_bytes() + torch.__version__.encode() + " ".join(_FLAGS).encode()
+    fingerprint = _SOURCE.read_bytes() + torch.__version__.encode() + " ".join(_flags()).encode()
     key = hashlib.sha256(fingerprint).hexdigest()[:12]
     return fetch.cache_root(None) / "kernels" / f"{sys.implementation.cache_tag}-{key}"
 
@@ -71,12 +91,12 @@ def load_kernels():
         library = directory / "specdraft_kernels.so"
         if library.is_file():
             _loaded = _import_built(library)
-            _startup.update(kernels="imported", seconds=time.perf_counter() - started)
+            _startup.update(kernels="imported", seconds=time.perf_counter() - started, isa=_loaded.isa())
             return _loaded
         directory.mkdir(parents=True, exist_ok=True)
         _loaded = load(name="specdraft_kernels", sources=[str(_SOURCE)], build_directory=str(directory),
-                       extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
-        _startup.update(kernels="built", seconds=time.perf_counter() - started)
+                       extra_cflags=_flags(), extra_ldflags=["-fopenmp"], verbose=False)
+        _startup.update(kernels="built", seconds=time.perf_counter() - started, isa=_loaded.isa())
     except Exception as exc:  # a compiler or toolchain problem: fall back to transformers, say why
         lines = [line for line in str(exc).splitlines() if line.strip()]
         _failure = f"building the native kernels failed: {lines[-1] if lines else type(exc).__name__}"
