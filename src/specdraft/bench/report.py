@@ -202,6 +202,8 @@ def startup_section(startup: dict | None) -> list[str]:
         return []
     kernels = startup.get("native_kernels", {})
     kernel_text = kernels.get("kernels", "-")
+    if "isa" in kernels:
+        kernel_text += f" ({kernels['isa'].upper()})"
     if "seconds" in kernels:
         kernel_text += f" in {kernels['seconds']:.1f} s"
     warmups = ", ".join(f"{label} {s:.1f} s" for label, s in startup.get("warmup_s", {}).items()) or "-"
