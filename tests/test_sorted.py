@@ -10,7 +10,7 @@ import torch
 
 from specdraft import Engine, SamplingParams, SpecConfig, load_model
 from specdraft.config import parse_exit_rule
-from specdraft.drafters import SortedDrafter, build_drafter
+from specdraft.drafters import SortedDrafter, SortedTreeDrafter, build_drafter
 from specdraft.drafters.sorted import CostAwareExit, LayeredState, ThresholdExit
 from specdraft.errors import SpecdraftError
 from specdraft.models.native.llama import NativeLlama
@@ -160,3 +160,133 @@ def test_bad_exits_and_a_transformers_draft_are_clear_errors(sorted_models, tiny
     on_transformers = load_model(str(tiny_dirs["draft"]), "float32", backend="transformers")
     with pytest.raises(SpecdraftError, match="native backend"):
         build_drafter(SpecConfig("sorted"), target, on_transformers)
+
+
+# ------------------------------------------------------------------------------------- sorted-tree (issue 8)
+
+TREE_TOKENS = [3, 5, 2, 6, 4, 5, 3]
+TREE_PARENTS = [-1, -1, 0, 0, 1, 2, 4]  # two roots; node i attends to its ancestors only
+
+
+def _branch(node: int) -> list[int]:
+    tokens = []
+    while node >= 0:
+        tokens.append(TREE_TOKENS[node])
+        node = TREE_PARENTS[node]
+    return tokens[::-1]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("tree_depth", [1, 2, 4])
+def test_a_tree_at_an_exit_gives_each_node_its_branch_through_that_sub_model(sorted_models, dtype, tree_depth):
+    """Tree nodes run through the first `tree_depth` layers only, in two passes (a frontier, then the next);
+    each node's row equals the sub-model's logits for its branch run alone, bit for bit. Keeping a path then
+    leaves positions of that depth which a deeper exit later fills soundly."""
+    _, draft = sorted_models[dtype]
+    prompt = [2, 4, 3, 5]
+    state = LayeredState(draft.native, capacity=4)
+    with torch.inference_mode():
+        state.append(prompt)
+        state.run_to(tree_depth)
+        state.node_layers = tree_depth
+        first = state.forward_tree(TREE_TOKENS[:4], TREE_PARENTS[:4], 4)  # [4, D]
+        second = state.forward_tree(TREE_TOKENS[4:], TREE_PARENTS[4:], 3)  # [3, D]
+        rows = torch.cat([first, second])
+        for node in range(len(TREE_TOKENS)):
+            expected = sub_model_logits(draft, tree_depth, prompt + _branch(node))
+            assert torch.equal(draft.native.logits(rows[node: node + 1]), expected), node
+        path = [1, 4, 6]  # 5, 4, 3: not the first branch, so its K/V and residual rows move
+        state.keep_tree_path(path)
+        kept = prompt + [TREE_TOKENS[n] for n in path]
+        assert state.token_ids == kept and [state.depth(t) for t in range(len(kept))][-3:] == [tree_depth] * 3
+        state.append([6])
+        state.run_to(4)  # the whole draft: the kept nodes' missing layers are filled first
+        assert torch.equal(draft.native.logits(state.last_residual()), sub_model_logits(draft, 4, kept + [6]))
+
+
+def test_negative_control_a_tree_pass_without_its_mask_is_detected(sorted_models):
+    _, draft = sorted_models["float32"]
+    state = LayeredState(draft.native)
+    with torch.inference_mode():
+        state.append([2, 4, 3, 5])
+        state.run_to(2)
+        state.node_layers = 2
+        rows = state.forward(TREE_TOKENS[:4], 4)  # the four nodes as a chain: each sees its earlier siblings
+    assert not torch.equal(draft.native.logits(rows[3:4]), sub_model_logits(draft, 2, [2, 4, 3, 5] + _branch(3)))
+
+
+def sorted_tree(target, draft, rule: str = "threshold:0.4,0.6", budget: int = 6, depth: int = 3,
+                branch: int = 2) -> tuple[SpecConfig, SortedTreeDrafter]:
+    spec = SpecConfig("sorted-tree", tree_budget=budget, tree_depth=depth, tree_branch=branch, sorted_exits=(1, 2, 4),
+                      exit_rule=rule, sorted_draft="none")
+    return spec, build_drafter(spec, target, draft)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rule", ["threshold:0.3,0.6", "cost:2.0"])
+def test_greedy_sorted_tree_is_token_identical_to_plain_decoding(sorted_models, dtype, rule):
+    target, draft = sorted_models[dtype]
+    params = SamplingParams(max_new_tokens=24)
+    plain = Engine(target).generate(PROMPT, params).token_ids
+    spec, drafter = sorted_tree(target, draft, rule)
+    assert isinstance(drafter, SortedTreeDrafter)
+    result = Engine(target, drafter, spec).generate(PROMPT, params)
+    assert result.token_ids == plain
+    assert result.stats.accepted > 0 and set(result.stats.drafted_by) <= {"exit 1", "exit 2", "exit 4"}
+    assert result.stats.tree_passes > 0  # some drafts were trees with branches
+
+
+def test_sorted_tree_takes_a_reduced_vocabulary(sorted_models):
+    """Scores over a subset of the head's rows are spread to the full vocabulary (-inf elsewhere): greedy output
+    still equals plain decoding, and every drafted token is a row of the subset or a prompt token."""
+    target, draft = sorted_models["float32"]
+    params = SamplingParams(max_new_tokens=16)
+    plain = Engine(target).generate(PROMPT, params).token_ids
+    spec = SpecConfig("sorted-tree", tree_budget=5, tree_depth=3, sorted_exits=(1, 2, 4), sorted_draft="none",
+                      draft_vocab=5)
+    drafter = build_drafter(spec, target, draft)
+    assert drafter.vocab_rows == 5
+    assert Engine(target, drafter, spec).generate(PROMPT, params).token_ids == plain
+
+
+def sorted_tree_pvalue(target, draft, params, tree_rule=None) -> float:
+    from specdraft.acceptance import accept_tree_rejection
+    from test_exactness import exact_joint, outcome
+    import numpy as np
+    from scipy.stats import chisquare
+
+    spec, drafter = sorted_tree(target, draft, budget=6, depth=3, branch=3)
+    engine = Engine(target, drafter, spec, tree_sampling_rule=tree_rule or accept_tree_rejection)
+    expected = exact_joint(target, params)
+    counts = dict.fromkeys(expected, 0)
+    for seed in range(N_SAMPLES):
+        key = outcome(engine.generate(PROMPT, SamplingParams(**{**params.__dict__, "seed": seed})), target.eos_token_ids)
+        counts[key] = counts.get(key, 0) + 1
+    observed = np.array([counts[k] for k in counts], dtype=float)
+    expected_counts = np.array([expected.get(k, 0.0) * N_SAMPLES for k in counts])
+    if (expected_counts[observed > 0] == 0).any():
+        return 0.0
+    small = expected_counts < 5
+    observed = np.append(observed[~small], observed[small].sum())
+    expected_counts = np.append(expected_counts[~small], expected_counts[small].sum())
+    keep = expected_counts > 0
+    observed, expected_counts = observed[keep], expected_counts[keep]
+    expected_counts *= observed.sum() / expected_counts.sum()
+    return float(chisquare(observed, expected_counts).pvalue)
+
+
+@pytest.mark.parametrize("name", ["T=1", "T=0.7,top-k=3"])
+def test_sorted_tree_sampling_emits_the_target_distribution(sorted_models, name):
+    """N = 1500 generations, chi-square on the first tokens against the target's exact joint, pass if p > 1e-3."""
+    target, draft = sorted_models["float32"]
+    pvalue = sorted_tree_pvalue(target, draft, SETTINGS[name])
+    assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
+
+
+def test_sorted_tree_negative_control_fails_the_same_test(sorted_models):
+    from test_tree import no_residual_update
+
+    target, draft = sorted_models["float32"]
+    pvalue = sorted_tree_pvalue(target, draft, SETTINGS["T=1"], tree_rule=no_residual_update)
+    assert pvalue < P_THRESHOLD, f"the wrong rule passed: p-value {pvalue:.2e} at N={N_SAMPLES}"
+

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from .errors import SpecdraftError
 
 MAX_GAMMA = 32
-METHODS = ("ar", "draft", "prompt-lookup", "draft-tree", "prompt-lookup-tree", "eagle", "eagle-tree", "sorted")
+METHODS = ("ar", "draft", "prompt-lookup", "draft-tree", "prompt-lookup-tree", "eagle", "eagle-tree", "sorted",
+           "sorted-tree")
 # methods whose drafts are token trees: their depth plays gamma's part
-TREE_METHODS = ("draft-tree", "prompt-lookup-tree", "eagle-tree")
+TREE_METHODS = ("draft-tree", "prompt-lookup-tree", "eagle-tree", "sorted-tree")
 MAX_TREE_BUDGET = 64
 DTYPES = ("auto", "bfloat16", "float32", "float16")
 BACKENDS = ("auto", "native", "transformers")

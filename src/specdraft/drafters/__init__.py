@@ -12,7 +12,7 @@ from .eagle import EagleDrafter, EagleTreeDrafter
 from .lookup_first import LookupFirstDrafter
 from .model import ModelDrafter
 from .prompt_lookup import PromptLookupDrafter
-from .sorted import SortedDrafter
+from .sorted import SortedDrafter, SortedTreeDrafter
 from .tree import PromptLookupTreeDrafter, TreeDrafter
 
 # Each builder takes (spec, target, draft model or None) and returns a drafter.
@@ -30,9 +30,12 @@ DRAFTERS: dict[str, Callable[[SpecConfig, LoadedModel, LoadedModel | None], Draf
         _require_head(spec), target, spec.tree_budget, spec.tree_depth, spec.tree_branch),
     "sorted": lambda spec, target, draft: SortedDrafter.build(_require(draft, "sorted"), target, spec.sorted_exits,
                                                               spec.exit_rule, spec.sorted_draft, spec.draft_vocab),
+    "sorted-tree": lambda spec, target, draft: SortedTreeDrafter.build(
+        _require(draft, "sorted-tree"), target, spec.sorted_exits, spec.exit_rule, spec.sorted_draft, spec.draft_vocab,
+        budget=spec.tree_budget, depth=spec.tree_depth, branch=spec.tree_branch),
 }
 
-NEEDS_DRAFT_MODEL = {"draft", "draft-tree", "sorted"}
+NEEDS_DRAFT_MODEL = {"draft", "draft-tree", "sorted", "sorted-tree"}
 
 
 def _require(draft: LoadedModel | None, method: str = "draft") -> LoadedModel:
@@ -55,7 +58,7 @@ NO_LOOKUP_FIRST = {"ar", "prompt-lookup", "prompt-lookup-tree"}
 def build_drafter(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:
     if spec.lookup_first and spec.method in NO_LOOKUP_FIRST:
         raise SpecdraftError(f"lookup_first puts prompt lookup in front of a drafter; method {spec.method!r} has "
-                             "none to fall back on (use it with draft, draft-tree, eagle, eagle-tree or sorted)")
+                             "none to fall back on (use it with draft, draft-tree, eagle, eagle-tree, sorted or sorted-tree)")
     drafter = DRAFTERS[spec.method](spec, target, draft)
     if spec.lookup_first:
         drafter = LookupFirstDrafter(drafter, spec.lookup_max_ngram, spec.lookup_first)
@@ -74,6 +77,7 @@ __all__ = [
     "PromptLookupDrafter",
     "PromptLookupTreeDrafter",
     "SortedDrafter",
+    "SortedTreeDrafter",
     "TreeDrafter",
     "build_drafter",
 ]

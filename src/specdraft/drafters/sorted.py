@@ -28,6 +28,7 @@ from ..models.native.llama import NativeLlama
 from ..sampling import processed_probs, sample
 from ..types import Draft
 from .model import check_compatible_vocab
+from .tree import draft_log_scores, grow_dynamic_tree, keep_accepted_path
 from .vocab import DraftVocab, HasDraftVocab, resolve_rows
 
 
@@ -45,6 +46,7 @@ class LayeredState(SequenceState):
         self.cache = native.new_cache(capacity)
         self.layer_length = [0] * len(native.layers)
         self.residual = torch.zeros(capacity, native.embed.shape[1])  # [capacity, D] float32
+        self.node_layers = len(native.layers)  # layers `forward` runs tree nodes through (set per tree)
 
     def depth(self, position: int) -> int:
         """How many layers position has run through."""
@@ -85,6 +87,33 @@ class LayeredState(SequenceState):
         length = len(self.token_ids) - n
         self.layer_length = [min(filled, length) for filled in self.layer_length]
         self.cache.length = self.layer_length[0]
+
+    # token trees (method sorted-tree): SequenceState.forward_tree builds the mask and positions and calls forward
+
+    def forward(self, new_ids: list[int], n_logits: int, positions: torch.Tensor | None = None,
+                tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Append `new_ids` and run them through the first `node_layers` layers (a tree's exit depth), with a
+        tree's positions [T] and mask [T, W] when given. Returns their residual rows at that depth, [n_logits, D],
+        not logits: the exit (its norm, adapter and head) is the drafter's. Every earlier position must have run
+        those layers already (the root's exit brought all of them there), so the new rows are the only ones
+        missing them and depths stay non-increasing along the sequence."""
+        depth, n = self.node_layers, len(self.token_ids)
+        if any(self.layer_length[index] != n for index in range(depth)):
+            raise AssertionError(f"a tree at depth {depth} needs every earlier position filled that deep")
+        self.append(new_ids)
+        rows = self.residual[n: n + len(new_ids)]  # [T, D] embeddings
+        for index in range(depth):
+            rows = self.native.layer_forward(index, rows, self.cache, n, positions, tree_mask)
+            self.layer_length[index] = n + len(new_ids)
+        self.residual[n: n + len(new_ids)] = rows
+        self.cache.length = self.layer_length[0]
+        return rows[len(new_ids) - n_logits:]
+
+    def _move(self, source: torch.Tensor, destination: torch.Tensor) -> None:
+        """A kept tree path: K/V (of every layer; deeper than the tree's they are unfilled slots either way) and
+        residual rows move together."""
+        self.cache.move(source, destination)
+        self.residual[destination] = self.residual[source]
 
 
 # ------------------------------------------------------------------------------------------------ exit rules
@@ -168,11 +197,12 @@ class SortedDrafter(HasDraftVocab):
 
     @classmethod
     def build(cls, draft: LoadedModel, target: LoadedModel, exits: tuple[int, ...], exit_rule: str,
-              sorted_draft: str = "auto", draft_vocab: int | None = None) -> SortedDrafter:
+              sorted_draft: str = "auto", draft_vocab: int | None = None, **tree_knobs) -> SortedDrafter:
         """From the shared config. sorted_draft: trained adapters by name or folder, "auto" (the shipped ones for
         this draft, if any) or "none". exits () means the adapters' exits, or else half, three quarters and all of
         the draft's layers. draft_vocab 0 or None (auto) means the adapters' training vocabulary; without adapters
-        0 is the whole vocabulary and None the automatic choice (vocab.resolve_rows)."""
+        0 is the whole vocabulary and None the automatic choice (vocab.resolve_rows). tree_knobs (budget, depth,
+        branch) go to SortedTreeDrafter."""
         native = _require_native(draft)
         n_layers = len(native.layers)
         adapters = None
@@ -194,7 +224,7 @@ class SortedDrafter(HasDraftVocab):
             raise SpecdraftError(f"exit rule {exit_rule!r} needs a sorted draft trained with exit probes; "
                                  f"{'there is none' if adapters is None else repr(adapters.config.draft) + ' has none'}"
                                  f" (train one with `specdraft train sorted`, or use threshold:T)")
-        return cls(draft, target, exits, rule, adapters, draft_vocab)
+        return cls(draft, target, exits, rule, adapters, draft_vocab, **tree_knobs)
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
         if self.vocab is not None:
@@ -230,17 +260,18 @@ class SortedDrafter(HasDraftVocab):
             draft_probs = self.vocab.spread(draft_probs)  # [k, V]: q is 0 outside the rows drafted from
         return Draft(torch.tensor(token_ids, dtype=torch.long), draft_probs, labels=labels)
 
-    def exit_hidden(self, exit_index: int) -> torch.Tensor:
-        """The last position's row for the LM head at exit `exit_index` (its depth must be filled): [1, D]."""
+    def exit_hidden(self, exit_index: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The rows for the LM head at exit `exit_index` of residual rows at that depth [n, D] (default: the last
+        position's, whose depth must be filled): [n, D]."""
         native = self.native
-        normed = native.ops.rms_norm(self.state.last_residual().contiguous(), self.exit_norms[exit_index],
-                                     native.eps)  # [1, D]
+        rows = self.state.last_residual() if rows is None else rows
+        normed = native.ops.rms_norm(rows.contiguous(), self.exit_norms[exit_index], native.eps)  # [n, D]
         if self.adapters is not None:
             normed = self.adapters.adapt_normed(normed, self.adapter_rows[exit_index])
         return normed.contiguous()
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[1, D] -> [1, V_draft] through the shared head (the reduced rows, when there are)."""
+        """[n, D] -> [n, V_draft] through the shared head (the reduced rows, when there are)."""
         head = self.native.lm_head if self.vocab is None else self.vocab.weight
         return self.native._linear(hidden, head, None)
 
@@ -268,6 +299,61 @@ class SortedDrafter(HasDraftVocab):
 
     def on_accept(self, context_ids: list[int], features=None) -> None:
         self.state.sync(context_ids)  # drop rejected draft positions; the new token is fed at the next propose
+
+
+class SortedTreeDrafter(SortedDrafter):
+    """Dynamic token trees from the sorted draft (method `sorted-tree`): the pending token leaves at the exit the
+    rule picks, as in a chain, and the whole tree is then grown at that exit (drafters/tree.py's EAGLE-2 growth,
+    every frontier one pass through the exit's layers with a tree mask). A confident position drafts its tree
+    with few layers, a hard one with more.
+
+    Exact: children are chosen deterministically (top-k), so the tree rule's one-hot q applies (acceptance.py),
+    and the exit depends only on the draft's own confidence. Cache: tree nodes have K/V in the tree's layers
+    only; the accepted ones stay as positions of that depth, which `LayeredState.run_to` deepens when a later
+    token goes deeper, as for a chain token that left early."""
+
+    name = "sorted-tree"
+
+    def __init__(self, draft: LoadedModel, target: LoadedModel, exits: tuple[int, ...], rule,
+                 adapters: ExitAdapters | None = None, draft_vocab: int = 0, budget: int = 5, depth: int = 4,
+                 branch: int = 2):
+        super().__init__(draft, target, exits, rule, adapters, draft_vocab)
+        if budget < 1 or depth < 1 or branch < 1:
+            raise SpecdraftError(f"tree budget, depth and branch must be >= 1 (got {budget}, {depth}, {branch})")
+        self.budget, self.depth, self.branch = budget, depth, branch
+        self.full_vocab = self.native.lm_head.shape[0]  # V: tree scores are over target ids
+
+    def propose(self, context_ids: list[int], k: int, params: SamplingParams,
+                generator: torch.Generator | None) -> Draft:
+        depth = min(self.depth, k)
+        if depth < 1:
+            return Draft(torch.empty(0, dtype=torch.long))
+        keep_accepted_path(self.state, context_ids)
+        self.state.append(self.state.sync_for_next(context_ids))
+        logits, exit_index = self._exit()  # [1, V_draft]: the pending token at the exit the rule picked
+        self.exit_counts[exit_index] += 1
+        self.state.node_layers = self.exits[exit_index]
+
+        def expand(tokens: list[int], parents: list[int]) -> torch.Tensor:  # one pass of the exit's layers
+            rows = self.state.forward_tree(tokens, parents, len(tokens))  # [n, D] at the exit's depth
+            return self._full_scores(self.head_logits(self.exit_hidden(exit_index, rows)), params)  # [n, V]
+
+        tokens, parents = grow_dynamic_tree(self._full_scores(logits, params)[0], expand, depth, self.branch,
+                                            self.budget)
+        return Draft(torch.tensor(tokens, dtype=torch.long), None, torch.tensor(parents, dtype=torch.long),
+                     labels=[f"exit {self.exits[exit_index]}"] * len(tokens))
+
+    def _full_scores(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        """[n, V_draft] logits -> [n, V] log-scores over target ids (-inf outside a reduced vocabulary)."""
+        scores = draft_log_scores(logits, params)
+        if self.vocab is None:
+            return scores
+        full = scores.new_full((scores.shape[0], self.full_vocab), float("-inf"))
+        full[:, self.vocab.ids] = scores
+        return full
+
+    def on_accept(self, context_ids: list[int], features=None) -> None:
+        keep_accepted_path(self.state, context_ids)
 
 
 def _require_native(draft: LoadedModel) -> NativeLlama:

@@ -24,7 +24,7 @@ import torch
 
 from ..config import SamplingParams
 from ..errors import SpecdraftError
-from ..models.adapter import LoadedModel
+from ..models.adapter import LoadedModel, SequenceState
 from ..sampling import processed_probs
 from ..types import Draft
 from .model import check_compatible_vocab
@@ -99,6 +99,22 @@ def draft_log_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tens
     return processed_probs(logits, params).log()
 
 
+def keep_accepted_path(state: SequenceState, context_ids: list[int]) -> None:
+    """A drafter's cached tree after the target's verdict: keep the expanded nodes that spell the start of what
+    the context added after them (moved to consecutive positions), drop the rest."""
+    start = state.tree_start
+    region_tokens = state.token_ids[start:]
+    path: list[int] = []
+    for token in context_ids[start:]:
+        parent = path[-1] if path else -1
+        child = next((i for i, (p, t) in enumerate(zip(state.tree_parents, region_tokens))
+                      if p == parent and t == token), None)
+        if child is None:
+            break
+        path.append(child)
+    state.keep_tree_path(path)
+
+
 class TreeDrafter:
     """An independent draft model drafting EAGLE-2-style dynamic trees (method `draft-tree`).
 
@@ -125,7 +141,7 @@ class TreeDrafter:
         depth = min(self.depth, k)
         if depth < 1:
             return Draft(torch.empty(0, dtype=torch.long))
-        self._keep_accepted_path(context_ids)
+        keep_accepted_path(self.state, context_ids)
         to_feed = self.state.sync_for_next(context_ids)
         root_scores = draft_log_scores(self.state.forward(to_feed, 1), params)[0]  # [V]
 
@@ -136,22 +152,7 @@ class TreeDrafter:
         return Draft(torch.tensor(tokens, dtype=torch.long), None, torch.tensor(parents, dtype=torch.long))
 
     def on_accept(self, context_ids: list[int], features=None) -> None:
-        self._keep_accepted_path(context_ids)
-
-    def _keep_accepted_path(self, context_ids: list[int]) -> None:
-        """Keep the expanded nodes that spell the start of what the context added after them; drop the rest."""
-        state = self.state
-        start = state.tree_start
-        region_tokens = state.token_ids[start:]
-        path: list[int] = []
-        for token in context_ids[start:]:
-            parent = path[-1] if path else -1
-            child = next((i for i, (p, t) in enumerate(zip(state.tree_parents, region_tokens))
-                          if p == parent and t == token), None)
-            if child is None:
-                break
-            path.append(child)
-        state.keep_tree_path(path)
+        keep_accepted_path(self.state, context_ids)
 
 
 class PromptLookupTreeDrafter:
