@@ -8,14 +8,20 @@ from dataclasses import replace
 import pytest
 
 from specdraft import Engine, SamplingParams, SpecConfig
+import torch
+
 from specdraft.drafters import (
     EagleDrafter,
+    EagleTreeDrafter,
     LookupFirstDrafter,
     ModelDrafter,
     SortedDrafter,
+    SortedTreeDrafter,
     TreeDrafter,
     build_drafter,
 )
+from specdraft.drafters.lookup_first import with_copy_branch
+from specdraft.types import Draft
 from specdraft.errors import SpecdraftError
 from test_draft_vocab import models  # noqa: F401  (fixture: a tiny target, a 1-layer and a 4-layer draft)
 from test_eagle import tiny_head
@@ -29,6 +35,11 @@ INNER = {
     "draft-tree": (lambda t, d, s: TreeDrafter(d, t, 6, 3, 2), SpecConfig("draft-tree", tree_budget=6, tree_depth=3)),
     "eagle": (lambda t, d, s: EagleDrafter(tiny_head(t, draft_vocab=4), t), SpecConfig("eagle", 3, eagle_head="mem")),
     "sorted": (lambda t, d, s: SortedDrafter.build(s, t, (1, 2, 4), "threshold:0.5", "none"), SpecConfig("sorted", 3)),
+    "eagle-tree": (lambda t, d, s: EagleTreeDrafter(tiny_head(t, draft_vocab=4), t, 6, 3, 2),
+                   SpecConfig("eagle-tree", tree_budget=6, tree_depth=3, eagle_head="mem")),
+    "sorted-tree": (lambda t, d, s: SortedTreeDrafter.build(s, t, (1, 2, 4), "threshold:0.5", "none", budget=6,
+                                                            depth=3, branch=2),
+                    SpecConfig("sorted-tree", tree_budget=6, tree_depth=3)),
 }
 
 
@@ -104,3 +115,74 @@ def test_lookup_first_passes_the_feature_taps_of_an_eagle_head_through(models):
     inner = EagleDrafter(tiny_head(target, draft_vocab=4), target)
     wrapped = LookupFirstDrafter(inner, 3, 2)
     assert wrapped.feature_layers == inner.feature_layers and wrapped.backend == "eagle-head"
+
+
+def _tree(tokens, parents, label):
+    return Draft(torch.tensor(tokens), None, torch.tensor(parents), [label] * len(tokens))
+
+
+def test_a_copy_is_the_first_branch_of_a_tree_and_shared_prefixes_merge():
+    copy = Draft(torch.tensor([4, 5, 6]), labels=["lookup"] * 3)
+    tree = _tree([4, 7, 5, 8], [-1, -1, 0, 0], "head")  # 4 -> {5, 8}, 7
+    merged = with_copy_branch(copy, tree, budget=5)
+    assert merged.token_ids.tolist() == [4, 5, 6, 7, 8] and merged.parents.tolist() == [-1, 0, 1, -1, 0]
+    assert merged.labels == ["lookup"] * 3 + ["head"] * 2 and merged.draft_probs is None
+    smaller = with_copy_branch(copy, tree, budget=4)  # the tree's later node does not fit
+    assert smaller.token_ids.tolist() == [4, 5, 6, 7]
+    orphans = with_copy_branch(Draft(torch.tensor([4]), labels=["lookup"]), _tree([9, 10], [-1, 0], "head"), 1)
+    assert orphans.token_ids.tolist() == [4]  # 9 does not fit, so its child 10 is dropped too
+
+
+def test_a_tree_drafter_keeps_drafting_beside_a_copy(models):
+    target, draft, _ = models
+    drafter = LookupFirstDrafter(TreeDrafter(draft, target, 4, 3, 2), max_ngram=3, min_ngram=2)
+    context = [2, 3, 4, 5, 2, 3]
+    drafter.begin(context)
+    got = drafter.propose(context, 3, GREEDY, None)  # "2 3" repeats: the copy [4, 5, 2] leads the tree
+    assert got.token_ids.tolist()[:3] == [4, 5, 2] and got.labels[:3] == ["lookup"] * 3
+    assert got.parents is not None and 3 <= got.k <= 4
+
+
+def _lookup_tree_engine_pvalue(target, draft, name, rule=None):
+    from specdraft.acceptance import accept_tree_rejection
+    from test_exactness import exact_joint, outcome
+    import numpy as np
+    from scipy.stats import chisquare
+
+    params = SETTINGS[name]
+    spec = SpecConfig("draft-tree", tree_budget=5, tree_depth=3, tree_branch=2)
+    drafter = LookupFirstDrafter(TreeDrafter(draft, target, 5, 3, 2), max_ngram=3, min_ngram=1)
+    engine = Engine(target, drafter, spec, tree_sampling_rule=rule or accept_tree_rejection)
+    prompt = [2, 3, 4]
+    expected = exact_joint(target, params)
+    counts = dict.fromkeys(expected, 0)
+    for seed in range(N_SAMPLES):
+        key = outcome(engine.generate(prompt, replace(params, seed=seed)), target.eos_token_ids)
+        counts[key] = counts.get(key, 0) + 1
+    observed = np.array([counts[k] for k in counts], dtype=float)
+    expected_counts = np.array([expected.get(k, 0.0) * N_SAMPLES for k in counts])
+    if (expected_counts[observed > 0] == 0).any():
+        return 0.0
+    small = expected_counts < 5
+    observed = np.append(observed[~small], observed[small].sum())
+    expected_counts = np.append(expected_counts[~small], expected_counts[small].sum())
+    keep = expected_counts > 0
+    observed, expected_counts = observed[keep], expected_counts[keep]
+    expected_counts *= observed.sum() / expected_counts.sum()
+    return float(chisquare(observed, expected_counts).pvalue)
+
+
+def test_sampling_with_a_copy_branch_in_a_tree_follows_the_target(models):
+    """From "abc", every pass after the first has a copy (n-grams from 1) merged into the draft model's tree."""
+    target, draft, _ = models
+    pvalue = _lookup_tree_engine_pvalue(target, draft, "T=1")
+    assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
+
+
+def test_negative_control_the_merged_tree_with_a_wrong_rule_fails_the_same_test(models):
+    from test_tree import no_residual_update
+
+    target, draft, _ = models
+    pvalue = _lookup_tree_engine_pvalue(target, draft, "T=1", rule=no_residual_update)
+    assert pvalue < P_THRESHOLD, f"the wrong rule passed: p-value {pvalue:.2e} at N={N_SAMPLES}"
+

@@ -5,8 +5,14 @@ lookup: the copy costs nothing and is often right for several tokens. Where noth
 token does, a trained drafter (an EAGLE head, a draft model) guesses better. This wrapper asks prompt lookup first,
 with n-grams of at least `min_ngram` tokens, and the wrapped drafter otherwise.
 
+A tree drafter (one with a node `budget`: draft-tree, eagle-tree, sorted-tree) keeps drafting when a copy exists:
+the copy becomes the tree's first branch and the drafter's own nodes fill the rest of the budget
+(`with_copy_branch`), so the pass verifies the copy and the drafter's alternatives together. A chain drafter is
+replaced by the copy.
+
 Exact: which of the two proposes depends only on the context, and each draft carries the distribution it was
-drawn from (a copy is deterministic, q one-hot). The wrapped drafter still sees every accepted token: a drafter
+drawn from (a copy is deterministic, q one-hot; a merged tree only when the drafter's tree is deterministic too,
+which the tree rule of acceptance.py needs). The wrapped drafter still sees every accepted token: a drafter
 that skipped a pass catches up on its next proposal (a draft model feeds the missing tokens, an EAGLE head the
 target features it was handed).
 """
@@ -47,10 +53,49 @@ class LookupFirstDrafter:
     def propose(self, context_ids: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Draft:
         copied = find_continuation(context_ids, k, self.max_ngram, self.min_ngram) if k else []
-        if copied:
-            return Draft(torch.tensor(copied, dtype=torch.long), labels=[LOOKUP_LABEL] * len(copied))
+        copy = Draft(torch.tensor(copied, dtype=torch.long), labels=[LOOKUP_LABEL] * len(copied))
+        tree_budget = getattr(self.inner, "budget", None)
+        if copied and tree_budget is None:
+            return copy
         draft = self.inner.propose(context_ids, k, params, generator)
-        return draft if draft.labels is not None else replace(draft, labels=[self.inner.name] * draft.k)
+        if draft.labels is None:
+            draft = replace(draft, labels=[self.inner.name] * draft.k)
+        if not copied:
+            return draft
+        return with_copy_branch(copy, draft, tree_budget) if draft.draft_probs is None else copy
 
     def on_accept(self, context_ids: list[int], features: torch.Tensor | None = None) -> None:
         self.inner.on_accept(context_ids, features)
+
+
+def with_copy_branch(copy: Draft, tree: Draft, budget: int) -> Draft:
+    """The copy (a chain) as the first branch, then the tree's nodes in their order, merged where they spell the
+    same tokens, while max(budget, copy length) nodes last; a node whose parent did not fit is dropped. Both
+    drafts must be deterministic (draft_probs None). Returns a tree Draft with both drafts' labels."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    labels: list[str] = []
+    node_of: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+
+    def add(parent: int, token: int, label: str) -> int:
+        node_of[(parent, token)] = len(tokens)
+        tokens.append(token)
+        parents.append(parent)
+        labels.append(label)
+        return len(tokens) - 1
+
+    parent = -1
+    for token, label in zip(copy.token_ids.tolist(), copy.labels):
+        parent = add(parent, token, label)
+    limit = max(budget, len(tokens))
+    merged: list[int | None] = []  # the tree's node i -> its node in the result (None: dropped)
+    for token, tree_parent, label in zip(tree.token_ids.tolist(), tree.parent_list, tree.labels):
+        parent = -1 if tree_parent < 0 else merged[tree_parent]
+        if parent is None:
+            merged.append(None)
+        elif (parent, token) in node_of:
+            merged.append(node_of[(parent, token)])
+        else:
+            merged.append(add(parent, token, label) if len(tokens) < limit else None)
+    return Draft(torch.tensor(tokens, dtype=torch.long), None, torch.tensor(parents, dtype=torch.long), labels)
+
