@@ -282,29 +282,11 @@ def small_vocab_target(tmp_path_factory, request):
 
 def eagle_pvalue(target, head, params, rule=None) -> float:
     """The chi-square test of tests/test_exactness.py (same N and threshold) with the EAGLE drafter."""
-    import numpy as np
-    from scipy.stats import chisquare
-    from test_exactness import N_SAMPLES, PROMPT, exact_joint, outcome
+    from test_exactness import N_SAMPLES, engine_chi_square_pvalue
 
     engine = Engine(target, EagleDrafter(head, target), SpecConfig("eagle", 3, eagle_head="(in memory)"),
                     **({"sampling_rule": rule} if rule else {}))
-    expected = exact_joint(target, params)
-    counts = dict.fromkeys(expected, 0)
-    for seed in range(N_SAMPLES):
-        key = outcome(engine.generate(PROMPT, SamplingParams(**{**params.__dict__, "seed": seed})),
-                      target.eos_token_ids)
-        counts[key] = counts.get(key, 0) + 1
-    observed = np.array([counts[k] for k in counts], dtype=float)
-    expected_counts = np.array([expected.get(k, 0.0) * N_SAMPLES for k in counts])
-    if (expected_counts[observed > 0] == 0).any():
-        return 0.0
-    small = expected_counts < 5
-    observed = np.append(observed[~small], observed[small].sum())
-    expected_counts = np.append(expected_counts[~small], expected_counts[small].sum())
-    keep = expected_counts > 0
-    observed, expected_counts = observed[keep], expected_counts[keep]
-    expected_counts *= observed.sum() / expected_counts.sum()
-    return float(chisquare(observed, expected_counts).pvalue)
+    return engine_chi_square_pvalue(engine, target, params, N_SAMPLES)
 
 
 def peaky_head(target):

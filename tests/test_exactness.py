@@ -77,14 +77,20 @@ def engine_pvalue(target, draft, params, rule=None, min_confidence: float = 0.0,
     """p-value of the chi-square test; the drafter defaults to the independent draft model at gamma 3."""
     drafter = drafter or ModelDrafter(draft, target, min_confidence)
     engine = Engine(target, drafter, spec or SpecConfig("draft", 3), **({"sampling_rule": rule} if rule else {}))
+    return engine_chi_square_pvalue(engine, target, params, N_SAMPLES)
+
+
+def engine_chi_square_pvalue(engine: Engine, target, params, n: int) -> float:
+    """Chi-square p-value of the first two tokens of `n` generations from PROMPT (seeds 0..n-1) against the
+    target's exact joint distribution; 0 when a sequence the target gives probability 0 was emitted."""
     expected = exact_joint(target, params)
     counts = dict.fromkeys(expected, 0)
-    for seed in range(N_SAMPLES):
+    for seed in range(n):
         result = engine.generate(PROMPT, SamplingParams(**{**params.__dict__, "seed": seed}))
         key = outcome(result, target.eos_token_ids)
         counts[key] = counts.get(key, 0) + 1  # a key outside the support fails the test below
     observed = np.array([counts[k] for k in counts], dtype=float)
-    expected_counts = np.array([expected.get(k, 0.0) * N_SAMPLES for k in counts])
+    expected_counts = np.array([expected.get(k, 0.0) * n for k in counts])
     if (expected_counts[observed > 0] == 0).any():
         return 0.0  # emitted a sequence the target gives probability 0
     # pool the cells with expected count < 5 so the chi-square approximation holds

@@ -145,31 +145,12 @@ def test_a_tree_drafter_keeps_drafting_beside_a_copy(models):
 
 def _lookup_tree_engine_pvalue(target, draft, name, rule=None):
     from specdraft.acceptance import accept_tree_rejection
-    from test_exactness import exact_joint, outcome
-    import numpy as np
-    from scipy.stats import chisquare
+    from test_exactness import engine_chi_square_pvalue
 
-    params = SETTINGS[name]
     spec = SpecConfig("draft-tree", tree_budget=5, tree_depth=3, tree_branch=2)
     drafter = LookupFirstDrafter(TreeDrafter(draft, target, 5, 3, 2), max_ngram=3, min_ngram=1)
     engine = Engine(target, drafter, spec, tree_sampling_rule=rule or accept_tree_rejection)
-    prompt = [2, 3, 4]
-    expected = exact_joint(target, params)
-    counts = dict.fromkeys(expected, 0)
-    for seed in range(N_SAMPLES):
-        key = outcome(engine.generate(prompt, replace(params, seed=seed)), target.eos_token_ids)
-        counts[key] = counts.get(key, 0) + 1
-    observed = np.array([counts[k] for k in counts], dtype=float)
-    expected_counts = np.array([expected.get(k, 0.0) * N_SAMPLES for k in counts])
-    if (expected_counts[observed > 0] == 0).any():
-        return 0.0
-    small = expected_counts < 5
-    observed = np.append(observed[~small], observed[small].sum())
-    expected_counts = np.append(expected_counts[~small], expected_counts[small].sum())
-    keep = expected_counts > 0
-    observed, expected_counts = observed[keep], expected_counts[keep]
-    expected_counts *= observed.sum() / expected_counts.sum()
-    return float(chisquare(observed, expected_counts).pvalue)
+    return engine_chi_square_pvalue(engine, target, SETTINGS[name], N_SAMPLES)
 
 
 def test_sampling_with_a_copy_branch_in_a_tree_follows_the_target(models):

@@ -81,18 +81,21 @@ def test_filled_depths_never_increase_along_the_sequence(sorted_models):
             assert depths == sorted(depths, reverse=True) and depths[-1] == depth
 
 
+@pytest.mark.parametrize("method", ["sorted", "sorted-tree"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("rule", ["threshold:0.3,0.6", "cost:2.0"])
-def test_greedy_sorted_drafting_is_token_identical_to_plain_decoding(sorted_models, dtype, rule):
+def test_greedy_sorted_drafting_is_token_identical_to_plain_decoding(sorted_models, method, dtype, rule):
     target, draft = sorted_models[dtype]
     params = SamplingParams(max_new_tokens=24)
     plain = Engine(target).generate(PROMPT, params).token_ids
-    spec = SpecConfig("sorted", gamma=4, sorted_exits=(1, 2, 4), exit_rule=rule)
+    spec = SpecConfig(method, gamma=4, sorted_exits=(1, 2, 4), exit_rule=rule, tree_budget=6, tree_depth=3,
+                      sorted_draft="none")
     result = Engine(target, build_drafter(spec, target, draft), spec).generate(PROMPT, params)
     assert result.token_ids == plain
     drafted_by = result.stats.drafted_by
     assert sum(drafted_by.values()) == result.stats.drafted and set(drafted_by) <= {"exit 1", "exit 2", "exit 4"}
     assert all(result.stats.accepted_by.get(label, 0) <= n for label, n in drafted_by.items())
+    assert result.stats.accepted > 0 and (result.stats.tree_passes > 0) == (method == "sorted-tree")
 
 
 def sorted_pvalue(target, draft, params, drafter_class=SortedDrafter) -> float:
@@ -100,11 +103,13 @@ def sorted_pvalue(target, draft, params, drafter_class=SortedDrafter) -> float:
     return engine_pvalue(target, draft, params, drafter=drafter, spec=SpecConfig("sorted", 3))
 
 
+@pytest.mark.parametrize("method", ["sorted", "sorted-tree"])
 @pytest.mark.parametrize("name", ["T=1", "T=0.7,top-k=3"])
-def test_sampled_tokens_follow_the_target_distribution(sorted_models, name):
-    """N = 1500 generations per setting, chi-square on the first two tokens, pass if p > 1e-3 (test_exactness)."""
+def test_sampled_tokens_follow_the_target_distribution(sorted_models, method, name):
+    """N = 1500 generations per setting, chi-square on the first two tokens, pass if p > 1e-3 (test_exactness);
+    sorted-tree's pvalue is defined with its tests below."""
     target, draft = sorted_models["float32"]
-    pvalue = sorted_pvalue(target, draft, SETTINGS[name])
+    pvalue = (sorted_pvalue if method == "sorted" else sorted_tree_pvalue)(target, draft, SETTINGS[name])
     assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
 
 
@@ -222,20 +227,6 @@ def sorted_tree(target, draft, rule: str = "threshold:0.4,0.6", budget: int = 6,
     return spec, build_drafter(spec, target, draft)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("rule", ["threshold:0.3,0.6", "cost:2.0"])
-def test_greedy_sorted_tree_is_token_identical_to_plain_decoding(sorted_models, dtype, rule):
-    target, draft = sorted_models[dtype]
-    params = SamplingParams(max_new_tokens=24)
-    plain = Engine(target).generate(PROMPT, params).token_ids
-    spec, drafter = sorted_tree(target, draft, rule)
-    assert isinstance(drafter, SortedTreeDrafter)
-    result = Engine(target, drafter, spec).generate(PROMPT, params)
-    assert result.token_ids == plain
-    assert result.stats.accepted > 0 and set(result.stats.drafted_by) <= {"exit 1", "exit 2", "exit 4"}
-    assert result.stats.tree_passes > 0  # some drafts were trees with branches
-
-
 def test_sorted_tree_takes_a_reduced_vocabulary(sorted_models):
     """Scores over a subset of the head's rows are spread to the full vocabulary (-inf elsewhere): greedy output
     still equals plain decoding, and every drafted token is a row of the subset or a prompt token."""
@@ -251,36 +242,11 @@ def test_sorted_tree_takes_a_reduced_vocabulary(sorted_models):
 
 def sorted_tree_pvalue(target, draft, params, tree_rule=None) -> float:
     from specdraft.acceptance import accept_tree_rejection
-    from test_exactness import exact_joint, outcome
-    import numpy as np
-    from scipy.stats import chisquare
+    from test_exactness import engine_chi_square_pvalue
 
     spec, drafter = sorted_tree(target, draft, budget=6, depth=3, branch=3)
     engine = Engine(target, drafter, spec, tree_sampling_rule=tree_rule or accept_tree_rejection)
-    expected = exact_joint(target, params)
-    counts = dict.fromkeys(expected, 0)
-    for seed in range(N_SAMPLES):
-        key = outcome(engine.generate(PROMPT, SamplingParams(**{**params.__dict__, "seed": seed})), target.eos_token_ids)
-        counts[key] = counts.get(key, 0) + 1
-    observed = np.array([counts[k] for k in counts], dtype=float)
-    expected_counts = np.array([expected.get(k, 0.0) * N_SAMPLES for k in counts])
-    if (expected_counts[observed > 0] == 0).any():
-        return 0.0
-    small = expected_counts < 5
-    observed = np.append(observed[~small], observed[small].sum())
-    expected_counts = np.append(expected_counts[~small], expected_counts[small].sum())
-    keep = expected_counts > 0
-    observed, expected_counts = observed[keep], expected_counts[keep]
-    expected_counts *= observed.sum() / expected_counts.sum()
-    return float(chisquare(observed, expected_counts).pvalue)
-
-
-@pytest.mark.parametrize("name", ["T=1", "T=0.7,top-k=3"])
-def test_sorted_tree_sampling_emits_the_target_distribution(sorted_models, name):
-    """N = 1500 generations, chi-square on the first tokens against the target's exact joint, pass if p > 1e-3."""
-    target, draft = sorted_models["float32"]
-    pvalue = sorted_tree_pvalue(target, draft, SETTINGS[name])
-    assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
+    return engine_chi_square_pvalue(engine, target, params, N_SAMPLES)
 
 
 def test_sorted_tree_negative_control_fails_the_same_test(sorted_models):

@@ -470,28 +470,12 @@ N_ENGINE = 1000
 
 
 def engine_tree_pvalue(target, draft, params: SamplingParams, rule=None) -> float:
-    from test_exactness import PROMPT, exact_joint, outcome
+    from test_exactness import engine_chi_square_pvalue
 
     engine = tree_engine(target, draft, budget=6, depth=3, branch=3)
     if rule is not None:
         engine.tree_sampling_rule = rule
-    expected = exact_joint(target, params)
-    counts = dict.fromkeys(expected, 0)
-    for seed in range(N_ENGINE):
-        result = engine.generate(PROMPT, SamplingParams(**{**params.__dict__, "seed": seed}))
-        key = outcome(result, target.eos_token_ids)
-        counts[key] = counts.get(key, 0) + 1
-    observed = np.array([counts[k] for k in counts], dtype=float)
-    expected_counts = np.array([expected.get(k, 0.0) * N_ENGINE for k in counts])
-    if (expected_counts[observed > 0] == 0).any():
-        return 0.0
-    small = expected_counts < 5
-    observed = np.append(observed[~small], observed[small].sum())
-    expected_counts = np.append(expected_counts[~small], expected_counts[small].sum())
-    keep = expected_counts > 0
-    observed, expected_counts = observed[keep], expected_counts[keep]
-    expected_counts *= observed.sum() / expected_counts.sum()
-    return float(chisquare(observed, expected_counts).pvalue)
+    return engine_chi_square_pvalue(engine, target, params, N_ENGINE)
 
 
 @pytest.fixture(scope="module", params=["native", "transformers"])
