@@ -321,7 +321,6 @@ class SortedTreeDrafter(SortedDrafter):
         if budget < 1 or depth < 1 or branch < 1:
             raise SpecdraftError(f"tree budget, depth and branch must be >= 1 (got {budget}, {depth}, {branch})")
         self.budget, self.depth, self.branch = budget, depth, branch
-        self.full_vocab = self.native.lm_head.shape[0]  # V: tree scores are over target ids
 
     def propose(self, context_ids: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Draft:
@@ -346,11 +345,7 @@ class SortedTreeDrafter(SortedDrafter):
     def _full_scores(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         """[n, V_draft] logits -> [n, V] log-scores over target ids (-inf outside a reduced vocabulary)."""
         scores = draft_log_scores(logits, params)
-        if self.vocab is None:
-            return scores
-        full = scores.new_full((scores.shape[0], self.full_vocab), float("-inf"))
-        full[:, self.vocab.ids] = scores
-        return full
+        return scores if self.vocab is None else self.vocab.spread(scores, float("-inf"))
 
     def on_accept(self, context_ids: list[int], features=None) -> None:
         keep_accepted_path(self.state, context_ids)

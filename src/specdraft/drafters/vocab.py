@@ -60,10 +60,11 @@ class DraftVocab:
     def target_id(self, draft_index: int) -> int:
         return int(self.ids[draft_index])
 
-    def spread(self, probs: torch.Tensor) -> torch.Tensor:
-        """[k, V_draft] probabilities over the subset -> [k, V] over the full vocabulary, zero elsewhere."""
-        full = probs.new_zeros(probs.shape[0], self.full_size)
-        full[:, self.ids] = probs
+    def spread(self, values: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """[k, V_draft] values over the subset -> [k, V] over the full vocabulary, `fill` elsewhere (0 for
+        probabilities, -inf for log-scores)."""
+        full = values.new_full((values.shape[0], self.full_size), fill)
+        full[:, self.ids] = values
         return full
 
 
