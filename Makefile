@@ -35,7 +35,7 @@ test-fast: $(STAMP)
 # stopped (`--resume`), so it can run in parts. See docs/benchmarks.md.
 BENCH_QUICK := --limit 2 --max-new-tokens 64 --dtype auto --threads 2 --methods ar,hf-ar,draft,prompt-lookup
 # EAGLE needs a trained head (docs/eagle.md); drop eagle from the list without one.
-BENCH_FULL := --max-new-tokens 64 --dtype auto --threads 2 --gamma 2 --eagle-head qwen1.5b-chats-pkgs \
+BENCH_FULL := --max-new-tokens 64 --dtype auto --threads 2 --gamma 2 --eagle-head qwen1.5b-chats-s8 \
 	--methods 'ar,hf-ar,draft[draft_vocab=32768],prompt-lookup,eagle'
 bench: fetch
 	$(VENV)/bin/specdraft bench $(BENCH_QUICK) --overwrite --out docs/bench/quick

@@ -9,6 +9,11 @@ drafter's chain) gives the head's guesses at every position for draft steps 1..3
 the target's greedy token, split into positions whose token lies in the prompt and in the answer. If the answer
 agreement at step 1 is close to the engine's acceptance at γ = 1 (accepted / drafted of the `--label` records),
 the loop is consistent and the head itself is what limits acceptance.
+
+    python scripts/eagle_agreement.py --head qwen1.5b-chats-s8 --chats qwen1.5b-chats-self --limit 32
+
+does the same over a chats file's answers (`specdraft train chats`): comparing chats answered by the 0.5B with
+the same prompts answered by the 1.5B tells whether the head is weak on the target's own text.
 """
 
 from __future__ import annotations
@@ -23,15 +28,70 @@ from specdraft import load_model
 from specdraft.bench.runner import Conversation
 from specdraft.models.adapter import set_threads
 from specdraft.models.eagle_head import load_head
+from specdraft.train.chats import chats_file
 from specdraft.train.eagle_train import ttt_logits
 
 PROMPTS = Path(__file__).resolve().parents[1] / "data" / "bench" / "prompts.jsonl"
 
 
+def agreement(target, head, prompt_ids: list[int], answer_ids: list[int], steps: int):
+    """(hits per draft step over the answer positions, positions per step, step-1 hits and positions over the
+    prompt): the head's guess against the target's greedy token at every position of prompt + answer."""
+    ids = prompt_ids + answer_ids
+    with torch.inference_mode():
+        state = target.new_state(feature_layers=tuple(head.config.target_layers))
+        greedy = state.forward(ids, len(ids)).argmax(-1)  # [T]: the target's token after each position
+        guesses = ttt_logits(head, torch.tensor(ids), state.features, steps)
+    answer_hits, answer_rows, prompt = [], [], (0.0, 0)
+    for j, logits in enumerate(guesses, start=1):
+        # row a: the head's guess for the token after position a + j, the target's is greedy[a + j]
+        hit = (head.d2t[logits.argmax(-1)] == greedy[j: j + logits.shape[0]]).float()  # [T - j]
+        in_prompt = max(len(prompt_ids) - j - 1, 0)  # rows whose guessed token is a prompt token
+        answer_hits.append(float(hit[in_prompt:].sum()))
+        answer_rows.append(len(hit) - in_prompt)
+        if j == 1:
+            prompt = (float(hit[:in_prompt].sum()), in_prompt)
+    return answer_hits, answer_rows, prompt
+
+
+def bench_turns(args, target):
+    """(label, prompt ids, answer ids, engine acceptance text) per first turn of a benchmark run's `ar` records."""
+    records = [json.loads(line) for line in (Path(args.bench) / "records.jsonl").read_text().splitlines()]
+    prompts = {p["question_id"]: p for p in map(json.loads, Path(args.prompts).read_text().splitlines())}
+    engine = {(r["question_id"], r["turn"]): (r["accepted"], r["drafted"]) for r in records if r["label"] == args.label}
+    for record in records:
+        if record["label"] != "ar" or record["turn"] != 0:
+            continue
+        prompt_ids = Conversation(target, chat=True).prompt_ids(prompts[record["question_id"]]["turns"][0])
+        accepted, drafted = engine.get((record["question_id"], 0), (None, None))
+        measured = f"engine ({args.label}) accepted " + (f"{accepted}/{drafted} = {accepted / drafted:.2f}"
+                                                         if drafted else "-")
+        yield record["category"], prompt_ids, record["output_ids"], measured
+
+
+def chats_turns(args, target):
+    """(kind, prompt ids, answer ids, "") per conversation of a chats file (`specdraft train chats`), in file order:
+    the answer is the last assistant message, the prompt everything before it."""
+    tokenizer = target.tokenizer
+    records = [json.loads(line) for line in chats_file(args.chats).read_text().splitlines() if line.strip()]
+    for record in records[: args.limit]:
+        messages = [{"role": role, "content": text} for role, text in record["messages"]]
+        whole = tokenizer.apply_chat_template(messages, tokenize=False)
+        prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
+        if not whole.startswith(prompt):
+            continue
+        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+        answer_ids = tokenizer.encode(whole[len(prompt):].rstrip("\n"), add_special_tokens=False)
+        yield record["kind"], prompt_ids, answer_ids, record["model"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head", required=True, help="EAGLE head name or folder")
-    parser.add_argument("--bench", required=True, help="a benchmark output folder (its records.jsonl)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--bench", help="a benchmark output folder (its records.jsonl)")
+    source.add_argument("--chats", help="a chats file's name or folder (`specdraft train chats`)")
+    parser.add_argument("--limit", type=int, default=None, help="--chats: the first N conversations")
     parser.add_argument("--label", default="eagle[gamma=1]", help="the records whose acceptance is compared")
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
     parser.add_argument("--prompts", default=str(PROMPTS))
@@ -40,37 +100,26 @@ def main() -> int:
     set_threads(None)
     target = load_model(args.target, "auto")
     head = load_head(args.head, target)
-    records = [json.loads(line) for line in (Path(args.bench) / "records.jsonl").read_text().splitlines()]
-    prompts = {p["question_id"]: p for p in map(json.loads, Path(args.prompts).read_text().splitlines())}
-    engine = {(r["question_id"], r["turn"]): (r["accepted"], r["drafted"]) for r in records if r["label"] == args.label}
-    prompt_hits, answer_hits = [0.0, 0], [[0.0, 0] for _ in range(args.steps)]
-    for record in records:
-        if record["label"] != "ar" or record["turn"] != 0:
-            continue
-        prompt_ids = Conversation(target, chat=True).prompt_ids(prompts[record["question_id"]]["turns"][0])
-        ids = prompt_ids + record["output_ids"]
-        with torch.inference_mode():
-            state = target.new_state(feature_layers=tuple(head.config.target_layers))
-            greedy = state.forward(ids, len(ids)).argmax(-1)  # [T]: the target's token after each position
-            guesses = ttt_logits(head, torch.tensor(ids), state.features, args.steps)
-        per_step = []
-        for j, logits in enumerate(guesses, start=1):
-            # row a: the head's guess for the token after position a + j, the target's is greedy[a + j]
-            hit = (head.d2t[logits.argmax(-1)] == greedy[j: j + logits.shape[0]]).float()  # [T - j]
-            in_prompt = max(len(prompt_ids) - j - 1, 0)  # rows whose guessed token is a prompt token
-            answer = hit[in_prompt:]
-            per_step.append(round(float(answer.mean()), 2) if len(answer) else None)
-            answer_hits[j - 1][0] += float(answer.sum())
-            answer_hits[j - 1][1] += len(answer)
-            if j == 1:
-                prompt_hits[0] += float(hit[:in_prompt].sum())
-                prompt_hits[1] += in_prompt
-        accepted, drafted = engine.get((record["question_id"], 0), (None, None))
-        measured = f"{accepted}/{drafted} = {accepted / drafted:.2f}" if drafted else "-"
-        print(f"{record['category']:14s} prompt {len(prompt_ids):4d} answer {len(record['output_ids']):3d}  "
-              f"answer agreement per step {per_step}  engine ({args.label}) accepted {measured}", flush=True)
-    print(f"prompt positions, step 1: {prompt_hits[0] / max(1, prompt_hits[1]):.3f}")
-    print("answer positions per step: " + ", ".join(f"{h / max(1, n):.3f}" for h, n in answer_hits))
+    turns = bench_turns(args, target) if args.bench else chats_turns(args, target)
+    totals, rows, prompt_total = [0.0] * args.steps, [0] * args.steps, [0.0, 0]
+    by_kind: dict[str, list[float]] = {}
+    for kind, prompt_ids, answer_ids, note in turns:
+        hits, counts, (prompt_hits, prompt_rows) = agreement(target, head, prompt_ids, answer_ids, args.steps)
+        for j in range(args.steps):
+            totals[j] += hits[j]
+            rows[j] += counts[j]
+        prompt_total[0] += prompt_hits
+        prompt_total[1] += prompt_rows
+        kind_total = by_kind.setdefault(kind, [0.0, 0])
+        kind_total[0] += hits[0]
+        kind_total[1] += counts[0]
+        per_step = [round(h / n, 2) if n else None for h, n in zip(hits, counts)]
+        print(f"{kind:14s} prompt {len(prompt_ids):4d} answer {len(answer_ids):3d}  "
+              f"answer agreement per step {per_step}  {note}", flush=True)
+    print(f"prompt positions, step 1: {prompt_total[0] / max(1, prompt_total[1]):.3f}")
+    print("answer positions per step: " + ", ".join(f"{h / max(1, n):.3f}" for h, n in zip(totals, rows)))
+    print("answer positions, step 1, per kind: " + ", ".join(f"{k} {h / max(1, n):.2f} ({n})"
+                                                             for k, (h, n) in sorted(by_kind.items())))
     return 0
 
 

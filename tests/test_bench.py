@@ -252,6 +252,23 @@ def test_a_method_can_carry_its_own_drafter_settings(tiny_models, tiny_dirs, tmp
                   models=models)
 
 
+def test_lookup_first_is_auto_per_method_and_a_run_wide_value_applies_where_there_is_a_drafter():
+    from specdraft.bench.runner import plan_variants
+
+    methods = ("ar", "draft", "prompt-lookup", "draft[lookup_first=0]", "eagle-tree[lookup_first=auto]")
+    auto = {label: spec.lookup_first_ngram
+            for label, _, _, spec in plan_variants(BenchSettings(methods=methods, draft="d", eagle_head="h"))}
+    assert auto == {"ar": 0, "draft": 2, "prompt-lookup": 0, "draft[lookup_first=0]": 0,
+                    "eagle-tree[lookup_first=auto]": 2}
+    run_wide = {label: spec.lookup_first_ngram for label, _, _, spec in
+                plan_variants(BenchSettings(methods=methods, draft="d", eagle_head="h", lookup_first=3))}
+    assert run_wide == {**auto, "draft": 3}  # ar and prompt-lookup keep theirs; a method's own setting wins
+    with pytest.raises(SpecdraftError, match="has none to fall back on"):
+        plan_variants(BenchSettings(methods=("prompt-lookup[lookup_first=2]",), draft="d"))
+    with pytest.raises(SpecdraftError, match="n-gram length or auto"):
+        plan_variants(BenchSettings(methods=("draft[lookup_first=often]",), draft="d"))
+
+
 def test_per_label_tallies_of_labelled_drafts_reach_the_summary_and_report():
     from specdraft.bench.report import label_section, label_tallies
 
@@ -271,7 +288,8 @@ def test_an_interrupted_run_resumes_where_it_stopped_and_refuses_other_settings(
     prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     settings = BenchSettings(prompts=str(prompts), methods=("ar", "draft"), target=str(tiny_dirs["target"]),
                              draft=str(tiny_dirs["draft"]), gammas=(2,), max_new_tokens=6, dtype="float32",
-                             out=str(tmp_path / "out"), chat=False, warmup_tokens=1, command="test")
+                             out=str(tmp_path / "out"), chat=False, warmup_tokens=1, command="test",
+                             lookup_first=0)  # what a run from before the setting used (checked below)
     models = BenchModels(settings.model_config(), tiny_models["target"], tiny_models["draft"])
     run_bench(settings, progress=False, models=models)
     records_path = tmp_path / "out" / "records.jsonl"
@@ -308,10 +326,12 @@ def test_an_interrupted_run_resumes_where_it_stopped_and_refuses_other_settings(
 
     run_path = tmp_path / "out" / "run.json"
     run = json.loads(run_path.read_text())
-    del run["settings"]["lookup_first"]  # a setting specdraft gained after the run began: its default is what ran
-    run_path.write_text(json.dumps(run))
+    del run["settings"]["lookup_first"]  # a setting specdraft gained after the run began: "off" is what ran,
+    run_path.write_text(json.dumps(run))  # although its default is now auto
     with pytest.raises(SpecdraftError, match="lookup_first: 0 then, 2 now"):
         run_bench(BenchSettings(**{**resumed.__dict__, "lookup_first": 2}), progress=False, models=models)
+    with pytest.raises(SpecdraftError, match="lookup_first: 0 then, None now"):
+        run_bench(BenchSettings(**{**resumed.__dict__, "lookup_first": None}), progress=False, models=models)
     again = run_bench(resumed, progress=False, models=models)  # nothing left: no generation, same records
     assert records_path.read_text().splitlines() == lines_after and again["segments"][-1]["prompts_run"] == 0
     fresh = run_bench(BenchSettings(**{**settings.__dict__, "overwrite": True}), progress=False, models=models)

@@ -245,7 +245,7 @@ def test_adapters_saved_before_probes_still_load_and_the_probe_rule_refuses_them
     (folder / "adapters.json").write_text(json.dumps(config))
     old = load_adapters(str(folder), native.final_norm, native.lm_head)
     assert not old.config.probes and float(old.probe.abs().sum()) == 0.0
-    assert build_drafter(SpecConfig("sorted", sorted_draft=str(folder)), target, deep).adapters is not None
+    assert build_drafter(SpecConfig("sorted", sorted_draft=str(folder), lookup_first=0), target, deep).adapters is not None
     with pytest.raises(SpecdraftError, match="exit probes"):
         build_drafter(SpecConfig("sorted", sorted_draft=str(folder), exit_rule="probe:0.5"), target, deep)
     config["probes"] = True  # a file that claims probes but lacks them is refused
@@ -264,9 +264,9 @@ def test_adapters_load_by_name_refuse_another_model_and_auto_finds_them(models, 
     for name, tensor in adapters.state_dict().items():
         assert torch.equal(tensor, loaded.state_dict()[name]), name
     assert find_shipped(native.final_norm, native.lm_head) == str(tmp_path / "sorted" / "tiny-sorted")
-    built = build_drafter(SpecConfig("sorted"), target, deep)  # sorted_draft "auto"
+    built = build_drafter(SpecConfig("sorted", lookup_first=0), target, deep)  # sorted_draft "auto"
     assert built.adapters is not None and built.exits == (1, 2, 4) and built.vocab is not None
-    assert build_drafter(SpecConfig("sorted", sorted_draft="none"), target, deep).adapters is None
+    assert build_drafter(SpecConfig("sorted", sorted_draft="none", lookup_first=0), target, deep).adapters is None
     with pytest.raises(SpecdraftError, match="different model"):
         load_adapters("tiny-sorted", draft.native.final_norm, draft.native.lm_head)
     with pytest.raises(SpecdraftError, match="no sorted draft 'nope'.*tiny-sorted"):

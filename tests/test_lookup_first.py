@@ -7,8 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from specdraft import Engine, SamplingParams, SpecConfig
 import torch
+
+from specdraft import Engine, SamplingParams, SpecConfig
+from specdraft.config import AUTO_LOOKUP_FIRST, METHODS, NO_LOOKUP_FIRST
 
 from specdraft.drafters import (
     EagleDrafter,
@@ -102,12 +104,28 @@ def test_lookup_first_is_built_from_the_config_and_refused_where_it_has_nothing_
     target, draft, _ = models
     drafter = build_drafter(SpecConfig("draft", lookup_first=2), target, draft)
     assert isinstance(drafter, LookupFirstDrafter) and drafter.min_ngram == 2 and drafter.name == "draft+lookup"
-    assert not isinstance(build_drafter(SpecConfig("draft"), target, draft), LookupFirstDrafter)
+    assert not isinstance(build_drafter(SpecConfig("draft", lookup_first=0), target, draft), LookupFirstDrafter)
     for method in ("ar", "prompt-lookup", "prompt-lookup-tree"):
         with pytest.raises(SpecdraftError, match="has none to fall back on"):
-            build_drafter(SpecConfig(method, lookup_first=1), target, draft)
+            SpecConfig(method, lookup_first=1)
+        assert SpecConfig(method, lookup_first=0).lookup_first_ngram == 0
     with pytest.raises(SpecdraftError, match="lookup_first must be between 0"):
         SpecConfig("draft", lookup_first=4)  # above lookup_max_ngram 3
+
+
+def test_lookup_first_auto_wraps_model_and_head_drafters_only(models):
+    target, draft, _ = models
+    for method in METHODS:
+        spec = SpecConfig(method)  # lookup_first None: auto
+        expected = 0 if method in NO_LOOKUP_FIRST else AUTO_LOOKUP_FIRST
+        assert spec.lookup_first_ngram == expected, method
+    assert SpecConfig("draft", lookup_max_ngram=1, lookup_min_ngram=1).lookup_first_ngram == 0  # no pair to match
+    assert isinstance(build_drafter(SpecConfig("draft"), target, draft), LookupFirstDrafter)
+    assert isinstance(build_drafter(SpecConfig("draft-tree"), target, draft), LookupFirstDrafter)
+    assert not isinstance(build_drafter(SpecConfig("prompt-lookup"), target, draft), LookupFirstDrafter)
+    engine = Engine(target, build_drafter(SpecConfig("draft"), target, draft), SpecConfig("draft"))
+    result = engine.generate(target.tokenizer.encode("abc abc abc"), SamplingParams(max_new_tokens=4))
+    assert result.stats.lookup_first == AUTO_LOOKUP_FIRST
 
 
 def test_lookup_first_passes_the_feature_taps_of_an_eagle_head_through(models):

@@ -278,6 +278,19 @@ def test_lookup_first_per_request_gives_the_greedy_text_and_counts_both_drafters
     assert response.choices[0].model_extra["speculative_stats"]["drafted_by"].get("lookup", 0) > 0
 
 
+@pytest.mark.parametrize("method, lookup_first, expected_ngram", [
+    ("draft", None, 2), ("draft", "auto", 2), ("draft", 0, 0), ("draft", 3, 3),
+    ("prompt-lookup", None, 0), ("prompt-lookup", "auto", 0), ("ar", "auto", 0)])
+def test_lookup_first_is_auto_unless_a_request_sets_it(idle_server, models, method, lookup_first, expected_ngram):
+    prompt = "abcabcabc abcabc"
+    expected = direct(models, encode(models, prompt), SpecConfig(method="ar"), max_new_tokens=12).text
+    options = {"method": method} | ({} if lookup_first is None else {"lookup_first": lookup_first})
+    response = idle_server.client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
+                                                     extra_body={"speculative": options})
+    assert response.choices[0].text == expected
+    assert response.choices[0].model_extra["speculative_stats"]["lookup_first"] == expected_ngram
+
+
 def test_models_health_and_model_card(idle_server):
     assert [m.id for m in idle_server.client.models.list().data] == [MODEL]
     assert idle_server.client.models.retrieve(MODEL).id == MODEL
@@ -325,6 +338,8 @@ BAD_COMPLETIONS = {
                                                    "speculative": {"method": "ar", "lookup_first": 2}},
     "speculative lookup_first too long": {"model": MODEL, "prompt": "abc",
                                           "speculative": {"method": "draft", "lookup_first": 9}},
+    "speculative lookup_first a word": {"model": MODEL, "prompt": "abc",
+                                        "speculative": {"method": "draft", "lookup_first": "often"}},
     "speculative not an object": {"model": MODEL, "prompt": "abc", "speculative": "draft"},
 }
 

@@ -89,7 +89,7 @@ def test_greedy_sorted_drafting_is_token_identical_to_plain_decoding(sorted_mode
     params = SamplingParams(max_new_tokens=24)
     plain = Engine(target).generate(PROMPT, params).token_ids
     spec = SpecConfig(method, gamma=4, sorted_exits=(1, 2, 4), exit_rule=rule, tree_budget=6, tree_depth=3,
-                      sorted_draft="none")
+                      sorted_draft="none", lookup_first=0)
     result = Engine(target, build_drafter(spec, target, draft), spec).generate(PROMPT, params)
     assert result.token_ids == plain
     drafted_by = result.stats.drafted_by
@@ -144,7 +144,7 @@ def test_cost_aware_rule_runs_cheap_layers_unless_nearly_sure():
 
 def test_default_exits_are_half_three_quarters_and_all_layers(sorted_models):
     target, draft = sorted_models["float32"]
-    drafter = build_drafter(SpecConfig("sorted"), target, draft)
+    drafter = build_drafter(SpecConfig("sorted", lookup_first=0), target, draft)
     assert drafter.exits == (2, 3, 4)
 
 
@@ -223,7 +223,7 @@ def test_negative_control_a_tree_pass_without_its_mask_is_detected(sorted_models
 def sorted_tree(target, draft, rule: str = "threshold:0.4,0.6", budget: int = 6, depth: int = 3,
                 branch: int = 2) -> tuple[SpecConfig, SortedTreeDrafter]:
     spec = SpecConfig("sorted-tree", tree_budget=budget, tree_depth=depth, tree_branch=branch, sorted_exits=(1, 2, 4),
-                      exit_rule=rule, sorted_draft="none")
+                      exit_rule=rule, sorted_draft="none", lookup_first=0)
     return spec, build_drafter(spec, target, draft)
 
 
@@ -234,7 +234,7 @@ def test_sorted_tree_takes_a_reduced_vocabulary(sorted_models):
     params = SamplingParams(max_new_tokens=16)
     plain = Engine(target).generate(PROMPT, params).token_ids
     spec = SpecConfig("sorted-tree", tree_budget=5, tree_depth=3, sorted_exits=(1, 2, 4), sorted_draft="none",
-                      draft_vocab=5)
+                      draft_vocab=5, lookup_first=0)
     drafter = build_drafter(spec, target, draft)
     assert drafter.vocab_rows == 5
     assert Engine(target, drafter, spec).generate(PROMPT, params).token_ids == plain

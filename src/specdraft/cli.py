@@ -249,6 +249,8 @@ def describe_backends(stats) -> str:
     if stats.draft_backend:
         text += f", draft {stats.draft_backend}"
         text += f" ({stats.draft_vocab:,}-row head + prompt tokens)" if stats.draft_vocab else ""
+    if stats.lookup_first:
+        text += f"; prompt lookup first after {stats.lookup_first}-token repeats"
     return text
 
 

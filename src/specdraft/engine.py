@@ -185,7 +185,8 @@ class Generation:
         self.engine, self.prompt_ids, self.params = engine, prompt_ids, params
         self.stats = SpecStats(method=engine.spec.method, gamma=engine.spec.draft_len, prompt_tokens=len(prompt_ids),
                                backend=engine.target.backend, draft_backend=getattr(engine.drafter, "backend", ""),
-                               draft_vocab=getattr(engine.drafter, "vocab_rows", 0))
+                               draft_vocab=getattr(engine.drafter, "vocab_rows", 0),
+                               lookup_first=getattr(engine.drafter, "lookup_first", 0))
         self.generator = torch.Generator()
         if params.seed is not None:
             self.generator.manual_seed(params.seed)

@@ -8,8 +8,8 @@ import argparse
 from .config import SpecConfig, parse_int_list
 
 
-def parse_draft_vocab(text: str) -> int | None:
-    """--draft-vocab: "auto" (None) or a row count; argparse prints the error as a one-line usage error."""
+def _count_or_auto(text: str, what: str) -> int | None:
+    """"auto" (None) or a count >= 0; argparse prints the error as a one-line usage error."""
     if text.strip().lower() == "auto":
         return None
     try:
@@ -17,8 +17,23 @@ def parse_draft_vocab(text: str) -> int | None:
     except ValueError:
         value = -1
     if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a row count >= 0 or auto, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {what} >= 0 or auto, got {text!r}")
     return value
+
+
+def parse_draft_vocab(text: str) -> int | None:
+    """--draft-vocab: "auto" (None) or a row count."""
+    return _count_or_auto(text, "a row count")
+
+
+def parse_lookup_first(text: str) -> int | None:
+    """--lookup-first: "auto" (None) or the shortest repeated n-gram to copy after (0: off)."""
+    return _count_or_auto(text, "an n-gram length")
+
+
+# SpecConfig fields whose value may be "auto" (None), with their parsers and what they take
+AUTO_KNOBS = {"draft_vocab": (parse_draft_vocab, "row count or auto"),
+              "lookup_first": (parse_lookup_first, "n-gram length or auto")}
 
 
 def add_drafter_knob_args(parser: argparse.ArgumentParser) -> None:
@@ -37,9 +52,10 @@ def add_drafter_knob_args(parser: argparse.ArgumentParser) -> None:
                         help="methods draft and sorted: score only the N most frequent rows of the draft's LM "
                         "head, plus the prompt's tokens (0: all; auto, the default: 32768 on the native backend, "
                         "all on transformers; exact either way)")
-    parser.add_argument("--lookup-first", type=int, default=defaults.lookup_first, metavar="N",
+    parser.add_argument("--lookup-first", type=parse_lookup_first, default=defaults.lookup_first, metavar="N|auto",
                         help="model and head drafters: draft by prompt lookup where the context's last N or more "
-                        "tokens occurred earlier, by the drafter elsewhere (0: off; exact either way)")
+                        "tokens occurred earlier, by the drafter elsewhere (0: off; auto, the default: 2 for "
+                        "model and head drafters, off for ar and prompt lookup; exact either way)")
     parser.add_argument("--exit-rule", default=defaults.exit_rule, help="method sorted: threshold:T1,T2,.. (stop at "
                         "the first exit whose top-1 probability > Ti), probe:T1,T2,.. (stop where the trained "
                         "exit probe's probability > Ti; the LM head runs once per token) or cost:W (weigh the "

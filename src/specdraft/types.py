@@ -100,6 +100,7 @@ class SpecStats:
     backend: str = ""  # the target's forward: "native" or "transformers"
     draft_backend: str = ""  # the draft model's, when there is one
     draft_vocab: int = 0  # rows of the draft's LM head it scores per step, before the prompt's tokens (0: all)
+    lookup_first: int = 0  # prompt lookup in front of the drafter: the shortest n-gram it copies after (0: off)
     target_passes: int = 0
     drafted: int = 0
     accepted: int = 0

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..config import ModelConfig, SamplingParams, SpecConfig, normalize_backend, normalize_dtype
 from ..errors import SpecdraftError
-from ..knobs import add_drafter_knob_args, drafter_knobs, parse_draft_vocab
+from ..knobs import AUTO_KNOBS, add_drafter_knob_args, drafter_knobs
 
 DEFAULT_METHODS = ("ar", "hf-ar", "hf-assisted", "hf-prompt-lookup", "draft", "prompt-lookup")
 
@@ -30,7 +30,7 @@ class BenchSettings:
     exit_rule: str = SpecConfig.exit_rule
     sorted_draft: str = SpecConfig.sorted_draft
     draft_vocab: int | None = SpecConfig.draft_vocab  # methods draft and sorted: head rows (0: all, None: auto)
-    lookup_first: int = SpecConfig.lookup_first  # model and head drafters: prompt lookup in front (0: off)
+    lookup_first: int | None = SpecConfig.lookup_first  # model and head drafters: prompt lookup first (0: off, None: auto)
     max_new_tokens: int = 128
     dtype: str = "auto"
     backend: str = "auto"  # our methods' forward: auto, native or transformers (transformers' methods: their own)
@@ -95,8 +95,8 @@ def parse_method(text: str) -> tuple[str, dict]:
                                  f"(one of {', '.join(known)})")
         default = getattr(SpecConfig(), key)
         try:
-            if key == "draft_vocab":
-                overrides[key] = parse_draft_vocab(value)
+            if key in AUTO_KNOBS:
+                overrides[key] = AUTO_KNOBS[key][0](value)
             elif isinstance(default, bool):
                 overrides[key] = value.lower() in ("1", "true", "yes")
             elif isinstance(default, int):
@@ -108,7 +108,7 @@ def parse_method(text: str) -> tuple[str, dict]:
             else:
                 overrides[key] = value
         except (ValueError, argparse.ArgumentTypeError):
-            kind = "row count or auto" if key == "draft_vocab" else type(default).__name__
+            kind = AUTO_KNOBS[key][1] if key in AUTO_KNOBS else type(default).__name__
             raise SpecdraftError(f"method {text!r}: {key} takes a {kind}, got {value!r}") from None
     return name.strip(), overrides
 

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from ..config import SpecConfig
+from ..config import METHODS as SPEC_METHODS
+from ..config import NO_LOOKUP_FIRST, SpecConfig
 from ..engine import Engine
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel, load_model, set_threads
@@ -64,14 +65,19 @@ def check_methods(settings: BenchSettings) -> list[tuple[str, Method, dict]]:
     if any(m.needs_draft for _, m, _ in methods) and not settings.draft:
         raise SpecdraftError(f"methods {', '.join(m.name for _, m, _ in methods if m.needs_draft)} need --draft")
     for gamma in settings.gammas:
-        for _, _, overrides in methods:
-            SpecConfig(**{**base_spec_fields(settings, gamma), **overrides})  # validates
+        for _, method, overrides in methods:
+            variant_spec(settings, method, gamma, overrides)  # validates
     return methods
 
 
-def base_spec_fields(settings: BenchSettings, gamma: int) -> dict:
-    return dict(method="draft", gamma=gamma, draft_confidence=settings.draft_confidence,
-                eagle_head=settings.eagle_head, **tree_knobs(settings))
+def variant_spec(settings: BenchSettings, method: Method, gamma: int, overrides: dict) -> SpecConfig:
+    """The run-wide drafter settings with the method's own. A run-wide --lookup-first applies to the methods that
+    have a drafter to put prompt lookup in front of; the others keep their auto value (off)."""
+    fields = dict(method=method.name if method.name in SPEC_METHODS else "draft", gamma=gamma,
+                  draft_confidence=settings.draft_confidence, eagle_head=settings.eagle_head, **tree_knobs(settings))
+    if fields["method"] in NO_LOOKUP_FIRST:
+        fields["lookup_first"] = None
+    return SpecConfig(**{**fields, **overrides})
 
 
 def plan_variants(settings: BenchSettings) -> list[tuple[str, Method, int | None, SpecConfig]]:
@@ -82,7 +88,7 @@ def plan_variants(settings: BenchSettings) -> list[tuple[str, Method, int | None
     for text, method, overrides in check_methods(settings):
         gammas = settings.gammas if method.uses_gamma and "gamma" not in overrides else (None,)
         for gamma in gammas:
-            spec = SpecConfig(**{**base_spec_fields(settings, gamma or settings.gammas[0]), **overrides})
+            spec = variant_spec(settings, method, gamma or settings.gammas[0], overrides)
             label = f"{text}-g{gamma}" if sweep and gamma is not None else text
             plan.append((label, method, gamma or overrides.get("gamma"), spec))
     return plan
@@ -252,6 +258,10 @@ def complete_records(records: list[dict], prompts: list[dict], labels: list[str]
     return kept, done
 
 
+# settings whose default changed after they were added: what a run made before the setting existed used
+RAN_BEFORE_SETTING = {"lookup_first": 0}  # off until the auto default (session 9)
+
+
 def open_run(settings: BenchSettings, prompts: list[dict], labels: list[str]) -> tuple[list[dict], set[str], dict]:
     """(records kept from an earlier run, question_ids done, the run file's content) for --out. Refuses to
     overwrite records silently, and to resume a run made with other settings; both before any model loads."""
@@ -271,9 +281,9 @@ def open_run(settings: BenchSettings, prompts: list[dict], labels: list[str]) ->
         raise SpecdraftError(f"{out} has records but no run.json (written by an older specdraft, or edited): "
                              "its settings cannot be checked; use --overwrite or another --out")
     run = json.loads(run_path.read_text(encoding="utf-8"))
-    # a setting added to specdraft after that run began is absent from its file; at its default it is what the
-    # run used (a new setting's default keeps the old behaviour)
-    defaults = json.loads(json.dumps(asdict(BenchSettings())))
+    # a setting added to specdraft after that run began is absent from its file; the run used the behaviour
+    # from before the setting: its default, or the value in RAN_BEFORE_SETTING where the default changed later
+    defaults = {**json.loads(json.dumps(asdict(BenchSettings()))), **RAN_BEFORE_SETTING}
     then = {**{k: defaults[k] for k in identity.keys() - run["settings"].keys() if k in defaults}, **run["settings"]}
     changed = sorted(k for k in identity.keys() | then.keys() if identity.get(k) != then.get(k))
     if changed:

@@ -51,17 +51,10 @@ def _require_head(spec: SpecConfig) -> str:
     return spec.eagle_head
 
 
-# methods that already draft by prompt lookup, or do not draft: lookup_first has nothing to put lookup in front of
-NO_LOOKUP_FIRST = {"ar", "prompt-lookup", "prompt-lookup-tree"}
-
-
 def build_drafter(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:
-    if spec.lookup_first and spec.method in NO_LOOKUP_FIRST:
-        raise SpecdraftError(f"lookup_first puts prompt lookup in front of a drafter; method {spec.method!r} has "
-                             "none to fall back on (use it with draft, draft-tree, eagle, eagle-tree, sorted or sorted-tree)")
     drafter = DRAFTERS[spec.method](spec, target, draft)
-    if spec.lookup_first:
-        drafter = LookupFirstDrafter(drafter, spec.lookup_max_ngram, spec.lookup_first)
+    if spec.lookup_first_ngram:
+        drafter = LookupFirstDrafter(drafter, spec.lookup_max_ngram, spec.lookup_first_ngram)
     return drafter
 
 

@@ -44,6 +44,10 @@ class LookupFirstDrafter:
         self.backend = getattr(inner, "backend", "")
 
     @property
+    def lookup_first(self) -> int:  # for the statistics
+        return self.min_ngram
+
+    @property
     def vocab_rows(self) -> int:
         return getattr(self.inner, "vocab_rows", 0)
 

@@ -49,7 +49,7 @@ class SpeculativeOptions(_Strict):
     draft_confidence: float | None = None
     lookup_max_ngram: int | None = None
     lookup_min_ngram: int | None = None
-    lookup_first: int | None = None
+    lookup_first: int | Literal["auto"] | None = None  # "auto": SpecConfig's None, whatever the server's default
 
 
 class StreamOptions(_Strict):
@@ -197,6 +197,8 @@ def spec_config(request: _CommonRequest, default: SpecConfig) -> SpecConfig:
     if request.speculative is None:
         return default
     overrides = {k: v for k, v in request.speculative.model_dump().items() if v is not None}
+    if overrides.get("lookup_first") == "auto":
+        overrides["lookup_first"] = None
     try:
         return replace(default, **overrides)
     except SpecdraftError as exc:
