@@ -603,6 +603,7 @@ def test_sigterm_finishes_running_work_and_errors_the_rest(model_dirs):
         for thread in threads:
             thread.start()
             time.sleep(0.05)
+        deadline = time.monotonic() + 30  # its own: a slow start must not eat the wait for the queue
         while (state := health.get("/health").json())["queued"] < 2:
             assert state["running"] == 1 and time.monotonic() < deadline, state
             time.sleep(0.01)
