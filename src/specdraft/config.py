@@ -110,9 +110,9 @@ class SpecConfig:
                 raise SpecdraftError(f"lookup_first must be between 0 (off) and lookup_max_ngram "
                                      f"({self.lookup_max_ngram}), or auto; got {self.lookup_first}")
             if self.lookup_first and self.method in NO_LOOKUP_FIRST:
+                takers = ", ".join(m for m in METHODS if m not in NO_LOOKUP_FIRST)
                 raise SpecdraftError(f"lookup_first puts prompt lookup in front of a drafter; method {self.method!r} "
-                                     "has none to fall back on (use it with draft, draft-tree, eagle, eagle-tree, "
-                                     "sorted or sorted-tree, or leave it auto)")
+                                     f"has none to fall back on (use it with {takers}, or leave it auto)")
         if not (1 <= self.lookup_min_ngram <= self.lookup_max_ngram):
             raise SpecdraftError("prompt lookup needs 1 <= min n-gram <= max n-gram")
         if not (1 <= self.tree_budget <= MAX_TREE_BUDGET):
