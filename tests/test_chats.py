@@ -56,7 +56,7 @@ def test_a_padded_batch_samples_what_each_prompt_samples_alone(chat_model):
     assert unmasked != [a for a, p in zip(alone, prompts) if len(p) < width]
 
 
-def _fake_prompts(per_kind: int, seed: int = 0):
+def _fake_prompts(per_kind: int, seed: int = 0, kinds=None):
     from specdraft.train.chats import ChatPrompt
 
     prompts = []
@@ -92,13 +92,37 @@ def test_generate_writes_conversations_resumes_and_refuses_other_settings(chat_m
     path.write_text(path.read_text() + '{"id": "cut-by-a-kil')  # a line cut by a killed run is dropped
     more = chats.generate(chats.ChatsConfig(**{**config.__dict__, "tokens": 60}), progress=False)
     second = [json.loads(line) for line in more.read_text().splitlines()]
+    assert any(r["id"].endswith("/2") for r in second if r["kind"] == "chat")
     assert second[: len(first)] == first and len(second) > len(first)
     assert len({r["id"] for r in second}) == len(second)
     with pytest.raises(SpecdraftError, match="other settings"):
         chats.generate(chats.ChatsConfig(**{**config.__dict__, "temperature": 0.5}), progress=False)
+    with pytest.raises(SpecdraftError, match="other settings"):
+        chats.generate(chats.ChatsConfig(**{**config.__dict__, "kinds": ("chat", "math")}), progress=False)
+    # a file from before the kinds setting ran the package kinds: resumed only when asked for those
+    older = tmp_path / "older" / "chats.jsonl"
+    older.parent.mkdir()
+    older.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "kinds"}) + "\n" for r in first))
+    with pytest.raises(SpecdraftError, match="other settings"):
+        chats.generate(chats.ChatsConfig(**{**config.__dict__, "out": str(older.parent)}), progress=False)
+    chats.generate(chats.ChatsConfig(**{**config.__dict__, "out": str(older.parent), "kinds": chats.PACKAGE_KINDS}),
+                   progress=False)
     # the file as a corpus: every conversation is a document
     docs = chats.corpus_docs(f"chats:{tmp_path / 'c'}")
     assert len(docs) == len(second) and all(d.source.startswith("chats:tiny:") for d in docs)
+
+
+def test_a_first_answer_the_kind_rejects_gets_no_second_turn(chat_model, tmp_path, monkeypatch):
+    from specdraft.train import chats
+
+    monkeypatch.setattr(chats, "build_prompts", _fake_prompts)
+    monkeypatch.setattr("specdraft.models.adapter.load_model", lambda *a, **k: chat_model)
+    judged = []
+    monkeypatch.setattr(chats, "followup_accepts", lambda kind, text: judged.append(kind) and False)
+    config = chats.ChatsConfig(out=str(tmp_path / "c"), model="tiny", tokens=60, per_kind=6, batch=3,
+                               max_new_tokens=10, temperature=1.0)  # the run above: its chats get second turns
+    records = [json.loads(line) for line in chats.generate(config, progress=False).read_text().splitlines()]
+    assert "chat" in judged and not any(r["id"].endswith("/2") for r in records)
 
 
 def test_prompts_cover_every_kind_deterministically_and_interleaved():
@@ -112,6 +136,42 @@ def test_prompts_cover_every_kind_deterministically_and_interleaved():
     for p in prompts:
         assert p.source.startswith("generator:") or "==" in p.source
         assert "bigbench" not in p.source and "human" not in p.source.split("==")[0]
+
+
+def test_package_kinds_keep_their_prompts_whatever_else_is_asked_for():
+    """Files written before the prose kinds existed resume with the same prompts: the package kinds' stream is
+    unchanged (ids pinned from the builder before the change) and does not depend on the selection."""
+    import hashlib
+
+    from specdraft.train.chats import PACKAGE_KINDS, build_prompts
+    from specdraft.train.prose import PROSE_KINDS
+
+    package = build_prompts(3, kinds=PACKAGE_KINDS)
+    ids = " ".join(p.id for p in package)
+    assert hashlib.sha256(ids.encode()).hexdigest() == "d7fc2e38f66fcd9509b5a55a1d73e349d4c143ee7c5a98d27798eb0ca2d8ddc7"
+    assert [p for p in build_prompts(3) if p.kind in PACKAGE_KINDS] == package
+    assert build_prompts(3, kinds=("chat", "code")) == [p for p in package if p.kind in ("chat", "code")]
+    prose = build_prompts(5, seed=4, kinds=PROSE_KINDS)
+    assert [p for p in build_prompts(5, seed=4) if p.kind in PROSE_KINDS] == prose
+    assert all(p.followup and p.restart and p.source == f"generator:{p.kind}" for p in prose)
+    assert build_prompts(5, seed=5, kinds=PROSE_KINDS) != prose
+
+
+@pytest.mark.parametrize("kind, answer, accepted", [
+    ("trivia", "Which river flows through the city of Varanasi?", True),
+    ("trivia", "The Ganges flows through Varanasi.", False),
+    ("trivia", "Question one?\nQuestion two?", False),
+    ("german", "Der Rhein ist ein Fluss in Mitteleuropa. Er entspringt in den Alpen und mündet in die Nordsee.", True),
+    ("german", "The Rhine is a river in central Europe. It rises in the Alps and flows into the North Sea.", False),
+    ("news", "A storm flooded streets. " * 12, True),
+    ("news", "A storm.", False),
+    ("chat", "anything", True),
+    ("chat", "  ", False),
+])
+def test_a_second_turn_follows_only_fit_first_answers(kind, answer, accepted):
+    from specdraft.train.prose import followup_accepts
+
+    assert followup_accepts(kind, answer) is accepted
 
 
 def test_mixed_corpus_spreads_the_shorter_source_over_the_whole_list(tmp_path):
@@ -142,3 +202,7 @@ def test_bad_chats_settings_are_user_errors():
         ChatsConfig(out="x", batch=0)
     with pytest.raises(SpecdraftError, match="temperature"):
         ChatsConfig(out="x", temperature=0)
+    with pytest.raises(SpecdraftError, match="--kinds takes distinct kinds from chat"):
+        ChatsConfig(out="x", kinds=("chat", "poems"))
+    with pytest.raises(SpecdraftError, match="--kinds"):
+        ChatsConfig(out="x", kinds=())

@@ -9,7 +9,8 @@ without the benchmark's sources:
   prompts   one per (kind, source), from the pinned packages' modules, docstrings and descriptions, and from
             our own generators (arithmetic, word problems, conversation openers); kinds mirror the benchmark's
             categories: chat (two turns), translate (English -> German, then that German back into English),
-            summarize, qa, rag, math, code, explain;
+            summarize, qa, rag, math, code, explain; and the prose kinds of train/prose.py (trivia, passage,
+            news, german), whose first answer is a text that the second turn works on;
   answers   sampled from a model (default the packaged 0.5B draft, `temperature` 0.7), many prompts decoded as
             one left-padded batch (`sample_batch`): on this CPU a 32-row step of the 0.5B costs about 3x a
             one-row step, so a batch writes about 10x the tokens per second.
@@ -36,8 +37,11 @@ import torch
 
 from ..errors import SpecdraftError
 from .eagle_data import TextDoc, candidate_docs
+from .prose import PROSE_KINDS, followup_accepts, prose_prompts
 
-KINDS = ("chat", "translate", "summarize", "qa", "rag", "math", "code", "explain")
+# the first kinds, built from the pinned packages and a few generators (one seeded stream draws them all)
+PACKAGE_KINDS = ("chat", "translate", "summarize", "qa", "rag", "math", "code", "explain")
+KINDS = PACKAGE_KINDS + PROSE_KINDS  # prose kinds (train/prose.py) draw from a stream of their own
 
 
 @dataclass(frozen=True)
@@ -136,16 +140,20 @@ def _math_prompt(rng: random.Random) -> str:
     return "Solve this math word problem step by step.\n\n" + rng.choice(problems)
 
 
-def build_prompts(per_kind: int, seed: int = 0) -> list[ChatPrompt]:
-    """Up to `per_kind` prompts of every kind, in a deterministic order that interleaves the kinds."""
+def build_prompts(per_kind: int, seed: int = 0, kinds: tuple[str, ...] = KINDS) -> list[ChatPrompt]:
+    """Up to `per_kind` prompts of each of `kinds`, in a deterministic order that interleaves the kinds.
+
+    A kind's prompts do not depend on which other kinds are asked for: the package kinds draw from one seeded
+    stream whatever the selection (and unchanged since before the prose kinds existed), the prose kinds from
+    another."""
     rng = random.Random(seed)
-    by_kind: dict[str, list[ChatPrompt]] = {kind: [] for kind in KINDS}
+    by_kind: dict[str, list[ChatPrompt]] = {kind: [] for kind in kinds}
 
     seen: set[str] = set()
 
     def add(kind: str, source: str, user: str, followup: str | None = None, restart: bool = False) -> None:
         key = f"{kind}-" + hashlib.sha256(f"{kind}:{source}:{user}".encode()).hexdigest()[:16]
-        if len(by_kind[kind]) < per_kind and key not in seen:  # a generator can repeat itself: once is enough
+        if kind in by_kind and len(by_kind[kind]) < per_kind and key not in seen:  # a generator can repeat itself
             seen.add(key)
             by_kind[kind].append(ChatPrompt(key, kind, source, user, followup, restart))
 
@@ -154,8 +162,8 @@ def build_prompts(per_kind: int, seed: int = 0) -> list[ChatPrompt]:
         add("chat", "generator:chat", opener.format(t=topic), rng.choice(_FOLLOWUPS))
         add("math", "generator:math", _math_prompt(rng))
 
-    for doc in candidate_docs():
-        if all(len(v) >= per_kind for v in by_kind.values()):
+    for doc in candidate_docs() if any(kind in PACKAGE_KINDS for kind in by_kind) else ():
+        if all(len(v) >= per_kind for kind, v in by_kind.items() if kind in PACKAGE_KINDS):
             break
         pin = doc.source.split(":", 1)[0]
         package = pin.split("==", 1)[0]
@@ -187,10 +195,14 @@ def build_prompts(per_kind: int, seed: int = 0) -> list[ChatPrompt]:
         for para in _paragraphs(docstring, 300, 1500)[:1]:
             add("summarize", doc.source, f"Summarize the following text in one sentence.\n\n{para}")
 
+    for kind, prompts in prose_prompts(per_kind, seed).items():
+        for source, user, followup, restart in prompts:
+            add(kind, source, user, followup, restart)
+
     # interleave: the i-th prompt of every kind, then the (i+1)-th, so any prefix of the list is balanced
     ordered = []
     for i in range(per_kind):
-        ordered.extend(by_kind[kind][i] for kind in KINDS if i < len(by_kind[kind]))
+        ordered.extend(by_kind[kind][i] for kind in kinds if i < len(by_kind[kind]))
     return ordered
 
 
@@ -267,8 +279,13 @@ class ChatsConfig:
     temperature: float = 0.7
     seed: int = 0
     threads: int | None = None
+    kinds: tuple[str, ...] = KINDS
 
     def __post_init__(self) -> None:
+        self.kinds = tuple(self.kinds)
+        unknown = [k for k in self.kinds if k not in KINDS]
+        if unknown or not self.kinds or len(set(self.kinds)) != len(self.kinds):
+            raise SpecdraftError(f"--kinds takes distinct kinds from {', '.join(KINDS)}; got {', '.join(self.kinds)}")
         for name in ("tokens", "per_kind", "batch", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise SpecdraftError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -320,16 +337,18 @@ def generate(config: ChatsConfig, progress: bool = True) -> Path:
     done = _read(path)
     with open(path, "w") as f:  # rewrite without a cut last line, if any
         f.writelines(json.dumps(r) + "\n" for r in done)
-    # the prompts depend on per_kind too (one seeded stream draws them all): a resumed run must not change it
+    # the prompts depend on per_kind too (one seeded stream draws them all): a resumed run must not change it;
+    # nor its kinds, which set how a stopped run is spread over them
     settings = {"model": config.model, "temperature": config.temperature, "seed": config.seed,
-                "per_kind": config.per_kind}
+                "per_kind": config.per_kind, "kinds": list(config.kinds)}
+    before_setting = {"per_kind": config.per_kind, "kinds": list(PACKAGE_KINDS)}  # what files older than it ran
     for r in done[:1]:
-        theirs = {k: r.get(k, settings[k] if k == "per_kind" else None) for k in settings}  # older files: no per_kind
+        theirs = {k: r.get(k, before_setting.get(k)) for k in settings}
         if theirs != settings:
             raise SpecdraftError(f"{path} holds chats from other settings ({theirs}); choose another --out")
     done_ids = {r["id"].split("/")[0] for r in done}
     total = sum(r["answer_tokens"] for r in done)
-    todo = [p for p in build_prompts(config.per_kind, config.seed) if p.id not in done_ids]
+    todo = [p for p in build_prompts(config.per_kind, config.seed, config.kinds) if p.id not in done_ids]
     # within each pair of batches, prompts of similar length share a batch: a batch pads to its longest prompt
     # (an explain prompt is ~20x a chat opener) and decodes as long as its longest answer
     chunk = 2 * config.batch  # small, so that a run stopped anywhere still holds every kind in proportion
@@ -364,7 +383,7 @@ def generate(config: ChatsConfig, progress: bool = True) -> Path:
                 text = tokenizer.decode(ids, skip_special_tokens=True).strip()
                 conversation = conversation + [("assistant", text)]
                 records.append((p, conversation, reason, len(ids), p.id))
-                if p.followup and reason == "stop" and text:
+                if p.followup and reason == "stop" and followup_accepts(p.kind, text):
                     turn = ("user", p.followup.format(answer=text))
                     second.append([turn] if p.restart else conversation + [turn])
                     second_of.append(p)
@@ -438,7 +457,7 @@ def corpus_docs(spec: str) -> list[TextDoc]:
 def cmd_train_chats(args) -> int:
     config = ChatsConfig(out=args.out, model=args.model, tokens=args.tokens, per_kind=args.per_kind,
                          batch=args.batch, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                         seed=args.seed, threads=args.threads)
+                         seed=args.seed, threads=args.threads, kinds=tuple(args.kinds))
     path = generate(config)
     records = _read(path)
     kinds: dict[str, int] = {}

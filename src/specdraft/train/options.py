@@ -76,6 +76,10 @@ def add_sorted_arguments(sub) -> None:
     p.add_argument("--threads", type=int, default=None)
 
 
+def _kinds(value: str) -> tuple[str, ...]:
+    return tuple(k.strip() for k in value.split(",") if k.strip())
+
+
 def add_chats_arguments(sub) -> None:
     from .chats import ChatsConfig
 
@@ -91,4 +95,7 @@ def add_chats_arguments(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     p.add_argument("--temperature", type=float, default=d.temperature)
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--kinds", type=_kinds, default=d.kinds,
+                   help=f"comma-separated prompt kinds (default all: {','.join(d.kinds)}); the prose kinds "
+                   "(trivia, passage, news, german) need no package scan, so they start at once")
     p.add_argument("--threads", type=int, default=None)
