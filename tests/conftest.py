@@ -15,6 +15,15 @@ from tiny import build_model  # noqa: E402
 torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def verify_curves_elsewhere(tmp_path_factory):
+    """gamma auto measures and caches the target's verify curve: keep the tiny models' curves (and those of any
+    server a test starts) out of the user's cache."""
+    import os
+
+    os.environ["SPECDRAFT_VERIFY_CURVES"] = str(tmp_path_factory.mktemp("verify-curves"))
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     """A target, a different draft (same tokenizer), and a model with another vocabulary size."""

@@ -231,7 +231,7 @@ def test_a_method_can_carry_its_own_drafter_settings(tiny_models, tiny_dirs, tmp
         "ar", "draft[gamma=3,draft_vocab=4]", "sorted[exits=1:2]")
     assert parse_method("sorted[sorted_exits=1:2;exit_rule=cost:1.0]") == (
         "sorted", {"sorted_exits": (1, 2), "exit_rule": "cost:1.0"})
-    for bad, match in (("draft[gama=3]", "not KEY=VALUE"), ("draft[gamma=x]", "gamma takes a int"),
+    for bad, match in (("draft[gama=3]", "not KEY=VALUE"), ("draft[gamma=x]", "gamma takes a draft length or auto"),
                        ("draft[gamma=3", "one pair of brackets")):
         with pytest.raises(SpecdraftError, match=match):
             parse_method(bad)

@@ -55,6 +55,19 @@ def test_json_output_has_text_ids_and_statistics(tiny_dirs):
     assert out["identical"] is True and out["baseline"]["token_ids"] == out["token_ids"]
 
 
+def test_a_word_for_gamma_is_a_usage_error():
+    proc = run_cli("generate", "hi", "--gamma", "often")
+    assert proc.returncode == 2 and "expected a draft length >= 0 or auto" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_gamma_auto_from_the_command_line_gives_the_autoregressive_tokens(tiny_dirs):
+    proc = run_cli("generate", "abc abc abc ab", "--no-chat", "--target", str(tiny_dirs["target"]), "--method",
+                   "prompt-lookup", "--gamma", "auto", "--dtype", "fp32", "--max-new-tokens", "16", "--compare")
+    assert proc.returncode == 0, proc.stderr
+    assert "γ=auto≤8, mean" in proc.stderr and "identical" in proc.stderr.lower()
+
+
 def test_streaming_text_goes_to_stdout_and_statistics_to_stderr(tiny_dirs):
     proc = run_cli("generate", "abc ab", "--no-chat", "--target", str(tiny_dirs["target"]), "--method",
                    "prompt-lookup", "--dtype", "fp32", "--max-new-tokens", "10", "--compare")

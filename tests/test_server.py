@@ -291,6 +291,17 @@ def test_lookup_first_is_auto_unless_a_request_sets_it(idle_server, models, meth
     assert response.choices[0].model_extra["speculative_stats"]["lookup_first"] == expected_ngram
 
 
+def test_gamma_auto_per_request_gives_the_greedy_text(idle_server, models):
+    prompt = "abcabcabc abcabc"
+    expected = direct(models, encode(models, prompt), SpecConfig(method="ar"), max_new_tokens=20).text
+    response = idle_server.client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=20, temperature=0,
+        extra_body={"speculative": {"method": "prompt-lookup", "gamma": "auto"}})
+    assert response.choices[0].text == expected
+    stats = response.choices[0].model_extra["speculative_stats"]
+    assert stats["gamma_auto"] is True and stats["drafted"] > 0
+
+
 def test_models_health_and_model_card(idle_server):
     assert [m.id for m in idle_server.client.models.list().data] == [MODEL]
     assert idle_server.client.models.retrieve(MODEL).id == MODEL
@@ -340,6 +351,7 @@ BAD_COMPLETIONS = {
                                           "speculative": {"method": "draft", "lookup_first": 9}},
     "speculative lookup_first a word": {"model": MODEL, "prompt": "abc",
                                         "speculative": {"method": "draft", "lookup_first": "often"}},
+    "speculative gamma a word": {"model": MODEL, "prompt": "abc", "speculative": {"gamma": "often"}},
     "speculative not an object": {"model": MODEL, "prompt": "abc", "speculative": "draft"},
 }
 

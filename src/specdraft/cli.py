@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from .config import DTYPES, METHODS, MAX_GAMMA, ModelConfig, SamplingParams, SpecConfig
+from .config import AUTO_GAMMA_MAX, DTYPES, METHODS, MAX_GAMMA, ModelConfig, SamplingParams, SpecConfig
 from .errors import SpecdraftError
-from .knobs import add_drafter_knob_args, drafter_knobs
+from .knobs import add_drafter_knob_args, drafter_knobs, parse_gamma
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a short docstring."
 
@@ -35,8 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", nargs="?", default=None, help=f"the prompt (default: {DEFAULT_PROMPT!r})")
     _add_model_args(gen)
     gen.add_argument("--method", default="draft", help=f"one of {', '.join(METHODS)}")
-    gen.add_argument("--gamma", type=int, default=SpecConfig.gamma,
-                     help=f"draft tokens per target pass (1..{MAX_GAMMA})")
+    gen.add_argument("--gamma", type=parse_gamma, default=SpecConfig.gamma, metavar="N|auto",
+                     help=f"draft tokens per target pass (1..{MAX_GAMMA}; auto: each pass chooses 1.."
+                     f"{AUTO_GAMMA_MAX} from the acceptance so far and this machine's measured verify cost)")
     gen.add_argument("--draft-confidence", type=float, default=0.0,
                      help="stop drafting when the draft's top-1 probability is below this (0: always draft gamma)")
     add_drafter_knob_args(gen)
@@ -55,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(serve)
     serve.add_argument("--no-draft", action="store_true", help="load no draft model (methods ar, prompt-lookup)")
     serve.add_argument("--method", default="draft", help=f"default for requests: one of {', '.join(METHODS)}")
-    serve.add_argument("--gamma", type=int, default=SpecConfig.gamma,
-                       help=f"default draft tokens per target pass (1..{MAX_GAMMA})")
+    serve.add_argument("--gamma", type=parse_gamma, default=SpecConfig.gamma, metavar="N|auto",
+                       help=f"default draft tokens per target pass (1..{MAX_GAMMA}, or auto)")
     serve.add_argument("--draft-confidence", type=float, default=0.0,
                        help="default: stop drafting when the draft's top-1 probability is below this")
     add_drafter_knob_args(serve)
@@ -234,7 +235,8 @@ def cmd_generate(args) -> int:
 
 def format_stats(stats) -> str:
     per_pos = " ".join(f"{a:.2f}" for a in stats.acceptance_per_position) or "-"
-    return (f"[{stats.method} γ={stats.gamma}] {stats.new_tokens} tokens in {stats.time_total_s:.2f}s "
+    gamma = f"auto≤{stats.gamma}, mean {stats.mean_draft_len:.1f}" if stats.gamma_auto else stats.gamma
+    return (f"[{stats.method} γ={gamma}] {stats.new_tokens} tokens in {stats.time_total_s:.2f}s "
             f"({stats.tokens_per_s:.2f} tok/s), {stats.target_passes} target passes, "
             f"τ={stats.tau:.2f} (predicted {stats.predicted_tau:.2f}), acceptance {stats.acceptance_rate:.2f} "
             f"(α={stats.alpha:.2f}; per position {per_pos}); time: prefill {stats.time_prefill_s:.2f}s, "

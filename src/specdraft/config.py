@@ -17,6 +17,9 @@ NO_LOOKUP_FIRST = ("ar", "prompt-lookup", "prompt-lookup-tree")
 # lookup_first "auto" for every other method: copies after a repeated pair of tokens. Measured on two prompts per
 # category, greedy, bf16 (docs/bench/s8-lookup-trees): eagle-tree 1.07x -> 1.39x our AR, draft 1.23x -> 1.31x
 AUTO_LOOKUP_FIRST = 2
+# gamma "auto" (None) on a chain method: each pass drafts 1..AUTO_GAMMA_MAX tokens, chosen from the request's
+# acceptance so far and the target's measured verify-cost curve (draft_length.py)
+AUTO_GAMMA_MAX = 8
 DTYPES = ("auto", "bfloat16", "float32", "float16")
 BACKENDS = ("auto", "native", "transformers")
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "float": "float32", "half": "float16"}
@@ -58,7 +61,8 @@ class SpecConfig:
     # From the measured verify-cost curve (docs/performance.md, quiet, 2 threads, bf16 native, 2026-11-29):
     # T(2..4)/T(1) = 1.24, 1.33, 1.70 and a 0.5B draft step = 0.46 of a 1.5B step. The expected cost per token
     # (gamma * 0.46 + T(gamma + 1)) / tau(gamma) is lowest at gamma = 2 for acceptance 0.7-0.85.
-    gamma: int = 2
+    # None is auto: chain methods choose each pass's length (see AUTO_GAMMA_MAX); tree methods ignore gamma.
+    gamma: int | None = 2
     # model drafter: stop drafting early once the draft's top-1 probability falls below this (0 disables).
     # Lossless: the draft length depends only on the draft's own distribution.
     draft_confidence: float = 0.0
@@ -101,7 +105,7 @@ class SpecConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise SpecdraftError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
-        if self.method != "ar" and not (1 <= self.gamma <= MAX_GAMMA):
+        if self.method != "ar" and self.gamma is not None and not (1 <= self.gamma <= MAX_GAMMA):
             raise SpecdraftError(f"gamma must be between 1 and {MAX_GAMMA}, got {self.gamma}")
         if not (0.0 <= self.draft_confidence < 1.0):
             raise SpecdraftError(f"draft confidence must be in [0, 1), got {self.draft_confidence}")
@@ -140,10 +144,17 @@ class SpecConfig:
 
     @property
     def draft_len(self) -> int:
-        """The most draft tokens one pass can accept: gamma for a chain, the depth for a tree."""
+        """The most draft tokens one pass can accept: gamma for a chain (its cap when auto), the depth for a tree."""
         if self.method == "ar":
             return 0
-        return self.tree_depth if self.method in TREE_METHODS else self.gamma
+        if self.method in TREE_METHODS:
+            return self.tree_depth
+        return AUTO_GAMMA_MAX if self.gamma is None else self.gamma
+
+    @property
+    def adaptive_gamma(self) -> bool:
+        """Whether each pass chooses its own draft length (gamma auto on a chain method)."""
+        return self.gamma is None and self.method != "ar" and self.method not in TREE_METHODS
 
 
 def parse_exit_rule(text: str) -> tuple[str, tuple[float, ...]]:

@@ -18,9 +18,10 @@ import torch
 
 from .acceptance import accept_draft, accept_rejection, accept_tree_rejection
 from .config import SamplingParams, SpecConfig
+from .draft_length import AdaptiveLength, DraftLength, FixedLength
 from .drafters.base import Drafter, NoDrafter
 from .errors import SpecdraftError
-from .models.adapter import LoadedModel
+from .models.adapter import LoadedModel, weight_bytes
 from .types import Acceptance, GenerationResult, SpecStats
 
 
@@ -40,10 +41,11 @@ class StreamChunk:
 
 
 def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], params: SamplingParams,
-                  gamma: int, generator: torch.Generator | None, stats: SpecStats,
+                  draft_length: DraftLength, generator: torch.Generator | None, stats: SpecStats,
                   sampling_rule: SamplingRule = accept_rejection,
                   tree_sampling_rule: TreeSamplingRule = accept_tree_rejection) -> Iterator[list[int]]:
     """Run the loop; yield the tokens each target pass emits. The caller stops it (EOS, stop, budget).
+    `draft_length` says how many tokens to draft in each pass (a fixed gamma, or chosen per pass: draft_length.py).
 
     `sampling_rule` / `tree_sampling_rule` decide acceptance of chain / tree drafts when sampling (greedy always
     keeps the longest path matching the target's argmax); tests swap in deliberately wrong rules as negative
@@ -51,7 +53,7 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
     """
     started = time.perf_counter()
     # a drafter that reads the target's hidden states (EAGLE) names the layers; every pass then keeps them
-    target_state = target.new_state(capacity=len(prompt_ids) + params.max_new_tokens + gamma + 1,
+    target_state = target.new_state(capacity=len(prompt_ids) + params.max_new_tokens + draft_length.most + 1,
                                     feature_layers=getattr(drafter, "feature_layers", ()))
     if len(prompt_ids) > 1:
         target_state.forward(prompt_ids[:-1], 1)
@@ -62,7 +64,7 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
     while budget > 0:
         # propose: never draft past the token budget (the last token of a pass is the target's own)
         t0 = time.perf_counter()
-        draft = drafter.propose(context, min(gamma, budget - 1), params, generator)
+        draft = drafter.propose(context, min(draft_length.next(), budget - 1), params, generator)
         t1 = time.perf_counter()
         # verify: one target pass over the pending token and the k draft nodes (a tree: with a tree mask)
         target_logits = target_state.verify(context[-1], draft)  # [k + 1, V]
@@ -79,6 +81,7 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
         stats.time_draft_s += t1 - t0
         stats.time_verify_s += t2 - t1
         stats.record(draft.k, result.n_accepted, None if draft.parents is None else draft.depth)
+        draft_length.observe(draft.k, result.n_accepted)
         stats.record_labels(draft.labels, result.accepted_nodes)
         budget -= len(result.tokens)
         yield result.tokens
@@ -139,6 +142,20 @@ class Engine:
         self.spec = spec or SpecConfig(method="ar")
         if self.spec.draft_len == 0:
             self.drafter = NoDrafter()
+        self.pass_cost: tuple[float, ...] | None = None  # gamma auto: T(n) / T(1), n = 1 .. draft_len + 1
+        self.draft_cost = 0.0  # gamma auto: a draft token's cost as a fraction of a one-token target pass
+        if self.spec.adaptive_gamma:
+            from .models.verify_curve import verify_curve
+
+            self.pass_cost = verify_curve(target, self.spec.draft_len + 1)
+            # decoding is bound by weight reads on a CPU: a draft token costs its weight bytes over the target's
+            self.draft_cost = getattr(self.drafter, "draft_bytes", 0) / weight_bytes(target.model)
+
+    def new_draft_length(self) -> DraftLength:
+        """The draft-length policy of one request (gamma auto keeps per-request acceptance)."""
+        if self.pass_cost is None:
+            return FixedLength(self.spec.draft_len)
+        return AdaptiveLength(self.pass_cost, self.draft_cost)
 
     def encode(self, prompt: str, chat: bool = True, system: str | None = None) -> list[int]:
         if not prompt or not prompt.strip():
@@ -183,7 +200,8 @@ class Generation:
 
     def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams):
         self.engine, self.prompt_ids, self.params = engine, prompt_ids, params
-        self.stats = SpecStats(method=engine.spec.method, gamma=engine.spec.draft_len, prompt_tokens=len(prompt_ids),
+        self.stats = SpecStats(method=engine.spec.method, gamma=engine.spec.draft_len,
+                               gamma_auto=engine.spec.adaptive_gamma, prompt_tokens=len(prompt_ids),
                                backend=engine.target.backend, draft_backend=getattr(engine.drafter, "backend", ""),
                                draft_vocab=getattr(engine.drafter, "vocab_rows", 0),
                                lookup_first=getattr(engine.drafter, "lookup_first", 0))
@@ -214,7 +232,7 @@ class Generation:
         started = time.perf_counter()
         stats.finish_reason = "length"
         with torch.inference_mode():
-            passes = decode_passes(engine.target, engine.drafter, self.prompt_ids, params, engine.spec.draft_len,
+            passes = decode_passes(engine.target, engine.drafter, self.prompt_ids, params, engine.new_draft_length(),
                                    self.generator, stats, engine.sampling_rule, engine.tree_sampling_rule)
             try:
                 for tokens in passes:

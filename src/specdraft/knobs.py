@@ -31,8 +31,15 @@ def parse_lookup_first(text: str) -> int | None:
     return _count_or_auto(text, "an n-gram length")
 
 
+def parse_gamma(text: str) -> int | None:
+    """--gamma: "auto" (None: each pass chooses, draft_length.py) or draft tokens per pass (SpecConfig checks
+    the range, so that every front end says the same)."""
+    return _count_or_auto(text, "a draft length")
+
+
 # SpecConfig fields whose value may be "auto" (None), with their parsers and what they take
-AUTO_KNOBS = {"draft_vocab": (parse_draft_vocab, "row count or auto"),
+AUTO_KNOBS = {"gamma": (parse_gamma, "draft length or auto"),
+              "draft_vocab": (parse_draft_vocab, "row count or auto"),
               "lookup_first": (parse_lookup_first, "n-gram length or auto")}
 
 

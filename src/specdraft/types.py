@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .draft_length import expected_tokens
+
 
 @dataclass
 class Draft:
@@ -92,11 +94,13 @@ class SpecStats:
                      where a pass examines its accepted tokens plus the one it rejected (if any). It is the
                      estimate that makes predicted_tau comparable with the measured tau.
     tau:             emitted tokens per target pass, the recovered/bonus token included.
-    predicted_tau:   (1 - alpha^(gamma+1)) / (1 - alpha), the expectation for that alpha and gamma.
+    predicted_tau:   (1 - alpha^(gamma+1)) / (1 - alpha), the expectation for that alpha and gamma; with gamma
+                     auto, that expectation averaged over the passes at the length each one drafted.
     """
 
     method: str = "ar"
-    gamma: int = 0
+    gamma: int = 0  # the longest chain a pass may draft (gamma auto: its cap), or the tree depth
+    gamma_auto: bool = False  # each pass chose its own draft length (draft_length.py)
     backend: str = ""  # the target's forward: "native" or "transformers"
     draft_backend: str = ""  # the draft model's, when there is one
     draft_vocab: int = 0  # rows of the draft's LM head it scores per step, before the prompt's tokens (0: all)
@@ -148,6 +152,11 @@ class SpecStats:
             self.accepted_by[labels[node]] = self.accepted_by.get(labels[node], 0) + 1
 
     @property
+    def mean_draft_len(self) -> float:
+        """Draft tokens per target pass."""
+        return self.drafted / self.target_passes if self.target_passes else 0.0
+
+    @property
     def mean_tree_size(self) -> float:
         """Draft nodes per tree pass (passes whose draft branched)."""
         return self.tree_nodes / self.tree_passes if self.tree_passes else 0.0
@@ -173,8 +182,15 @@ class SpecStats:
     def predicted_tau(self) -> float:
         if self.gamma == 0:
             return 1.0
-        a = self.alpha
-        return float(self.gamma + 1) if a >= 1.0 else (1 - a ** (self.gamma + 1)) / (1 - a)
+        if not self.gamma_auto:
+            return expected_tokens(self.alpha, self.gamma)
+        if not self.target_passes:
+            return 1.0
+        # passes that drafted exactly k tokens: those that drafted position k, less those that drafted k + 1
+        drafted = self.drafted_per_position + [0]
+        at_least = [self.target_passes] + drafted
+        return sum((at_least[k] - at_least[k + 1]) * expected_tokens(self.alpha, k)
+                   for k in range(len(drafted))) / self.target_passes
 
     @property
     def acceptance_per_position(self) -> list[float]:
@@ -191,7 +207,7 @@ class SpecStats:
     def to_dict(self) -> dict:
         out = asdict(self)
         for name in ("acceptance_rate", "alpha", "tau", "predicted_tau", "acceptance_per_position",
-                     "time_other_s", "tokens_per_s", "mean_tree_size", "mean_tree_path"):
+                     "time_other_s", "tokens_per_s", "mean_draft_len", "mean_tree_size", "mean_tree_path"):
             out[name] = getattr(self, name)
         return out
 

@@ -153,7 +153,8 @@ def settings_from_args(args: argparse.Namespace, command: str = "") -> BenchSett
     try:
         gammas = tuple(int(g) for g in _comma_list(args.gamma))
     except ValueError:
-        raise SpecdraftError(f"--gamma takes integers separated by commas, got {args.gamma!r}") from None
+        raise SpecdraftError(f"--gamma takes integers separated by commas, got {args.gamma!r} (for gamma auto, "
+                             "give the method its own setting: prompt-lookup[gamma=auto])") from None
     if not gammas:
         raise SpecdraftError("--gamma needs at least one value")
     methods = split_methods(args.methods)

@@ -32,7 +32,7 @@ from ..config import METHODS as SPEC_METHODS
 from ..config import NO_LOOKUP_FIRST, SpecConfig
 from ..engine import Engine
 from ..errors import SpecdraftError
-from ..models.adapter import LoadedModel, load_model, set_threads
+from ..models.adapter import LoadedModel, load_model, set_threads, weight_bytes
 from ..models.native.kernels import startup_info as kernel_startup_info
 from .methods import BenchModels, GenerateTurn, Method, TurnOutput, get_method
 from .options import BenchSettings, parse_method
@@ -61,6 +61,9 @@ def check_methods(settings: BenchSettings) -> list[tuple[str, Method, dict]]:
     methods = []
     for text in settings.methods:
         name, overrides = parse_method(text)
+        if "gamma" in overrides and overrides["gamma"] is None and name not in SPEC_METHODS:
+            raise SpecdraftError(f"method {text!r}: gamma=auto is specdraft's own choice per pass; {name} takes a "
+                                 f"number of draft tokens")
         methods.append((text, get_method(name), overrides))
     if any(m.needs_draft for _, m, _ in methods) and not settings.draft:
         raise SpecdraftError(f"methods {', '.join(m.name for _, m, _ in methods if m.needs_draft)} need --draft")
@@ -299,10 +302,6 @@ def _now() -> str:
 
 
 # ------------------------------------------------------------------------------------------------ memory
-
-def weight_bytes(model: torch.nn.Module) -> int:
-    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-
 
 def kv_cache_bytes(model: torch.nn.Module, n_tokens: int) -> int:
     """K and V of every layer for n_tokens: 2 · layers · kv_heads · head_dim · n_tokens · bytes per element."""

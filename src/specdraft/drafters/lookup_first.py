@@ -37,6 +37,7 @@ class LookupFirstDrafter:
 
     def __init__(self, inner: Drafter, max_ngram: int, min_ngram: int):
         self.inner = inner
+        self.draft_bytes = getattr(inner, "draft_bytes", 0)  # a copy reads none; the drafter's when it drafts
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.name = f"{inner.name}+lookup"

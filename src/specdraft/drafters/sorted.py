@@ -194,6 +194,11 @@ class SortedDrafter(HasDraftVocab):
         self.exit_norms = [native.final_norm if row is None else adapters.norm[row].detach().float().contiguous()
                            for row in self.adapter_rows]
         self.vocab = DraftVocab.for_model(native.lm_head, draft.tokenizer, draft_vocab) if draft_vocab else None
+        # read per draft token at most (gamma auto weighs draft lengths by it): the layers to the deepest exit
+        # and the head rows scored
+        head_rows = self.vocab.size if self.vocab is not None else native.lm_head.shape[0]
+        self.draft_bytes = (sum(layer_bytes(native, i) for i in range(self.exits[-1]))
+                            + head_rows * native.lm_head[0].nbytes)
 
     @classmethod
     def build(cls, draft: LoadedModel, target: LoadedModel, exits: tuple[int, ...], exit_rule: str,

@@ -80,6 +80,11 @@ class LoadedModel:
         return state
 
 
+def weight_bytes(module: torch.nn.Module) -> int:
+    """Bytes of a module's weights (parameters and buffers; tied tensors once)."""
+    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+
+
 def resolve_model_path(name_or_path: str, cache_dir: str | None = None, progress: bool = True) -> str:
     """A packaged name (fetched on first use), a local Hugging Face directory, or a hub id."""
     if name_or_path in fetch.PACKAGED_MODELS:

@@ -45,7 +45,7 @@ class SpeculativeOptions(_Strict):
 
     model_config = ConfigDict(strict=True, extra="forbid")
     method: str | None = None
-    gamma: int | None = None
+    gamma: int | Literal["auto"] | None = None  # "auto": SpecConfig's None (each pass chooses its length)
     draft_confidence: float | None = None
     lookup_max_ngram: int | None = None
     lookup_min_ngram: int | None = None
@@ -197,8 +197,9 @@ def spec_config(request: _CommonRequest, default: SpecConfig) -> SpecConfig:
     if request.speculative is None:
         return default
     overrides = {k: v for k, v in request.speculative.model_dump().items() if v is not None}
-    if overrides.get("lookup_first") == "auto":
-        overrides["lookup_first"] = None
+    for name in ("lookup_first", "gamma"):  # "auto" is SpecConfig's None (None above meant "the server's")
+        if overrides.get(name) == "auto":
+            overrides[name] = None
     try:
         return replace(default, **overrides)
     except SpecdraftError as exc:

@@ -1,0 +1,158 @@
+"""gamma auto (draft_length.py, models/verify_curve.py): the length rule on crafted curves, the per-request
+policy, the measured and cached curve, exactness of the loop when each pass picks its length, and the knobs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from specdraft import Engine, SamplingParams, SpecConfig, SpecdraftError
+from specdraft.config import AUTO_GAMMA_MAX
+from specdraft.draft_length import AdaptiveLength, FixedLength, best_length, expected_tokens
+from specdraft.drafters import ModelDrafter, PromptLookupDrafter
+
+FLAT = (1.0,) * 9  # a pass over 9 tokens costs what a pass over 1 does
+STEEP = tuple(1.0 + 0.5 * n for n in range(9))  # every extra token costs half a pass
+
+
+def test_expected_tokens_is_the_geometric_chain():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+
+
+@pytest.mark.parametrize("alpha, curve, draft_cost, expected", [
+    (0.9, FLAT, 0.0, 8),     # free verification, free drafts: draft as far as allowed
+    (0.2, FLAT, 0.0, 8),     # still free: a longer draft never loses
+    (0.2, STEEP, 0.0, 1),    # unlikely tokens that cost half a pass each: one
+    (0.9, STEEP, 0.0, 3),    # likely ones: several, until their cost outruns alpha^k
+    (0.9, FLAT, 0.4, 4),     # a draft model's own steps cost: fewer than with free drafts (8)
+    (0.5, FLAT, 0.4, 1),
+])
+def test_best_length_weighs_acceptance_against_cost(alpha, curve, draft_cost, expected):
+    assert best_length(alpha, curve, draft_cost) == expected
+    # the choice is the argmax of tokens per unit of time: no other length does better
+    rate = lambda k: expected_tokens(alpha, k) / (curve[k] + k * draft_cost)  # noqa: E731
+    assert all(rate(expected) >= rate(k) for k in range(1, len(curve)))
+
+
+def test_the_policy_lengthens_after_acceptances_and_shortens_after_rejections():
+    policy = AdaptiveLength(tuple(1.0 + 0.1 * n for n in range(7)), draft_cost=0.0)  # T(n) grows 10 % a token
+    assert policy.most == 6
+    start = policy.next()
+    for _ in range(6):  # every draft token kept
+        policy.observe(policy.next(), policy.next())
+    long = policy.next()
+    for _ in range(12):  # every first draft token rejected
+        policy.observe(policy.next(), 0)
+    short = policy.next()
+    assert short == 1 < start < long <= 6
+    before = (policy.accepted, policy.examined)
+    policy.observe(0, 0)  # nothing drafted (no prompt-lookup match): no evidence
+    assert (policy.accepted, policy.examined) == before
+    assert FixedLength(3).next() == FixedLength(3).most == 3
+
+
+def test_gamma_auto_is_a_chain_setting():
+    assert SpecConfig("prompt-lookup", None).adaptive_gamma and SpecConfig("draft", None).draft_len == AUTO_GAMMA_MAX
+    assert not SpecConfig("draft", 3).adaptive_gamma and SpecConfig("draft", 3).draft_len == 3
+    tree = SpecConfig("draft-tree", None, tree_depth=3)
+    assert not tree.adaptive_gamma and tree.draft_len == 3  # a tree's depth plays gamma's part
+    assert not SpecConfig("ar", None).adaptive_gamma and SpecConfig("ar", None).draft_len == 0
+
+
+def test_the_curve_is_measured_once_and_kept_per_machine_setting(tiny_models, monkeypatch):
+    from specdraft.models import verify_curve as vc
+
+    target = tiny_models["target"]
+    curve = vc.verify_curve(target, 5)
+    assert len(curve) == 5 and curve[0] == 1.0 and list(curve) == sorted(curve)
+    monkeypatch.setattr(vc, "measure", lambda *a: pytest.fail("measured again instead of reading the cache"))
+    assert vc.verify_curve(target, 5) == curve
+    measured = []
+    monkeypatch.setattr(vc, "measure", lambda t, n: measured.append(n) or (1.0,) * n)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(previous + 1)  # another thread count is another machine setting
+    try:
+        assert vc.verify_curve(target, 5) == (1.0,) * 5 and measured == [5]
+    finally:
+        torch.set_num_threads(previous)
+    path = next(p for p in vc.curves_root().glob("*.json") if json.loads(p.read_text())["relative"] == list(curve))
+    path.write_text("{not json")  # a damaged file is measured again, not an error
+    assert vc.verify_curve(target, 5) == (1.0,) * 5 and measured == [5, 5]
+
+
+@pytest.mark.parametrize("method", ["prompt-lookup", "draft"])
+def test_greedy_with_gamma_auto_equals_autoregressive_and_varies_its_length(tiny_models, method):
+    target = tiny_models["target"]
+    drafter = (PromptLookupDrafter(3, 1) if method == "prompt-lookup"
+               else ModelDrafter(tiny_models["draft"], target))
+    engine = Engine(target, drafter, SpecConfig(method, None, lookup_first=0))
+    assert engine.pass_cost is not None and len(engine.pass_cost) == AUTO_GAMMA_MAX + 1
+    ar = Engine(target)
+    params = SamplingParams(max_new_tokens=40)
+    lengths = set()
+    for prompt in ["abc ab", "dead beef cafe. dead be", "j. ihg"]:
+        ids = ar.encode(prompt, chat=False)
+        got = engine.generate(ids, params)
+        assert got.token_ids == ar.generate(ids, params).token_ids, prompt
+        stats = got.stats
+        assert stats.gamma_auto and stats.gamma == AUTO_GAMMA_MAX
+        per_position = stats.drafted_per_position + [0]
+        lengths |= {k for k in range(1, len(per_position)) if per_position[k - 1] > per_position[k]}
+    if method == "prompt-lookup":  # copies of the repeating prompts are often right: lengths follow acceptance
+        assert len(lengths) >= 2
+
+
+def test_gamma_auto_keeps_the_target_distribution_and_the_negative_control_fails(tmp_path):
+    """The statistical suite's test with each pass choosing its length; always-accept must still fail it."""
+    from test_acceptance import always_accept
+    from test_exactness import N_SAMPLES, P_THRESHOLD, SETTINGS, engine_chi_square_pvalue
+
+    from specdraft import load_model
+    from tiny import build_model
+
+    root = tmp_path
+    target = load_model(str(build_model(root / "t", seed=11, chars="abcde", init_range=0.5)), "float32")
+    draft = load_model(str(build_model(root / "d", seed=12, chars="abcde", init_range=0.5, layers=1)), "float32")
+    # a budget past the two counted tokens, so that the second token's pass drafts a length chosen from the
+    # first pass's outcome (3 from the prior on this curve, 1 or more after it)
+    params = SamplingParams(**{**SETTINGS["T=1"].__dict__, "max_new_tokens": 8})
+
+    def engine(**rule):
+        built = Engine(target, ModelDrafter(draft, target), SpecConfig("draft", None, lookup_first=0), **rule)
+        built.pass_cost, built.draft_cost = tuple(1.0 + 0.1 * n for n in range(9)), 0.0
+        return built
+
+    assert engine().new_draft_length().next() == 3
+
+    assert engine_chi_square_pvalue(engine(), target, params, N_SAMPLES) > P_THRESHOLD
+    assert engine_chi_square_pvalue(engine(sampling_rule=always_accept), target, params, N_SAMPLES) < P_THRESHOLD
+
+
+def test_gamma_parses_auto_and_refuses_nonsense():
+    from specdraft.bench.options import parse_method
+    from specdraft.bench.runner import plan_variants
+    from specdraft.bench.options import BenchSettings
+    from specdraft.knobs import parse_gamma
+
+    assert parse_gamma("auto") is None and parse_gamma("3") == 3
+    with pytest.raises(SpecdraftError, match="gamma must be between"):
+        SpecConfig("draft", parse_gamma("0"))
+    for bad in ("-1", "often"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_gamma(bad)
+    assert parse_method("prompt-lookup[gamma=auto]") == ("prompt-lookup", {"gamma": None})
+    plan = plan_variants(BenchSettings(methods=("ar", "prompt-lookup[gamma=auto]"), draft="d"))
+    assert [spec.adaptive_gamma for _, _, _, spec in plan] == [False, True]
+    with pytest.raises(SpecdraftError, match="gamma=auto is specdraft's own"):
+        plan_variants(BenchSettings(methods=("hf-prompt-lookup[gamma=auto]",), draft="d"))
+    with pytest.raises(SpecdraftError, match="prompt-lookup\\[gamma=auto\\]"):
+        from specdraft.bench.options import add_bench_arguments, settings_from_args
+
+        parser = argparse.ArgumentParser()
+        add_bench_arguments(parser)
+        settings_from_args(parser.parse_args(["--gamma", "auto"]))
