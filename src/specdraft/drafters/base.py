@@ -14,7 +14,8 @@ class Drafter(Protocol):
     """Optional member: `feature_layers: tuple[int, ...]`, the target layers whose hidden states the drafter
     reads (indexing of Hugging Face's `output_hidden_states`); absent or () for drafters that read none.
     `features` below is then None; otherwise float32 [n, len(feature_layers), D], one row per target position
-    the call reports, in sequence order."""
+    the call reports, in sequence order. Optional member `draft_bytes: int`, the weight bytes one draft token
+    reads (absent: 0, a free draft like prompt lookup); gamma auto (draft_length.py) weighs draft lengths by it."""
 
     name: str
 
