@@ -9,10 +9,13 @@ import json
 import pytest
 import torch
 
-from specdraft import Engine, SamplingParams, SpecConfig, SpecdraftError
+from specdraft import Engine, SamplingParams, SpecConfig, SpecdraftError, load_model
+from specdraft.bench.options import BenchSettings, add_bench_arguments, parse_method, settings_from_args
+from specdraft.bench.runner import plan_variants
 from specdraft.config import AUTO_GAMMA_MAX
 from specdraft.draft_length import AdaptiveLength, FixedLength, best_length, expected_tokens
 from specdraft.drafters import ModelDrafter, PromptLookupDrafter
+from specdraft.knobs import parse_gamma
 
 FLAT = (1.0,) * 9  # a pass over 9 tokens costs what a pass over 1 does
 STEEP = tuple(1.0 + 0.5 * n for n in range(9))  # every extra token costs half a pass
@@ -111,13 +114,11 @@ def test_gamma_auto_keeps_the_target_distribution_and_the_negative_control_fails
     """The statistical suite's test with each pass choosing its length; always-accept must still fail it."""
     from test_acceptance import always_accept
     from test_exactness import N_SAMPLES, P_THRESHOLD, SETTINGS, engine_chi_square_pvalue
-
-    from specdraft import load_model
     from tiny import build_model
 
-    root = tmp_path
-    target = load_model(str(build_model(root / "t", seed=11, chars="abcde", init_range=0.5)), "float32")
-    draft = load_model(str(build_model(root / "d", seed=12, chars="abcde", init_range=0.5, layers=1)), "float32")
+    # the statistical suite's models (test_exactness.small_vocab), native backend
+    target = load_model(str(build_model(tmp_path / "t", seed=11, chars="abcde", init_range=0.5)), "float32")
+    draft = load_model(str(build_model(tmp_path / "d", seed=12, chars="abcde", init_range=0.5, layers=1)), "float32")
     # a budget past the two counted tokens, so that the second token's pass drafts a length chosen from the
     # first pass's outcome (3 from the prior on this curve, 1 or more after it)
     params = SamplingParams(**{**SETTINGS["T=1"].__dict__, "max_new_tokens": 8})
@@ -134,11 +135,6 @@ def test_gamma_auto_keeps_the_target_distribution_and_the_negative_control_fails
 
 
 def test_gamma_parses_auto_and_refuses_nonsense():
-    from specdraft.bench.options import parse_method
-    from specdraft.bench.runner import plan_variants
-    from specdraft.bench.options import BenchSettings
-    from specdraft.knobs import parse_gamma
-
     assert parse_gamma("auto") is None and parse_gamma("3") == 3
     with pytest.raises(SpecdraftError, match="gamma must be between"):
         SpecConfig("draft", parse_gamma("0"))
@@ -150,9 +146,7 @@ def test_gamma_parses_auto_and_refuses_nonsense():
     assert [spec.adaptive_gamma for _, _, _, spec in plan] == [False, True]
     with pytest.raises(SpecdraftError, match="gamma=auto is specdraft's own"):
         plan_variants(BenchSettings(methods=("hf-prompt-lookup[gamma=auto]",), draft="d"))
-    with pytest.raises(SpecdraftError, match="prompt-lookup\\[gamma=auto\\]"):
-        from specdraft.bench.options import add_bench_arguments, settings_from_args
-
-        parser = argparse.ArgumentParser()
-        add_bench_arguments(parser)
+    parser = argparse.ArgumentParser()
+    add_bench_arguments(parser)
+    with pytest.raises(SpecdraftError, match="prompt-lookup\\[gamma=auto\\]"):  # run-wide: numbers only
         settings_from_args(parser.parse_args(["--gamma", "auto"]))
