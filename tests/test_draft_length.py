@@ -86,6 +86,10 @@ def test_the_curve_is_measured_once_and_kept_per_machine_setting(tiny_models, mo
     path = next(p for p in vc.curves_root().glob("*.json") if json.loads(p.read_text())["relative"] == list(curve))
     path.write_text("{not json")  # a damaged file is measured again, not an error
     assert vc.verify_curve(target, 5) == (1.0,) * 5 and measured == [5, 5]
+    blocked = vc.curves_root() / "blocked"
+    blocked.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("SPECDRAFT_VERIFY_CURVES", str(blocked / "curves"))  # cannot be created: still a curve
+    assert vc.verify_curve(target, 5) == (1.0,) * 5 and measured == [5, 5, 5]
 
 
 @pytest.mark.parametrize("method", ["prompt-lookup", "draft"])

@@ -89,9 +89,12 @@ def verify_curve(target: LoadedModel, max_tokens: int) -> tuple[float, ...]:
     except (OSError, ValueError, AttributeError):
         pass  # absent or unreadable: measure again
     relative = measure(target, max_tokens)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": key, "relative": relative, "measured": time.strftime("%Y-%m-%d %H:%M:%S")},
-                              indent=1))
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": key, "relative": relative,
+                                   "measured": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only cache: use the curve, measure again next time
     return relative
