@@ -156,6 +156,11 @@ class SpecConfig:
         """Whether each pass chooses its own draft length (gamma auto on a chain method)."""
         return self.gamma is None and self.method != "ar" and self.method not in TREE_METHODS
 
+    @property
+    def gamma_shown(self) -> int | str:
+        """The draft length as the server reports it: "auto", or draft_len."""
+        return "auto" if self.adaptive_gamma else self.draft_len
+
 
 def parse_exit_rule(text: str) -> tuple[str, tuple[float, ...]]:
     """"threshold:0.5,0.6" -> ("threshold", (0.5, 0.6)); "probe:0.6" -> ("probe", (0.6,));

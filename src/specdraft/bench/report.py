@@ -21,6 +21,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from ..draft_length import expected_tokens
+
 OVERALL = "overall"
 
 
@@ -31,7 +33,7 @@ def _ratio(num: float, den: float) -> float | None:
 def predicted_tau(alpha: float | None, gamma: int | None) -> float | None:
     if alpha is None or not gamma:
         return None
-    return float(gamma + 1) if alpha >= 1.0 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return expected_tokens(alpha, gamma)
 
 
 def group_stats(records: list[dict], gamma: int | None) -> dict:

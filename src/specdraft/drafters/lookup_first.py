@@ -37,12 +37,16 @@ class LookupFirstDrafter:
 
     def __init__(self, inner: Drafter, max_ngram: int, min_ngram: int):
         self.inner = inner
-        self.draft_bytes = getattr(inner, "draft_bytes", 0)  # a copy reads none; the drafter's when it drafts
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.name = f"{inner.name}+lookup"
         self.feature_layers = getattr(inner, "feature_layers", ())  # the engine taps these for the inner drafter
         self.backend = getattr(inner, "backend", "")
+
+    @property
+    def draft_bytes(self) -> int:
+        """A copy reads no weights; the wrapped drafter's draft reads its own (gamma auto counts those)."""
+        return getattr(self.inner, "draft_bytes", 0)
 
     @property
     def lookup_first(self) -> int:  # for the statistics
