@@ -11,11 +11,16 @@ import torch
 
 from specdraft import Engine, SamplingParams, SpecConfig, SpecdraftError, load_model
 from specdraft.bench.options import BenchSettings, add_bench_arguments, parse_method, settings_from_args
+from specdraft.bench.methods import HF_AUTO_GAMMA
+from specdraft.bench.report import gamma_label
+from specdraft.bench.report import predicted_tau as report_predicted_tau
 from specdraft.bench.runner import plan_variants
 from specdraft.config import AUTO_GAMMA_MAX
 from specdraft.draft_length import AdaptiveLength, FixedLength, best_length, expected_tokens
 from specdraft.drafters import ModelDrafter, PromptLookupDrafter
+from specdraft.drafters.lookup_first import LOOKUP_LABEL, LookupFirstDrafter
 from specdraft.knobs import parse_gamma
+from specdraft.types import SpecStats
 
 FLAT = (1.0,) * 9  # a pass over 9 tokens costs what a pass over 1 does
 STEEP = tuple(1.0 + 0.5 * n for n in range(9))  # every extra token costs half a pass
@@ -53,10 +58,51 @@ def test_the_policy_lengthens_after_acceptances_and_shortens_after_rejections():
         policy.observe(policy.next(), 0)
     short = policy.next()
     assert short == 1 < start < long <= 6
-    before = (policy.accepted, policy.examined)
+    before = policy.alpha()
     policy.observe(0, 0)  # nothing drafted (no prompt-lookup match): no evidence
-    assert (policy.accepted, policy.examined) == before
+    assert policy.alpha() == before
     assert FixedLength(3).next() == FixedLength(3).most == 3
+
+
+def test_the_policy_keeps_each_sources_acceptance_and_cost_apart():
+    """Lookup first: copies (free, mostly kept) get long drafts while the model's guesses (costly, mostly
+    rejected) get short ones in the same request; a source never seen starts from the prior."""
+    curve = tuple(1.0 + 0.02 * n for n in range(9))  # nearly flat up to 9 tokens
+    policy = AdaptiveLength(curve, draft_cost=0.3, source_costs={"lookup": 0.0})
+    fresh = AdaptiveLength(curve, draft_cost=0.3, source_costs={"lookup": 0.0})
+    assert policy.next("lookup") > policy.next(None)  # the same prior, but a copy costs nothing
+    for _ in range(8):
+        policy.observe(policy.next("lookup"), policy.next("lookup"), "lookup")
+        policy.observe(policy.next(None), 0, None)
+    assert policy.next("lookup") == policy.most and policy.next(None) == 1
+    assert policy.alpha("lookup") > 0.9 > 0.3 > policy.alpha(None)
+    assert policy.alpha("other") == fresh.alpha(None) == 0.6
+
+
+def test_lookup_first_names_the_source_of_its_next_proposal(tiny_models):
+    """next_source says, from the context alone, whether the coming proposal is a copy: it agrees with the
+    labels of what propose returns, and greedy output with gamma auto per source equals plain decoding."""
+    target = tiny_models["target"]
+    drafter = LookupFirstDrafter(ModelDrafter(tiny_models["draft"], target), max_ngram=3, min_ngram=2)
+    ar = Engine(target)
+    params = SamplingParams(max_new_tokens=40)
+    for prompt in ["abc abc ab", "j. ihg"]:
+        ids = ar.encode(prompt, chat=False)
+        drafter.begin(ids)
+        source = drafter.next_source(ids)
+        labels = drafter.propose(ids, 4, params, None).labels
+        assert set(labels) == ({LOOKUP_LABEL} if source == LOOKUP_LABEL else {drafter.inner.name}), prompt
+    assert drafter.next_source(ar.encode("abc abc ab", chat=False)) == LOOKUP_LABEL
+    assert drafter.next_source(ar.encode("j. ihg", chat=False)) is None
+    engine = Engine(target, drafter, SpecConfig("draft", None))
+    assert engine.source_costs == {LOOKUP_LABEL: 0.0} and engine.draft_cost > 0
+    sources = set()
+    for prompt in ["abc ab", "dead beef cafe. dead be", "j. ihg"]:
+        ids = ar.encode(prompt, chat=False)
+        got = engine.generate(ids, params)
+        assert got.token_ids == ar.generate(ids, params).token_ids, prompt
+        sources |= set(got.stats.drafted_by)
+    assert sources == {LOOKUP_LABEL, drafter.inner.name}
 
 
 def test_gamma_auto_is_a_chain_setting():
@@ -148,9 +194,49 @@ def test_gamma_parses_auto_and_refuses_nonsense():
     assert parse_method("prompt-lookup[gamma=auto]") == ("prompt-lookup", {"gamma": None})
     plan = plan_variants(BenchSettings(methods=("ar", "prompt-lookup[gamma=auto]"), draft="d"))
     assert [spec.adaptive_gamma for _, _, _, spec in plan] == [False, True]
-    with pytest.raises(SpecdraftError, match="gamma=auto is specdraft's own"):
-        plan_variants(BenchSettings(methods=("hf-prompt-lookup[gamma=auto]",), draft="d"))
     parser = argparse.ArgumentParser()
     add_bench_arguments(parser)
-    with pytest.raises(SpecdraftError, match="prompt-lookup\\[gamma=auto\\]"):  # run-wide: numbers only
-        settings_from_args(parser.parse_args(["--gamma", "auto"]))
+    for bad in ("often", "2,-1", "auto,2,auto"):
+        with pytest.raises(SpecdraftError, match="--gamma"):
+            settings_from_args(parser.parse_args(["--gamma", bad]))
+
+
+def test_gamma_auto_is_the_default_and_transformers_keeps_its_own_length():
+    """gamma auto is the default of SpecConfig and of a bench run; transformers' prompt lookup, which has no
+    per-pass choice, then drafts its own default length; a sweep labels the auto column."""
+    assert SpecConfig().gamma is None and SpecConfig("draft").adaptive_gamma
+    assert not SpecConfig("eagle-tree").adaptive_gamma and not SpecConfig("ar").adaptive_gamma
+    parser = argparse.ArgumentParser()
+    add_bench_arguments(parser)
+    assert settings_from_args(parser.parse_args([])).gammas == (None,) == BenchSettings().gammas
+    plan = plan_variants(BenchSettings(methods=("ar", "prompt-lookup", "hf-prompt-lookup", "hf-assisted",
+                                                "hf-prompt-lookup[gamma=3]", "eagle-tree"), draft="d"))
+    assert [(label, gamma) for label, _, gamma, _ in plan] == [
+        ("ar", None), ("prompt-lookup", None), ("hf-prompt-lookup", HF_AUTO_GAMMA), ("hf-assisted", None),
+        ("hf-prompt-lookup[gamma=3]", 3), ("eagle-tree", None)]
+    assert plan[1][3].adaptive_gamma and plan[2][3].gamma == HF_AUTO_GAMMA
+    swept = plan_variants(settings_from_args(parser.parse_args(["--gamma", "auto,4", "--methods",
+                                                                 "ar,prompt-lookup,draft[gamma=2]"])))
+    assert [(label, gamma) for label, _, gamma, _ in swept] == [
+        ("ar", None), ("prompt-lookup-gauto", None), ("prompt-lookup-g4", 4), ("draft[gamma=2]", 2)]
+
+
+def test_report_predicts_tau_for_auto_columns_from_the_lengths_drafted():
+    """An auto column's predicted tau averages the chain formula over the lengths its passes drafted, pooled
+    over turns; it shows as "auto". A fixed column keeps the formula at its gamma."""
+    stats = {"gamma_auto": True}
+    # turn 1: 3 passes of lengths 2, 2, 1; turn 2: 1 pass of length 3
+    auto = [dict(gamma=None, target_passes=3, drafted_per_position=[3, 2], stats=stats),
+            dict(gamma=None, target_passes=1, drafted_per_position=[1, 1, 1], stats=stats)]
+    assert gamma_label(auto) == "auto" and gamma_label([dict(gamma=3, stats={})]) == 3
+    alpha = 0.6
+    want = (2 * expected_tokens(alpha, 2) + expected_tokens(alpha, 1) + expected_tokens(alpha, 3)) / 4
+    assert report_predicted_tau(alpha, "auto", auto) == pytest.approx(want)
+    assert report_predicted_tau(alpha, 3, auto) == pytest.approx(expected_tokens(alpha, 3))
+    assert report_predicted_tau(alpha, None, auto) is None
+    # the same formula as a request's own statistics
+    one = SpecStats(method="draft", gamma=8, gamma_auto=True)
+    for k, kept in ((2, 1), (2, 2), (1, 0)):
+        one.record(k, kept)
+    assert one.predicted_tau == pytest.approx(report_predicted_tau(one.alpha, "auto", [dict(
+        target_passes=one.target_passes, drafted_per_position=one.drafted_per_position)]))

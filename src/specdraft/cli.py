@@ -36,8 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(gen)
     gen.add_argument("--method", default="draft", help=f"one of {', '.join(METHODS)}")
     gen.add_argument("--gamma", type=parse_gamma, default=SpecConfig.gamma, metavar="N|auto",
-                     help=f"draft tokens per target pass (1..{MAX_GAMMA}; auto: each pass chooses 1.."
-                     f"{AUTO_GAMMA_MAX} from the acceptance so far and this machine's measured verify cost)")
+                     help=f"draft tokens per target pass (1..{MAX_GAMMA}; auto, the default: each pass chooses "
+                     f"1..{AUTO_GAMMA_MAX} from the acceptance so far and this machine's measured verify cost)")
     gen.add_argument("--draft-confidence", type=float, default=0.0,
                      help="stop drafting when the draft's top-1 probability is below this (0: always draft gamma)")
     add_drafter_knob_args(gen)
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-draft", action="store_true", help="load no draft model (methods ar, prompt-lookup)")
     serve.add_argument("--method", default="draft", help=f"default for requests: one of {', '.join(METHODS)}")
     serve.add_argument("--gamma", type=parse_gamma, default=SpecConfig.gamma, metavar="N|auto",
-                       help=f"default draft tokens per target pass (1..{MAX_GAMMA}, or auto)")
+                       help=f"default draft tokens per target pass (1..{MAX_GAMMA}, or auto: the default)")
     serve.add_argument("--draft-confidence", type=float, default=0.0,
                        help="default: stop drafting when the draft's top-1 probability is below this")
     add_drafter_knob_args(serve)

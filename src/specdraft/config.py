@@ -58,11 +58,11 @@ class SpecConfig:
     """Which drafter proposes and how many tokens per target pass (gamma)."""
 
     method: str = "draft"
-    # From the measured verify-cost curve (docs/performance.md, quiet, 2 threads, bf16 native, 2026-11-29):
-    # T(2..4)/T(1) = 1.24, 1.33, 1.70 and a 0.5B draft step = 0.46 of a 1.5B step. The expected cost per token
-    # (gamma * 0.46 + T(gamma + 1)) / tau(gamma) is lowest at gamma = 2 for acceptance 0.7-0.85.
-    # None is auto: chain methods choose each pass's length (see AUTO_GAMMA_MAX); tree methods ignore gamma.
-    gamma: int | None = 2
+    # None is auto: each pass of a chain method chooses its length (see AUTO_GAMMA_MAX); tree methods ignore
+    # gamma. Auto is the default since session 11: greedy it beat gamma 2 for prompt lookup, the 0.5B draft and the
+    # EAGLE head on two prompt sets (1.26 -> 1.38x, 1.31 -> 1.38x, ...), at temperature 1 it tied gamma 2 for the
+    # draft (docs/performance.md, "Draft length per pass"). A fixed gamma costs (gamma * c + T(gamma + 1)) per pass.
+    gamma: int | None = None
     # model drafter: stop drafting early once the draft's top-1 probability falls below this (0 disables).
     # Lossless: the draft length depends only on the draft's own distribution.
     draft_confidence: float = 0.0

@@ -19,7 +19,7 @@ once and cached, and the acceptance history is itself seeded.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -28,6 +28,16 @@ def expected_tokens(alpha: float, k: int) -> float:
     if alpha >= 1.0:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def expected_tokens_over_passes(alpha: float, passes: int, drafted_per_position: Sequence[int]) -> float:
+    """expected_tokens averaged over passes of different lengths: drafted_per_position[i] counts the passes that
+    drafted at least i + 1 tokens, so the passes of exactly k tokens are the difference of two neighbours."""
+    if not passes:
+        return 1.0
+    at_least = [passes, *drafted_per_position, 0]  # at_least[k]: passes that drafted k tokens or more
+    return sum((at_least[k] - at_least[k + 1]) * expected_tokens(alpha, k)
+               for k in range(len(at_least) - 1)) / passes
 
 
 def best_length(alpha: float, pass_cost: Sequence[float], draft_cost: float) -> int:
@@ -40,14 +50,16 @@ def best_length(alpha: float, pass_cost: Sequence[float], draft_cost: float) -> 
 
 
 class DraftLength(Protocol):
-    """One request's draft-length policy: `next` before each pass, `observe` after it; `most` bounds `next`."""
+    """One request's draft-length policy: `next` before each pass, `observe` after it; `most` bounds `next`.
+    `source` names who drafts the pass when a drafter has several (lookup first: a copy or the wrapped drafter,
+    the drafter's `next_source`); None for a drafter with one."""
 
     most: int
 
-    def next(self) -> int:
+    def next(self, source: str | None = None) -> int:
         """Draft tokens to ask for in the coming pass (the engine caps it by the tokens left)."""
 
-    def observe(self, drafted: int, accepted: int) -> None:
+    def observe(self, drafted: int, accepted: int, source: str | None = None) -> None:
         """The pass drafted this many tokens (a chain) and the target kept this many of them."""
 
 
@@ -59,39 +71,48 @@ class FixedLength:
     def most(self) -> int:
         return self.gamma
 
-    def next(self) -> int:
+    def next(self, source: str | None = None) -> int:
         return self.gamma
 
-    def observe(self, drafted: int, accepted: int) -> None:
+    def observe(self, drafted: int, accepted: int, source: str | None = None) -> None:
         pass
 
 
 @dataclass
+class Tally:
+    """Decayed counts of one source's accepted and examined draft tokens."""
+
+    accepted: float = 0.0
+    examined: float = 0.0
+
+
+@dataclass
 class AdaptiveLength:
-    """gamma=auto: the k of `best_length` for the acceptance seen so far in this request."""
+    """gamma=auto: the k of `best_length` for the acceptance seen so far in this request, kept apart per source
+    (a prompt-lookup copy is accepted far more often than a model's guess, and costs nothing to draft)."""
 
     pass_cost: tuple[float, ...]  # [max_len + 1]: T(n) / T(1) for n = 1 .. max_len + 1
     draft_cost: float  # a draft token's cost relative to T(1)
+    source_costs: dict[str, float] = field(default_factory=dict)  # sources whose draft token costs otherwise
     prior_alpha: float = 0.6  # stands in for the first passes: worth `prior_weight` examined tokens
     prior_weight: float = 2.0
-    decay: float = 0.75  # each pass multiplies the weight of older ones by this (half-life 2.4 passes)
-    accepted: float = 0.0
-    examined: float = 0.0
+    decay: float = 0.75  # each pass multiplies the weight of the source's older ones by this (half-life 2.4)
+    tallies: dict[str | None, Tally] = field(default_factory=dict)
 
     @property
     def most(self) -> int:
         return len(self.pass_cost) - 1
 
-    @property
-    def alpha(self) -> float:
-        return ((self.accepted + self.prior_alpha * self.prior_weight)
-                / (self.examined + self.prior_weight))
+    def alpha(self, source: str | None = None) -> float:
+        tally = self.tallies.get(source, Tally())
+        return (tally.accepted + self.prior_alpha * self.prior_weight) / (tally.examined + self.prior_weight)
 
-    def next(self) -> int:
-        return best_length(self.alpha, self.pass_cost, self.draft_cost)
+    def next(self, source: str | None = None) -> int:
+        return best_length(self.alpha(source), self.pass_cost, self.source_costs.get(source, self.draft_cost))
 
-    def observe(self, drafted: int, accepted: int) -> None:
+    def observe(self, drafted: int, accepted: int, source: str | None = None) -> None:
         if drafted == 0:  # nothing was drafted (e.g. prompt lookup found no match): no evidence either way
             return
-        self.accepted = self.decay * self.accepted + accepted
-        self.examined = self.decay * self.examined + min(drafted, accepted + 1)
+        tally = self.tallies.setdefault(source, Tally())
+        tally.accepted = self.decay * tally.accepted + accepted
+        tally.examined = self.decay * tally.examined + min(drafted, accepted + 1)

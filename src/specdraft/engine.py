@@ -61,10 +61,12 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
     stats.time_prefill_s += time.perf_counter() - started
     context = list(prompt_ids)
     budget = params.max_new_tokens
+    next_source = getattr(drafter, "next_source", lambda context_ids: None)
     while budget > 0:
         # propose: never draft past the token budget (the last token of a pass is the target's own)
         t0 = time.perf_counter()
-        draft = drafter.propose(context, min(draft_length.next(), budget - 1), params, generator)
+        source = next_source(context)  # who drafts this pass, when the drafter has several sources
+        draft = drafter.propose(context, min(draft_length.next(source), budget - 1), params, generator)
         t1 = time.perf_counter()
         # verify: one target pass over the pending token and the k draft nodes (a tree: with a tree mask)
         target_logits = target_state.verify(context[-1], draft)  # [k + 1, V]
@@ -81,7 +83,7 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
         stats.time_draft_s += t1 - t0
         stats.time_verify_s += t2 - t1
         stats.record(draft.k, result.n_accepted, None if draft.parents is None else draft.depth)
-        draft_length.observe(draft.k, result.n_accepted)
+        draft_length.observe(draft.k, result.n_accepted, source)
         stats.record_labels(draft.labels, result.accepted_nodes)
         budget -= len(result.tokens)
         yield result.tokens
@@ -144,18 +146,22 @@ class Engine:
             self.drafter = NoDrafter()
         self.pass_cost: tuple[float, ...] | None = None  # gamma auto: T(n) / T(1), n = 1 .. draft_len + 1
         self.draft_cost = 0.0  # gamma auto: a draft token's cost as a fraction of a one-token target pass
+        self.source_costs: dict[str, float] = {}  # gamma auto: the same for the drafter's other sources
         if self.spec.adaptive_gamma:
             from .models.verify_curve import verify_curve
 
             self.pass_cost = verify_curve(target, self.spec.draft_len + 1)
             # decoding is bound by weight reads on a CPU: a draft token costs its weight bytes over the target's
-            self.draft_cost = getattr(self.drafter, "draft_bytes", 0) / weight_bytes(target.model)
+            target_bytes = weight_bytes(target.model)
+            self.draft_cost = getattr(self.drafter, "draft_bytes", 0) / target_bytes
+            self.source_costs = {source: n / target_bytes
+                                 for source, n in getattr(self.drafter, "source_bytes", {}).items()}
 
     def new_draft_length(self) -> DraftLength:
         """The draft-length policy of one request (gamma auto keeps per-request acceptance)."""
         if self.pass_cost is None:
             return FixedLength(self.spec.draft_len)
-        return AdaptiveLength(self.pass_cost, self.draft_cost)
+        return AdaptiveLength(self.pass_cost, self.draft_cost, self.source_costs)
 
     def encode(self, prompt: str, chat: bool = True, system: str | None = None) -> list[int]:
         if not prompt or not prompt.strip():

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .draft_length import expected_tokens
+from .draft_length import expected_tokens, expected_tokens_over_passes
 
 
 @dataclass
@@ -184,13 +184,7 @@ class SpecStats:
             return 1.0
         if not self.gamma_auto:
             return expected_tokens(self.alpha, self.gamma)
-        if not self.target_passes:
-            return 1.0
-        # passes that drafted exactly k tokens: those that drafted position k, less those that drafted k + 1
-        drafted = self.drafted_per_position + [0]
-        at_least = [self.target_passes] + drafted
-        return sum((at_least[k] - at_least[k + 1]) * expected_tokens(self.alpha, k)
-                   for k in range(len(drafted))) / self.target_passes
+        return expected_tokens_over_passes(self.alpha, self.target_passes, self.drafted_per_position)
 
     @property
     def acceptance_per_position(self) -> list[float]:

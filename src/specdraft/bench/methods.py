@@ -134,7 +134,10 @@ register(Method("hf-assisted", "transformers generate(assistant_model=draft), it
                 lambda models, spec: _hf_generate(
                     models, lambda s: {"assistant_model": _require_draft(models).model}, spec),
                 needs_draft=True))
-register(Method("hf-prompt-lookup", "transformers generate(prompt_lookup_num_tokens=gamma)",
+# gamma auto for transformers' prompt lookup: its own default length (PromptLookupCandidateGenerator's
+# num_output_tokens); it has no per-pass choice of length
+HF_AUTO_GAMMA = 10
+register(Method("hf-prompt-lookup", "transformers generate(prompt_lookup_num_tokens=gamma; auto: 10, its default)",
                 lambda models, spec: _hf_generate(
                     models, lambda s: {"prompt_lookup_num_tokens": s.gamma,
                                        "max_matching_ngram_size": s.lookup_max_ngram}, spec),

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..config import ModelConfig, SamplingParams, SpecConfig, normalize_backend, normalize_dtype
 from ..errors import SpecdraftError
-from ..knobs import AUTO_KNOBS, add_drafter_knob_args, drafter_knobs
+from ..knobs import AUTO_KNOBS, add_drafter_knob_args, drafter_knobs, parse_gamma
 
 DEFAULT_METHODS = ("ar", "hf-ar", "hf-assisted", "hf-prompt-lookup", "draft", "prompt-lookup")
 
@@ -20,7 +20,7 @@ class BenchSettings:
     methods: tuple[str, ...] = DEFAULT_METHODS
     target: str = ModelConfig.target
     draft: str | None = ModelConfig.draft
-    gammas: tuple[int, ...] = (SpecConfig.gamma,)
+    gammas: tuple[int | None, ...] = (SpecConfig.gamma,)  # None: auto (each pass chooses its length)
     draft_confidence: float = 0.0
     eagle_head: str | None = None  # method eagle: a trained head's name or folder
     tree_budget: int = SpecConfig.tree_budget  # tree methods (draft-tree): nodes, levels, children per node
@@ -125,8 +125,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         "draft,draft[draft_vocab=32768],sorted[sorted_draft=none;exits=12:18:24]")
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--draft", default=DEFAULT_DRAFT)
-    parser.add_argument("--gamma", default=str(SpecConfig.gamma),
-                        help="draft tokens per pass; a comma list sweeps (e.g. 2,3,4,6)")
+    parser.add_argument("--gamma", default="auto",
+                        help="draft tokens per pass, or auto (each pass of our chain methods chooses; "
+                        "transformers' prompt lookup then drafts its own default, 10); a comma list sweeps "
+                        "(e.g. auto,2,4)")
     parser.add_argument("--draft-confidence", type=float, default=0.0,
                         help="our draft method: stop drafting when the draft's top-1 probability is below this")
     parser.add_argument("--eagle-head", default=None, help="method eagle: a trained head's name or folder")
@@ -151,10 +153,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace, command: str = "") -> BenchSettings:
     try:
-        gammas = tuple(int(g) for g in _comma_list(args.gamma))
-    except ValueError:
-        raise SpecdraftError(f"--gamma takes integers separated by commas, got {args.gamma!r} (for gamma auto, "
-                             "give the method its own setting: prompt-lookup[gamma=auto])") from None
+        gammas = tuple(parse_gamma(g) for g in _comma_list(args.gamma))
+    except argparse.ArgumentTypeError:
+        raise SpecdraftError(f"--gamma takes draft lengths or auto separated by commas, got {args.gamma!r}") from None
+    if len(set(gammas)) != len(gammas):
+        raise SpecdraftError(f"--gamma lists a value twice: {args.gamma!r}")
     if not gammas:
         raise SpecdraftError("--gamma needs at least one value")
     methods = split_methods(args.methods)

@@ -19,24 +19,38 @@ from __future__ import annotations
 import json
 import sys
 from collections import defaultdict
+from itertools import zip_longest
 from pathlib import Path
 
-from ..draft_length import expected_tokens
+from ..draft_length import expected_tokens, expected_tokens_over_passes
 
 OVERALL = "overall"
+AUTO = "auto"  # a column whose passes chose their own draft lengths
 
 
 def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
-def predicted_tau(alpha: float | None, gamma: int | None) -> float | None:
+def predicted_tau(alpha: float | None, gamma: int | str | None, counted: list[dict]) -> float | None:
+    """The i.i.d. expectation at alpha: at the configured gamma, or for gamma "auto" averaged over the lengths the
+    passes drafted (pooled over the counted records); None for methods without a chain length (trees, ar)."""
     if alpha is None or not gamma:
         return None
+    if gamma == AUTO:
+        pooled = [sum(col) for col in zip_longest(*(r["drafted_per_position"] or [] for r in counted), fillvalue=0)]
+        return expected_tokens_over_passes(alpha, sum(r["target_passes"] for r in counted), pooled)
     return expected_tokens(alpha, gamma)
 
 
-def group_stats(records: list[dict], gamma: int | None) -> dict:
+def gamma_label(records: list[dict]) -> int | str | None:
+    """A column's gamma as reports show it: the number, "auto" when its passes chose their lengths, or None."""
+    if any((r.get("stats") or {}).get("gamma_auto") for r in records):
+        return AUTO
+    return records[0]["gamma"]
+
+
+def group_stats(records: list[dict], gamma: int | str | None) -> dict:
     per_prompt: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         per_prompt[r["question_id"]].append(r)
@@ -56,7 +70,7 @@ def group_stats(records: list[dict], gamma: int | None) -> dict:
         "mean_accepted": _ratio(accepted + passes, passes),
         "acceptance_rate": _ratio(accepted, sum(r["drafted"] for r in counted)),
         "alpha": alpha,
-        "predicted_tau": predicted_tau(alpha, gamma) if counted else None,
+        "predicted_tau": predicted_tau(alpha, gamma, counted) if counted else None,
         "identical_to_ar": _ratio(sum(flags), len(flags)),
         "identical_turns": f"{sum(flags)}/{len(flags)}" if flags else None,
         "first_divergence": sorted(r["first_divergence"] for r in records if r.get("identical_to_ar") is False),
@@ -84,7 +98,7 @@ def summarize(records: list[dict], info: dict) -> dict:
     methods: dict[str, dict] = {}
     for label in labels:
         mine = [r for r in records if r["label"] == label]
-        gamma = mine[0]["gamma"]
+        gamma = gamma_label(mine)
         # our loop reports its passes; a method without them (transformers) runs another forward implementation
         methods[label] = {"method": mine[0]["method"], "gamma": gamma,
                           "our_loop": any(r.get("target_passes") is not None for r in mine)}
@@ -120,7 +134,7 @@ def format_table(summary: dict) -> str:
                   "| identical to ar |", "|---" * 9 + "|"]
     for label, groups in res.items():
         o = groups[OVERALL]
-        lines.append(f"| {label} | {_fmt(summary['methods'][label]['gamma'], 'd')} | {_fmt(o['tokens_per_s'])} | "
+        lines.append(f"| {label} | {_fmt(summary['methods'][label]['gamma'], '')} | {_fmt(o['tokens_per_s'])} | "
                      f"{_fmt(o['speedup'], '.2f', 'x')} | {_fmt(o['mean_accepted'])} | {_fmt(o['predicted_tau'])} | "
                      f"{_fmt(o['acceptance_rate'])} | {_fmt(o['alpha'])} | {o['identical_turns'] or '-'} |")
     return "\n".join(lines)
@@ -161,14 +175,15 @@ def format_report(summary: dict, figures: list[str]) -> str:
         "competed for the cores).",
         f"Target `{s['target']}`, draft `{s['draft']}`, dtype {s['dtype']} (resolved: {s['dtype_resolved']}); "
         f"{'greedy' if s['temperature'] == 0 else 'temperature ' + str(s['temperature'])}, "
-        f"{s['max_new_tokens']} new tokens per turn, γ {', '.join(map(str, s['gammas']))}, "
+        f"{s['max_new_tokens']} new tokens per turn, γ {', '.join(AUTO if g is None else str(g) for g in s['gammas'])}, "
         f"{'chat template' if s['chat'] else 'raw prompts'}; our backend: target {_backend(summary, 'target')}, "
         f"draft {_backend(summary, 'draft')} (transformers' methods always run the model's own forward).",
         f"Command: `{s['command']}`", *_segments(summary), "",
         format_table(summary), "",
         "τ counts the tokens each target pass produced (accepted + 1); α = accepted / examined; predicted τ = "
-        "(1 − α^(γ+1)) / (1 − α) at the configured γ (prompt lookup drafts fewer than γ when nothing matches, "
-        "so its prediction is an upper bound). transformers' methods do not expose their passes (\"-\").", "",
+        "(1 − α^(γ+1)) / (1 − α) at the configured γ, or for γ auto averaged over the lengths the passes drafted "
+        "(prompt lookup drafts fewer than γ when nothing matches, so its prediction at a fixed γ is an upper "
+        "bound). transformers' methods do not expose their passes (\"-\").", "",
         "## Memory", "",
         f"- target weights {_gib(mem.get('target_weight_bytes'))}; draft weights "
         f"{_gib(mem.get('draft_weight_bytes'))}",
@@ -282,7 +297,8 @@ def write_figures(summary: dict, records: list[dict], out: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(6, 4.2))
         alphas = np.linspace(0, 0.999, 200)
         # a tree method has no gamma (its depth and budget shape it): no chain curve for it
-        for gamma in sorted({summary["methods"][label]["gamma"] for label in spec_labels} - {None}):
+        fixed = {summary["methods"][label]["gamma"] for label in spec_labels} - {None, AUTO}
+        for gamma in sorted(fixed):
             ax.plot(alphas, (1 - alphas ** (gamma + 1)) / (1 - alphas), linestyle="--", linewidth=1,
                     label=f"(1−α^(γ+1))/(1−α), γ={gamma}")
         for label in spec_labels:
@@ -304,7 +320,7 @@ def write_figures(summary: dict, records: list[dict], out: Path) -> list[str]:
     gammas = summary["settings"]["gammas"]
     swept = defaultdict(list)  # method -> [(gamma, label)]
     for label, m in summary["methods"].items():
-        if m["gamma"] is not None:
+        if isinstance(m["gamma"], int):  # an auto column has no place on the gamma axis
             swept[m["method"]].append((m["gamma"], label))
     if len(gammas) > 1 and swept:
         fig, (ax_speed, ax_tau) = plt.subplots(1, 2, figsize=(9, 3.8))

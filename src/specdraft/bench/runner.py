@@ -34,7 +34,7 @@ from ..engine import Engine
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel, load_model, set_threads, weight_bytes
 from ..models.native.kernels import startup_info as kernel_startup_info
-from .methods import BenchModels, GenerateTurn, Method, TurnOutput, get_method
+from .methods import HF_AUTO_GAMMA, BenchModels, GenerateTurn, Method, TurnOutput, get_method
 from .options import BenchSettings, parse_method
 from .suite import DEFAULT_PROMPTS, load_prompts
 
@@ -61,9 +61,6 @@ def check_methods(settings: BenchSettings) -> list[tuple[str, Method, dict]]:
     methods = []
     for text in settings.methods:
         name, overrides = parse_method(text)
-        if "gamma" in overrides and overrides["gamma"] is None and name not in SPEC_METHODS:
-            raise SpecdraftError(f"method {text!r}: gamma=auto is specdraft's own choice per pass; {name} takes a "
-                                 f"number of draft tokens")
         methods.append((text, get_method(name), overrides))
     if any(m.needs_draft for _, m, _ in methods) and not settings.draft:
         raise SpecdraftError(f"methods {', '.join(m.name for _, m, _ in methods if m.needs_draft)} need --draft")
@@ -73,14 +70,18 @@ def check_methods(settings: BenchSettings) -> list[tuple[str, Method, dict]]:
     return methods
 
 
-def variant_spec(settings: BenchSettings, method: Method, gamma: int, overrides: dict) -> SpecConfig:
+def variant_spec(settings: BenchSettings, method: Method, gamma: int | None, overrides: dict) -> SpecConfig:
     """The run-wide drafter settings with the method's own. A run-wide --lookup-first applies to the methods that
-    have a drafter to put prompt lookup in front of; the others keep their auto value (off)."""
+    have a drafter to put prompt lookup in front of; the others keep their auto value (off). Gamma auto on a
+    transformers method is transformers' own default length (it has no per-pass choice)."""
     fields = dict(method=method.name if method.name in SPEC_METHODS else "draft", gamma=gamma,
                   draft_confidence=settings.draft_confidence, eagle_head=settings.eagle_head, **tree_knobs(settings))
     if fields["method"] in NO_LOOKUP_FIRST:
         fields["lookup_first"] = None
-    return SpecConfig(**{**fields, **overrides})
+    fields.update(overrides)
+    if method.name not in SPEC_METHODS and fields["gamma"] is None:
+        fields["gamma"] = HF_AUTO_GAMMA
+    return SpecConfig(**fields)
 
 
 def plan_variants(settings: BenchSettings) -> list[tuple[str, Method, int | None, SpecConfig]]:
@@ -89,11 +90,11 @@ def plan_variants(settings: BenchSettings) -> list[tuple[str, Method, int | None
     sweep = len(settings.gammas) > 1
     plan = []
     for text, method, overrides in check_methods(settings):
-        gammas = settings.gammas if method.uses_gamma and "gamma" not in overrides else (None,)
-        for gamma in gammas:
-            spec = variant_spec(settings, method, gamma or settings.gammas[0], overrides)
-            label = f"{text}-g{gamma}" if sweep and gamma is not None else text
-            plan.append((label, method, gamma or overrides.get("gamma"), spec))
+        swept = method.uses_gamma and "gamma" not in overrides
+        for gamma in settings.gammas if swept else settings.gammas[:1]:
+            spec = variant_spec(settings, method, gamma, overrides)
+            label = f"{text}-g{'auto' if gamma is None else gamma}" if sweep and swept else text
+            plan.append((label, method, spec.gamma if method.uses_gamma else None, spec))
     return plan
 
 

@@ -15,7 +15,11 @@ class Drafter(Protocol):
     reads (indexing of Hugging Face's `output_hidden_states`); absent or () for drafters that read none.
     `features` below is then None; otherwise float32 [n, len(feature_layers), D], one row per target position
     the call reports, in sequence order. Optional member `draft_bytes: int`, the weight bytes one draft token
-    reads (absent: 0, a free draft like prompt lookup); gamma auto (draft_length.py) weighs draft lengths by it."""
+    reads (absent: 0, a free draft like prompt lookup); gamma auto (draft_length.py) weighs draft lengths by it.
+    A drafter with several sources (lookup first: a copy, or the wrapped drafter) may have `next_source(context_ids)
+    -> str | None`, naming the source of its next proposal from the context alone (None: the default one), and
+    `source_bytes: dict[str, int]`, the weight bytes of a draft token of the named sources; gamma auto then keeps
+    each source's acceptance and cost apart."""
 
     name: str
 

@@ -49,6 +49,16 @@ class LookupFirstDrafter:
         return getattr(self.inner, "draft_bytes", 0)
 
     @property
+    def source_bytes(self) -> dict[str, int]:
+        """Per source: a copy reads no weights (the wrapped drafter, the default source, reads draft_bytes)."""
+        return {LOOKUP_LABEL: 0}
+
+    def next_source(self, context_ids: list[int]) -> str | None:
+        """LOOKUP_LABEL when the next proposal copies (for a chain drafter: the copy alone), None when the wrapped
+        drafter proposes. A copy continues an earlier match whatever its length, so asking for one token tells."""
+        return LOOKUP_LABEL if find_continuation(context_ids, 1, self.max_ngram, self.min_ngram) else None
+
+    @property
     def lookup_first(self) -> int:  # for the statistics
         return self.min_ngram
 
