@@ -137,7 +137,8 @@ register(Method("hf-assisted", "transformers generate(assistant_model=draft), it
 # gamma auto for transformers' prompt lookup: its own default length (PromptLookupCandidateGenerator's
 # num_output_tokens); it has no per-pass choice of length
 HF_AUTO_GAMMA = 10
-register(Method("hf-prompt-lookup", "transformers generate(prompt_lookup_num_tokens=gamma; auto: 10, its default)",
+register(Method("hf-prompt-lookup",
+                f"transformers generate(prompt_lookup_num_tokens=gamma; auto: {HF_AUTO_GAMMA}, its default)",
                 lambda models, spec: _hf_generate(
                     models, lambda s: {"prompt_lookup_num_tokens": s.gamma,
                                        "max_matching_ngram_size": s.lookup_max_ngram}, spec),
