@@ -157,6 +157,35 @@ def test_package_kinds_keep_their_prompts_whatever_else_is_asked_for():
     assert build_prompts(5, seed=5, kinds=PROSE_KINDS) != prose
 
 
+def test_no_prose_subject_or_place_shares_a_topic_with_the_benchmark(tmp_path):
+    """The prose kinds' subjects and places are ours: none is named in the benchmark's prompts (that would train
+    the head on a benchmark topic; three subjects and a city were withdrawn for it). A chats file made before
+    keeps its conversations on withdrawn subjects, and the corpus leaves them out. Negative control: a withdrawn
+    name is found in the benchmark."""
+    import re
+
+    from specdraft.bench.suite import DEFAULT_PROMPTS, load_prompts
+    from specdraft.train import prose
+    from specdraft.train.chats import build_prompts, chat_docs
+
+    suite = " ".join(" ".join(p["turns"]) for p in load_prompts(DEFAULT_PROMPTS))
+
+    def named(phrase: str) -> bool:
+        phrase = re.sub(r"^(the|der|die|das|a|an) ", "", phrase, flags=re.IGNORECASE)
+        return re.search(r"\b" + re.escape(phrase) + r"\b", suite, re.IGNORECASE) is not None
+
+    listed = prose._SUBJECTS + prose._GERMAN_SUBJECTS + prose._PLACES
+    assert [s for s in listed if named(s)] == []
+    assert all(named(w) for w in prose.WITHDRAWN)  # the control: the check finds what it looks for
+    assert not any(prose.names_withdrawn(p.user) for p in build_prompts(100, kinds=prose.PROSE_KINDS))
+    path = tmp_path / "old.jsonl"
+    rows = [["user", "Write a paragraph about the Ottoman empire."], ["user", "Write a paragraph about the Alps."],
+            ["user", "Summarize: ... the vaccination campaign ..."], ["user", "Translate: Die Burg liegt hoch."]]
+    path.write_text("".join(json.dumps({"id": f"q{i}", "model": "m", "messages": [m, ["assistant", "a"]]}) + "\n"
+                            for i, m in enumerate(rows)))
+    assert sorted(d.messages[0][1] for d in chat_docs(str(path))) == sorted([rows[1][1], rows[3][1]])
+
+
 @pytest.mark.parametrize("kind, answer, accepted", [
     ("trivia", "Which river flows through the city of Varanasi?", True),
     ("trivia", "The Ganges flows through Varanasi.", False),

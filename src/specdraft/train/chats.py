@@ -37,7 +37,7 @@ import torch
 
 from ..errors import SpecdraftError
 from .eagle_data import TextDoc, candidate_docs
-from .prose import PROSE_KINDS, followup_accepts, prose_prompts
+from .prose import PROSE_KINDS, followup_accepts, names_withdrawn, prose_prompts
 
 # the first kinds, built from the pinned packages and a few generators (one seeded stream draws them all)
 PACKAGE_KINDS = ("chat", "translate", "summarize", "qa", "rag", "math", "code", "explain")
@@ -413,7 +413,8 @@ def generate(config: ChatsConfig, progress: bool = True) -> Path:
 
 
 def chat_docs(name_or_folder: str) -> list[TextDoc]:
-    """The conversations of a chats file as training documents, ranked by SHA-256 of their id."""
+    """The conversations of a chats file as training documents, ranked by SHA-256 of their id; a conversation
+    that names a subject withdrawn for overlapping the benchmark (prose.WITHDRAWN) is left out."""
     path = chats_file(name_or_folder)
     records = _read(path)
     if not records:
@@ -423,7 +424,8 @@ def chat_docs(name_or_folder: str) -> list[TextDoc]:
         return hashlib.sha256(f"{record['model']}:{base}".encode()).hexdigest(), turn
 
     return [TextDoc(f"chats:{r['model']}:{r['id']}", tuple((role, text) for role, text in r["messages"]))
-            for r in sorted(records, key=rank) if r["messages"][-1][1]]
+            for r in sorted(records, key=rank)
+            if r["messages"][-1][1] and not any(names_withdrawn(text) for _, text in r["messages"])]
 
 
 def corpus_docs(spec: str) -> list[TextDoc]:

@@ -32,8 +32,8 @@ _SUBJECTS = (
     "the Renaissance", "the periodic table", "the Panama Canal", "the Vikings", "tea cultivation", "the Alps",
     "the mechanical clock", "the Mongol empire", "the human heart", "the Nile delta", "the piano", "windmills",
     "the Industrial Revolution", "the Arctic fox", "porcelain", "the Hubble space telescope", "the Inca road "
-    "system", "vaccination", "the Black Sea", "the aqueducts of Rome", "the honeybee", "the Berlin Wall",
-    "the Galapagos islands", "the metric system", "the Ottoman empire", "the saxophone", "the tides", "glass "
+    "system", "the Black Sea", "the aqueducts of Rome", "the honeybee", "the Berlin Wall",
+    "the Galapagos islands", "the metric system", "the saxophone", "the tides", "glass "
     "making", "the Trans-Siberian Railway", "the Maya calendar", "the blue whale", "the Suez Canal",
     "the Hundred Years' War", "paper money", "the lighthouse of Alexandria", "the Rhine", "the microscope",
     "the Icelandic volcanoes", "the Olympic torch relay", "the Sistine Chapel", "the Eiffel Tower", "the olive "
@@ -52,7 +52,7 @@ _QUESTIONS = ("What is {s} known for?", "According to the passage, why is {s} im
               "What is one fact about {s} that the passage mentions?", "How did {s} change over time?")
 _PLACES = ("Lisbon", "Hamburg", "a small town in Wales", "Osaka", "Nairobi", "Montreal", "the Scottish Highlands",
            "Buenos Aires", "Krakow", "Perth", "a village in Norway", "Seoul", "Marseille", "Denver", "Cape Town",
-           "Helsinki", "Lyon", "Auckland", "Valencia", "Manchester", "Bergen", "Toronto", "Vienna", "Dublin")
+           "Helsinki", "Lyon", "Auckland", "Valencia", "Manchester", "Bergen", "Toronto", "Dublin")
 _EVENTS = ("a new bridge opens in {p}", "a storm floods streets in {p}", "the local football club of {p} wins "
            "its league", "a museum in {p} returns a stolen painting", "a hospital in {p} opens a new wing",
            "a power cut hits {p} for a day", "scientists in {p} find a rare fossil", "a marathon in {p} breaks its "
@@ -66,9 +66,15 @@ _GERMAN_SUBJECTS = (
     "die Nordsee", "das Mikroskop", "der Kölner Dom", "die Windmühle", "der Elbtunnel", "die Orgel",
     "das Porzellan", "der Wattenmeer-Nationalpark", "die Sonnenuhr", "der Igel", "die Hanse", "der Kompass",
     "die Eisenbahn", "das Brot", "der Föhn", "die Burg", "der Weinbau", "die Glocke", "der Fuchs", "die Donau",
-    "das Kochfeld", "die Schreibmaschine", "der Gletscher", "die Apfelsorte", "das Rathaus", "der Kuckuck",
+    "die Schreibmaschine", "der Gletscher", "die Apfelsorte", "das Rathaus", "der Kuckuck",
     "die Seilbahn", "der Marktplatz", "die Brücke", "das Segelboot", "der Bernstein", "die Mühle",
 )
+# Once on the lists above, withdrawn because the benchmark's prompts name them (data/bench/prompts.jsonl: a qa
+# question on the Ottoman empire, a summarization article on a vaccination campaign, a translation on a Kochfeld,
+# an article on a meeting in Vienna). Chats made before hold a few conversations on them; the chats corpus leaves out
+# every conversation that names one (`names_withdrawn`), so no training text shares a topic with the benchmark.
+WITHDRAWN = ("Ottoman empire", "vaccination", "Kochfeld", "Vienna")
+_WITHDRAWN_RE = re.compile(r"\b(" + "|".join(map(re.escape, WITHDRAWN)) + r")\b", re.IGNORECASE)
 _GERMAN_WORDS = frozenset("der die das und ist ein eine einer eines von mit zu den dem im des sich nicht auf wird "
                           "wurde für als auch sind oder bei aus nach wie zum zur durch".split())
 
@@ -103,6 +109,11 @@ def prose_prompts(per_kind: int, seed: int) -> dict[str, list[tuple[str, str, st
             f"Schreibe auf Deutsch zwei oder drei Sätze wie in einem Lexikon über {subject}{aspect}. Antworte nur "
             "mit dem Text.", "Translate the following German text into English.\n\n{answer}", True))
     return out
+
+
+def names_withdrawn(text: str) -> bool:
+    """Whether the text names a subject withdrawn from the lists for overlapping the benchmark (WITHDRAWN)."""
+    return _WITHDRAWN_RE.search(text) is not None
 
 
 def looks_german(text: str) -> bool:
