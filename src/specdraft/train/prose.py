@@ -12,6 +12,9 @@ the first exchange is dropped) that uses the first answer as its material:
   passage   write an encyclopedia paragraph            -> answer a question using that paragraph as the passage
   news      write a short news report on an event      -> summarize that report in one sentence
   german    write two or three German lexicon sentences -> translate them into English
+  article   write a longer news article (~300 words)    -> summarize it in one sentence, or answer a question
+                                                           over it (long inputs, as the suite's summarization
+                                                           and rag prompts have; session 11)
 
 A second turn runs only when its first answer passes the kind's check (`followup_accepts`): a question that
 ends in "?", a German text that reads as German, a passage long enough to be one.
@@ -22,7 +25,7 @@ from __future__ import annotations
 import random
 import re
 
-PROSE_KINDS = ("trivia", "passage", "news", "german")
+PROSE_KINDS = ("trivia", "passage", "news", "german", "article")
 
 _SUBJECTS = (
     "the Danube river", "the printing press", "the Great Barrier Reef", "photosynthesis", "the Silk Road",
@@ -60,6 +63,9 @@ _EVENTS = ("a new bridge opens in {p}", "a storm floods streets in {p}", "the lo
            "elephant", "a school in {p} bans mobile phones", "a fire damages a historic church in {p}",
            "a tram line in {p} is delayed by two years", "a festival in {p} draws a record crowd",
            "a heatwave in {p} breaks temperature records", "a library in {p} reopens after repairs")
+_ARTICLE_QUESTIONS = ("What happened in {p}, according to the passage?", "Who is quoted in the passage, and what "
+                      "did they say?", "What numbers does the passage report?", "What happens next, according to "
+                      "the passage?", "Why did this happen, according to the passage?")
 _GERMAN_SUBJECTS = (
     "die Dampfmaschine", "der Rhein", "das Fahrrad", "die Zugspitze", "der Buchdruck", "die Honigbiene",
     "der Bodensee", "die Straßenbahn", "das Klavier", "der Schwarzwald", "die Kartoffel", "der Leuchtturm",
@@ -108,6 +114,20 @@ def prose_prompts(per_kind: int, seed: int) -> dict[str, list[tuple[str, str, st
             "generator:german",
             f"Schreibe auf Deutsch zwei oder drei Sätze wie in einem Lexikon über {subject}{aspect}. Antworte nur "
             "mit dem Text.", "Translate the following German text into English.\n\n{answer}", True))
+    # kinds added later draw from streams of their own, so that the older kinds' prompts stay as they were
+    article_rng = random.Random(f"prose:article:{seed}")
+    for _ in range(per_kind):
+        place = article_rng.choice(_PLACES)
+        event = article_rng.choice(_EVENTS).format(p=place)
+        if article_rng.random() < 0.5:
+            followup = "Summarize the following news article in one sentence.\n\n{answer}"
+        else:
+            followup = ("Answer the question using the passage below.\n\nPassage: {answer}\n\nQuestion: "
+                        + article_rng.choice(_ARTICLE_QUESTIONS).format(p=place))
+        out["article"].append((
+            "generator:article",
+            f"Write a news article of about 300 words on this: {event}. Quote a local official or witness, and "
+            "give some numbers.", followup, True))
     return out
 
 
@@ -130,4 +150,6 @@ def followup_accepts(kind: str, first_answer: str) -> bool:
         return 60 <= len(text) <= 1200 and looks_german(text)
     if kind in ("passage", "news"):
         return 250 <= len(text) <= 2000
+    if kind == "article":
+        return 900 <= len(text) <= 3500
     return bool(text)
