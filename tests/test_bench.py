@@ -99,6 +99,16 @@ def test_summary_numbers_follow_from_records(bench_run):
                     assert stats["acceptance_rate"] == pytest.approx(accepted / sum(r["drafted"] for r in mine))
             else:
                 assert stats["mean_accepted"] is None
+            # decode-only speed: our loop times its prefill; transformers' methods have none to leave out
+            if mine[0]["time_prefill_s"] is not None:
+                ours = [dict(r, wall_s=r["wall_s"] - r["time_prefill_s"]) for r in mine]
+                ar = [dict(r, wall_s=r["wall_s"] - r["time_prefill_s"]) for r in records
+                      if r["label"] == "ar" and category in ("overall", r["category"])]
+                assert stats["decode_tokens_per_s"] == pytest.approx(speed(ours))
+                assert stats["decode_speedup"] == pytest.approx(speed(ours) / speed(ar))
+                assert stats["decode_tokens_per_s"] > stats["tokens_per_s"]
+            else:
+                assert stats["decode_tokens_per_s"] is None and stats["decode_speedup"] is None
 
 
 def test_greedy_fp32_outputs_equal_ar_for_every_method(bench_run):

@@ -56,6 +56,11 @@ def group_stats(records: list[dict], gamma: int | str | None) -> dict:
         per_prompt[r["question_id"]].append(r)
     speeds = [_ratio(sum(r["new_tokens"] for r in rs), sum(r["wall_s"] for r in rs)) or 0.0
               for rs in per_prompt.values()]
+    # the same without the prompt's prefill, for our loop (which times it): at temperature 1 each method's answer
+    # is another sample, and a long prompt's prefill over a short answer would otherwise dominate its speed
+    timed = all(r.get("time_prefill_s") is not None for r in records)
+    decode_speeds = [_ratio(sum(r["new_tokens"] for r in rs), sum(r["wall_s"] - r["time_prefill_s"] for r in rs))
+                     or 0.0 for rs in per_prompt.values()] if timed else []
     counted = [r for r in records if r.get("target_passes")]
     passes = sum(r["target_passes"] for r in counted)
     accepted = sum(r["accepted"] for r in counted)
@@ -66,6 +71,8 @@ def group_stats(records: list[dict], gamma: int | str | None) -> dict:
         "new_tokens": sum(r["new_tokens"] for r in records), "wall_s": sum(r["wall_s"] for r in records),
         "tokens_per_s": sum(speeds) / len(speeds),
         "speedup": None,  # filled in against the baseline
+        "decode_tokens_per_s": sum(decode_speeds) / len(decode_speeds) if timed else None,
+        "decode_speedup": None,  # filled in against our ar
         "target_passes": passes or None,
         "mean_accepted": _ratio(accepted + passes, passes),
         "acceptance_rate": _ratio(accepted, sum(r["drafted"] for r in counted)),
@@ -108,6 +115,11 @@ def summarize(records: list[dict], info: dict) -> dict:
         for label in labels:
             for group, stats in results[label].items():
                 stats["speedup"] = _ratio(stats["tokens_per_s"], results[baseline][group]["tokens_per_s"])
+    if "ar" in labels:
+        for label in labels:
+            for group, stats in results[label].items():
+                ours, base = stats["decode_tokens_per_s"], results["ar"][group]["decode_tokens_per_s"]
+                stats["decode_speedup"] = _ratio(ours, base) if ours is not None and base is not None else None
     return {**info, "baseline": baseline, "categories": categories, "methods": methods, "results": results}
 
 
@@ -126,6 +138,13 @@ def format_table(summary: dict) -> str:
     for label, groups in res.items():
         lines.append(f"| {label} | " + " | ".join(_fmt(groups[c]["speedup"], ".2f", "x") for c in cats + [OVERALL])
                      + " |")
+    if any(groups[OVERALL]["decode_speedup"] is not None for groups in res.values()):
+        lines += ["", "Decode-only speedup against `ar` (each turn's prefill left out; our methods only):", "",
+                  "| method | " + " | ".join(cats) + f" | {OVERALL} |", "|---" * (len(cats) + 2) + "|"]
+        for label, groups in res.items():
+            if groups[OVERALL]["decode_speedup"] is not None:
+                lines.append(f"| {label} | " + " | ".join(_fmt(groups[c]["decode_speedup"], ".2f", "x")
+                                                       for c in cats + [OVERALL]) + " |")
     lines += ["", "Tokens per second:", "", "| method | " + " | ".join(cats) + f" | {OVERALL} |",
               "|---" * (len(cats) + 2) + "|"]
     for label, groups in res.items():
