@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .config import TrainConfig
+from .prose import PROSE_KINDS
 
 
 def add_train_arguments(parser) -> None:
@@ -97,5 +98,5 @@ def add_chats_arguments(sub) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--kinds", type=_kinds, default=d.kinds,
                    help=f"comma-separated prompt kinds (default all: {','.join(d.kinds)}); the prose kinds "
-                   "(trivia, passage, news, german) need no package scan, so they start at once")
+                   f"({', '.join(PROSE_KINDS)}) need no package scan, so they start at once")
     p.add_argument("--threads", type=int, default=None)
