@@ -20,7 +20,7 @@ def add_train_arguments(parser) -> None:
                        "suffixed by the corpus); several joined by + train on all of them, collected already")
     eagle.add_argument("--collect-only", action="store_true", help="collect the features, do not train")
     eagle.add_argument("--tokens", type=int, default=60_000, help="tokens of training text to collect "
-                       "(60k with --epochs 1.5: about 30 min on a quiet 2-core AVX2 machine, docs/eagle.md)")
+                       "(60k with the default 3 epochs: about 40 min on a quiet 2-core AVX2 machine, docs/eagle.md)")
     eagle.add_argument("--max-len", type=int, default=512, help="tokens per collected sequence")
     eagle.add_argument("--corpus", default="packages", help="training text: packages (the pinned packages' "
                        "modules and descriptions), chats:NAME (made by `specdraft train chats`), or both joined by +")
