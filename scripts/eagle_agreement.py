@@ -14,6 +14,9 @@ the loop is consistent and the head itself is what limits acceptance.
 
 does the same over a chats file's answers (`specdraft train chats`): comparing chats answered by the 0.5B with
 the same prompts answered by the 1.5B tells whether the head is weak on the target's own text.
+
+Step-1 answer agreement is also split by whether lookup first (its default: n-grams of 2-3 tokens) would copy
+at that position: the engine asks the head only where it would not, so that part is the one that shows online.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import torch
 
 from specdraft import load_model
 from specdraft.bench.runner import Conversation
+from specdraft.config import AUTO_LOOKUP_FIRST, SpecConfig
+from specdraft.drafters.prompt_lookup import find_continuation
 from specdraft.models.adapter import set_threads
 from specdraft.models.eagle_head import load_head
 from specdraft.train.chats import chats_file
@@ -42,7 +47,7 @@ def agreement(target, head, prompt_ids: list[int], answer_ids: list[int], steps:
         state = target.new_state(feature_layers=tuple(head.config.target_layers))
         greedy = state.forward(ids, len(ids)).argmax(-1)  # [T]: the target's token after each position
         guesses = ttt_logits(head, torch.tensor(ids), state.features, steps)
-    answer_hits, answer_rows, prompt = [], [], (0.0, 0)
+    answer_hits, answer_rows, prompt, split = [], [], (0.0, 0), {True: [0.0, 0], False: [0.0, 0]}
     for j, logits in enumerate(guesses, start=1):
         # row a: the head's guess for the token after position a + j, the target's is greedy[a + j]
         hit = (head.d2t[logits.argmax(-1)] == greedy[j: j + logits.shape[0]]).float()  # [T - j]
@@ -51,7 +56,11 @@ def agreement(target, head, prompt_ids: list[int], answer_ids: list[int], steps:
         answer_rows.append(len(hit) - in_prompt)
         if j == 1:
             prompt = (float(hit[:in_prompt].sum()), in_prompt)
-    return answer_hits, answer_rows, prompt
+            for row in range(in_prompt, len(hit)):  # the engine's context then ends at position row + 1
+                copies = bool(find_continuation(ids[: row + 2], 1, SpecConfig.lookup_max_ngram, AUTO_LOOKUP_FIRST))
+                split[copies][0] += float(hit[row])
+                split[copies][1] += 1
+    return answer_hits, answer_rows, prompt, split
 
 
 def bench_turns(args, target):
@@ -103,8 +112,13 @@ def main() -> int:
     turns = bench_turns(args, target) if args.bench else chats_turns(args, target)
     totals, rows, prompt_total = [0.0] * args.steps, [0] * args.steps, [0.0, 0]
     by_kind: dict[str, list[float]] = {}
+    by_copy = {True: [0.0, 0], False: [0.0, 0]}
     for kind, prompt_ids, answer_ids, note in turns:
-        hits, counts, (prompt_hits, prompt_rows) = agreement(target, head, prompt_ids, answer_ids, args.steps)
+        hits, counts, (prompt_hits, prompt_rows), split = agreement(target, head, prompt_ids, answer_ids,
+                                                                    args.steps)
+        for copies, (h, n) in split.items():
+            by_copy[copies][0] += h
+            by_copy[copies][1] += n
         for j in range(args.steps):
             totals[j] += hits[j]
             rows[j] += counts[j]
@@ -118,6 +132,9 @@ def main() -> int:
               f"answer agreement per step {per_step}  {note}", flush=True)
     print(f"prompt positions, step 1: {prompt_total[0] / max(1, prompt_total[1]):.3f}")
     print("answer positions per step: " + ", ".join(f"{h / max(1, n):.3f}" for h, n in zip(totals, rows)))
+    print("answer positions, step 1, where lookup first would not copy (the head drafts): "
+          f"{by_copy[False][0] / max(1, by_copy[False][1]):.3f} ({by_copy[False][1]}); where it would copy: "
+          f"{by_copy[True][0] / max(1, by_copy[True][1]):.3f} ({by_copy[True][1]})")
     print("answer positions, step 1, per kind: " + ", ".join(f"{k} {h / max(1, n):.2f} ({n})"
                                                              for k, (h, n) in sorted(by_kind.items())))
     return 0
