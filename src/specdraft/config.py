@@ -59,9 +59,9 @@ class SpecConfig:
 
     method: str = "draft"
     # None is auto: each pass of a chain method chooses its length (see AUTO_GAMMA_MAX); tree methods ignore
-    # gamma. Auto is the default since session 11: greedy it beat gamma 2 for prompt lookup, the 0.5B draft and the
-    # EAGLE head on two prompt sets (1.26 -> 1.38x, 1.31 -> 1.38x, ...), at temperature 1 it tied gamma 2 for the
-    # draft (docs/performance.md, "Draft length per pass"). A fixed gamma costs (gamma * c + T(gamma + 1)) per pass.
+    # gamma. Auto is the default since session 11: greedy it beat gamma 2 in three runs for prompt lookup and the
+    # 0.5B draft (1.05-1.10x); at temperature 1 two 16-turn runs are inconclusive (-7 % to +1 %, sampling noise;
+    # docs/performance.md, "Draft length per pass").
     gamma: int | None = None
     # model drafter: stop drafting early once the draft's top-1 probability falls below this (0 disables).
     # Lossless: the draft length depends only on the draft's own distribution.
