@@ -42,6 +42,9 @@ class LookupFirstDrafter:
         self.name = f"{inner.name}+lookup"
         self.feature_layers = getattr(inner, "feature_layers", ())  # the engine taps these for the inner drafter
         self.backend = getattr(inner, "backend", "")
+        # next_source's search, for propose to reuse on the same context: (context length, the whole continuation
+        # of the match; a copy of k tokens is its first k, since the match does not depend on k)
+        self._found: tuple[int, list[int]] | None = None
 
     @property
     def draft_bytes(self) -> int:
@@ -56,7 +59,13 @@ class LookupFirstDrafter:
     def next_source(self, context_ids: list[int]) -> str | None:
         """LOOKUP_LABEL when the next proposal copies (for a chain drafter: the copy alone), None when the wrapped
         drafter proposes. A copy continues an earlier match whatever its length, so asking for one token tells."""
-        return LOOKUP_LABEL if find_continuation(context_ids, 1, self.max_ngram, self.min_ngram) else None
+        return LOOKUP_LABEL if self._continuation(context_ids) else None
+
+    def _continuation(self, context_ids: list[int]) -> list[int]:
+        if self._found is None or self._found[0] != len(context_ids):
+            found = find_continuation(context_ids, len(context_ids), self.max_ngram, self.min_ngram)
+            self._found = (len(context_ids), found)
+        return self._found[1]
 
     @property
     def lookup_first(self) -> int:  # for the statistics
@@ -67,11 +76,12 @@ class LookupFirstDrafter:
         return getattr(self.inner, "vocab_rows", 0)
 
     def begin(self, prompt_ids: list[int], features: torch.Tensor | None = None) -> None:
+        self._found = None
         self.inner.begin(prompt_ids, features)
 
     def propose(self, context_ids: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Draft:
-        copied = find_continuation(context_ids, k, self.max_ngram, self.min_ngram) if k else []
+        copied = self._continuation(context_ids)[:k] if k else []
         copy = Draft(torch.tensor(copied, dtype=torch.long), labels=[LOOKUP_LABEL] * len(copied))
         tree_budget = getattr(self.inner, "budget", None)
         if copied and tree_budget is None:
@@ -84,6 +94,7 @@ class LookupFirstDrafter:
         return with_copy_branch(copy, draft, tree_budget) if draft.draft_probs is None else copy
 
     def on_accept(self, context_ids: list[int], features: torch.Tensor | None = None) -> None:
+        self._found = None
         self.inner.on_accept(context_ids, features)
 
 
