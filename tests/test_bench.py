@@ -291,6 +291,22 @@ def test_per_label_tallies_of_labelled_drafts_reach_the_summary_and_report():
     assert lines[2] == "- sorted: exit 8: 1/4 accepted (0.25); exit 24: 2/2 accepted (1.00)"
 
 
+def test_per_source_step_tallies_reach_the_summary_and_report():
+    from specdraft.bench.report import step_section, step_tallies
+
+    records = [{"stats": {"steps_by_source": {"lookup": {"reached": [4, 3], "kept": [3, 1]},
+                                              "drafter": {"reached": [5], "kept": [2]}}}},
+               {"stats": {"steps_by_source": {"drafter": {"reached": [2, 1, 1], "kept": [1, 1, 0]}}}}, {"stats": None}]
+    tallies = step_tallies(records)
+    assert tallies == {"lookup": {"reached": [4, 3], "kept": [3, 1]},
+                       "drafter": {"reached": [7, 1, 1], "kept": [3, 1, 0]}}
+    assert step_tallies([{"stats": {"drafted": 3}}]) is None
+    lines = step_section({"results": {"eagle": {"overall": {"steps_by_source": tallies}}, "ar": {"overall": {}}}})
+    assert "| eagle | drafter | 3/7 (0.43) | 1/1 (1.00) | 0/1 (0.00) | - |" in lines
+    assert "| eagle | lookup | 3/4 (0.75) | 1/3 (0.33) | - | - |" in lines
+    assert step_section({"results": {"ar": {"overall": {}}}}) == []
+
+
 def test_an_interrupted_run_resumes_where_it_stopped_and_refuses_other_settings(tiny_models, tiny_dirs, tmp_path):
     """A killed run (whole prompts written, one cut off mid-write) continues with --resume: kept records stay as
     they were, the cut-off prompt runs again whole, and the result equals an uninterrupted run's."""

@@ -19,6 +19,7 @@ from specdraft.config import AUTO_GAMMA_MAX
 from specdraft.draft_length import AdaptiveLength, FixedLength, best_length, expected_tokens
 from specdraft.drafters import ModelDrafter, PromptLookupDrafter
 from specdraft.drafters.lookup_first import LOOKUP_LABEL, LookupFirstDrafter
+from specdraft.types import DRAFTER_SOURCE, SpecStats
 from specdraft.knobs import parse_gamma
 from specdraft.types import SpecStats
 
@@ -96,13 +97,30 @@ def test_lookup_first_names_the_source_of_its_next_proposal(tiny_models):
     assert drafter.next_source(ar.encode("j. ihg", chat=False)) is None
     engine = Engine(target, drafter, SpecConfig("draft", None))
     assert engine.source_costs == {LOOKUP_LABEL: 0.0} and engine.draft_cost > 0
-    sources = set()
+    sources, step_sources = set(), set()
     for prompt in ["abc ab", "dead beef cafe. dead be", "j. ihg"]:
         ids = ar.encode(prompt, chat=False)
         got = engine.generate(ids, params)
         assert got.token_ids == ar.generate(ids, params).token_ids, prompt
         sources |= set(got.stats.drafted_by)
+        # the per-source step tallies account for every accepted token, and first steps for every drafting pass
+        steps = got.stats.steps_by_source
+        assert sum(sum(s["kept"]) for s in steps.values()) == got.stats.accepted
+        assert sum(s["reached"][0] for s in steps.values()) == sum(got.stats.drafted_per_position[:1])
+        assert steps.get(LOOKUP_LABEL, {}).get("kept", [0])[0] <= got.stats.accepted_by.get(LOOKUP_LABEL, 0)
+        step_sources |= set(steps)
     assert sources == {LOOKUP_LABEL, drafter.inner.name}
+    assert step_sources == {LOOKUP_LABEL, DRAFTER_SOURCE}
+
+
+def test_steps_by_source_counts_reached_and_kept_steps():
+    stats = SpecStats()
+    stats.record_steps("lookup", 5, 2)  # kept steps 1-2, rejected step 3: steps 4-5 never examined
+    stats.record_steps("lookup", 2, 2)  # kept both
+    stats.record_steps(DRAFTER_SOURCE, 3, 0)  # rejected step 1
+    assert stats.steps_by_source == {"lookup": {"reached": [2, 2, 1], "kept": [2, 2, 0]},
+                                     DRAFTER_SOURCE: {"reached": [1], "kept": [0]}}
+    assert SpecStats().to_dict()["steps_by_source"] == {}
 
 
 def test_gamma_auto_is_a_chain_setting():

@@ -22,7 +22,7 @@ from .draft_length import AdaptiveLength, DraftLength, FixedLength
 from .drafters.base import Drafter, NoDrafter
 from .errors import SpecdraftError
 from .models.adapter import LoadedModel, weight_bytes
-from .types import Acceptance, GenerationResult, SpecStats
+from .types import DRAFTER_SOURCE, Acceptance, GenerationResult, SpecStats
 
 
 # (draft_ids [k], draft_probs [k, V] | None, target_probs [k + 1, V], generator) -> Acceptance
@@ -83,6 +83,8 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
         stats.time_draft_s += t1 - t0
         stats.time_verify_s += t2 - t1
         stats.record(draft.k, result.n_accepted, None if draft.parents is None else draft.depth)
+        if draft.k and draft.parents is None:
+            stats.record_steps(source or DRAFTER_SOURCE, draft.k, result.n_accepted)
         draft_length.observe(draft.k, result.n_accepted, source)
         stats.record_labels(draft.labels, result.accepted_nodes)
         budget -= len(result.tokens)

@@ -8,6 +8,8 @@ import torch
 
 from .draft_length import expected_tokens, expected_tokens_over_passes
 
+DRAFTER_SOURCE = "drafter"  # SpecStats.steps_by_source's key for the drafter's own guesses (no `next_source`)
+
 
 @dataclass
 class Draft:
@@ -118,6 +120,10 @@ class SpecStats:
     tree_accepted: int = 0  # accepted path lengths in those passes
     drafted_by: dict[str, int] = field(default_factory=dict)  # draft tokens per Draft label (e.g. a sorted exit)
     accepted_by: dict[str, int] = field(default_factory=dict)  # accepted draft tokens per label
+    # chain passes per source (DRAFTER_SOURCE, or the drafter's `next_source`, e.g. "lookup" for a copy):
+    # "reached"[i] counts passes that drafted step i + 1 with every earlier step kept, "kept"[i] those that kept
+    # it too; kept / reached is the acceptance at a step given the ones before it (offline agreement's twin)
+    steps_by_source: dict[str, dict[str, list[int]]] = field(default_factory=dict)
     time_draft_s: float = 0.0
     time_verify_s: float = 0.0
     time_prefill_s: float = 0.0
@@ -143,6 +149,16 @@ class SpecStats:
         for i in range(depth):
             self.drafted_per_position[i] += 1
             self.accepted_per_position[i] += int(i < n_accepted)
+
+    def record_steps(self, source: str, draft_len: int, n_accepted: int) -> None:
+        """One chain pass of `source`: draft_len tokens drafted, the first n_accepted of them kept."""
+        steps = self.steps_by_source.setdefault(source, {"reached": [], "kept": []})
+        reached = min(draft_len, n_accepted + 1)
+        for name in ("reached", "kept"):
+            steps[name] += [0] * (reached - len(steps[name]))
+        for i in range(reached):
+            steps["reached"][i] += 1
+            steps["kept"][i] += int(i < n_accepted)
 
     def record_labels(self, labels: list[str] | None, accepted_nodes: list[int]) -> None:
         """Tally a labelled draft: every node under its label, the accepted ones under accepted_by."""

@@ -82,6 +82,7 @@ def group_stats(records: list[dict], gamma: int | str | None) -> dict:
         "identical_turns": f"{sum(flags)}/{len(flags)}" if flags else None,
         "first_divergence": sorted(r["first_divergence"] for r in records if r.get("identical_to_ar") is False),
         "by_label": label_tallies(records),
+        "steps_by_source": step_tallies(records),
     }
 
 
@@ -95,6 +96,20 @@ def label_tallies(records: list[dict]) -> dict | None:
         for label, n in ((r.get("stats") or {}).get("accepted_by") or {}).items():
             accepted[label] += n
     return {label: {"drafted": n, "accepted": accepted.get(label, 0)} for label, n in drafted.items()} or None
+
+
+def step_tallies(records: list[dict]) -> dict | None:
+    """Chain passes per draft source (the drafter's guesses, lookup-first copies), summed: per draft step, the
+    passes that reached it (every earlier step kept) and those that kept it (SpecStats.steps_by_source)."""
+    sums: dict[str, dict[str, list[int]]] = {}
+    for r in records:
+        for source, steps in ((r.get("stats") or {}).get("steps_by_source") or {}).items():
+            into = sums.setdefault(source, {"reached": [], "kept": []})
+            for name in ("reached", "kept"):
+                into[name] += [0] * (len(steps[name]) - len(into[name]))
+                for i, n in enumerate(steps[name]):
+                    into[name][i] += n
+    return sums or None
 
 
 def summarize(records: list[dict], info: dict) -> dict:
@@ -214,6 +229,7 @@ def format_report(summary: dict, figures: list[str]) -> str:
         f"- peak resident memory of the process {_gib(mem.get('peak_rss_bytes'))}", "",
     ]
     lines += label_section(summary)
+    lines += step_section(summary)
     lines += startup_section(summary.get("startup"))
     lines += divergence_section(summary)
     lines += [f"![{Path(f).stem}]({f})" for f in figures]
@@ -231,6 +247,28 @@ def label_section(summary: dict) -> list[str]:
                  for name, t in sorted(tallies.items(), key=lambda kv: (len(kv[0]), kv[0])) if t["drafted"]]
         lines.append(f"- {label}: " + "; ".join(parts))
     return (["## Drafted and accepted per draft label", ""] + lines + [""]) if lines else []
+
+
+STEPS_SHOWN = 4  # draft steps the per-source table shows (later ones are rarely reached)
+
+
+def step_section(summary: dict) -> list[str]:
+    """Per method and draft source, the acceptance at each draft step given the steps before it: the online twin
+    of a head's offline agreement (scripts/eagle_agreement.py), comparable step by step."""
+    lines = []
+    for label, groups in summary["results"].items():
+        for source, steps in sorted((groups[OVERALL].get("steps_by_source") or {}).items()):
+            cells = [f"{k}/{r} ({k / r:.2f})" if r else "-"
+                     for r, k in zip(steps["reached"][:STEPS_SHOWN], steps["kept"][:STEPS_SHOWN])]
+            cells += ["-"] * (STEPS_SHOWN - len(cells))
+            lines.append(f"| {label} | {source} | " + " | ".join(cells) + " |")
+    if not lines:
+        return []
+    header = "| method | source | " + " | ".join(f"step {i + 1}" for i in range(STEPS_SHOWN)) + " |"
+    return ["## Acceptance per draft step and source (chains)", "",
+            "Kept / reached: a pass reaches step i when it drafted it and kept every step before it. `lookup` is a "
+            "lookup-first copy, `drafter` the drafter's own guess.", "",
+            header, "|---" * (STEPS_SHOWN + 2) + "|", *lines, ""]
 
 
 def startup_section(startup: dict | None) -> list[str]:
