@@ -17,6 +17,8 @@ the same prompts answered by the 1.5B tells whether the head is weak on the targ
 
 Step-1 answer agreement is also split by whether lookup first (its default: n-grams of 2-3 tokens) would copy
 at that position: the engine asks the head only where it would not, so that part is the one that shows online.
+With `--bench`, runs recorded since session 12 also give the engine's own acceptance of the head's drafts per
+step (given the steps before it) on the same first turns, to set beside it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from specdraft.models.adapter import set_threads
 from specdraft.models.eagle_head import load_head
 from specdraft.train.chats import chats_file
 from specdraft.train.eagle_train import ttt_logits
+from specdraft.types import DRAFTER_SOURCE
 
 PROMPTS = Path(__file__).resolve().parents[1] / "data" / "bench" / "prompts.jsonl"
 
@@ -61,6 +64,24 @@ def agreement(target, head, prompt_ids: list[int], answer_ids: list[int], steps:
                 split[copies][0] += float(hit[row])
                 split[copies][1] += 1
     return answer_hits, answer_rows, prompt, split
+
+
+def online_steps(args) -> str:
+    """The engine's own per-step acceptance of the drafter's guesses (SpecStats.steps_by_source, records from
+    session 12 on) over the `--label` records' first turns: the online twin of the split below."""
+    records = [json.loads(line) for line in (Path(args.bench) / "records.jsonl").read_text().splitlines()]
+    reached, kept = [0] * args.steps, [0] * args.steps
+    for record in records:
+        if record["label"] != args.label or record["turn"] != 0:
+            continue
+        steps = ((record.get("stats") or {}).get("steps_by_source") or {}).get(DRAFTER_SOURCE)
+        for i in range(min(args.steps, len((steps or {}).get("reached", [])))):
+            reached[i] += steps["reached"][i]
+            kept[i] += steps["kept"][i]
+    if not reached[0]:
+        return f"online ({args.label}): no per-step tallies in these records"
+    return (f"online ({args.label}, first turns), the head's own drafts, acceptance per step given the steps "
+            "before it: " + ", ".join(f"{k / r:.3f} ({k}/{r})" if r else "-" for k, r in zip(kept, reached)))
 
 
 def bench_turns(args, target):
@@ -135,6 +156,8 @@ def main() -> int:
     print("answer positions, step 1, where lookup first would not copy (the head drafts): "
           f"{by_copy[False][0] / max(1, by_copy[False][1]):.3f} ({by_copy[False][1]}); where it would copy: "
           f"{by_copy[True][0] / max(1, by_copy[True][1]):.3f} ({by_copy[True][1]})")
+    if args.bench:
+        print(online_steps(args))
     print("answer positions, step 1, per kind: " + ", ".join(f"{k} {h / max(1, n):.2f} ({n})"
                                                              for k, (h, n) in sorted(by_kind.items())))
     return 0
