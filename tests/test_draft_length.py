@@ -16,12 +16,12 @@ from specdraft.bench.report import gamma_label
 from specdraft.bench.report import predicted_tau as report_predicted_tau
 from specdraft.bench.runner import plan_variants
 from specdraft.config import AUTO_GAMMA_MAX
-from specdraft.draft_length import AdaptiveLength, FixedLength, best_length, expected_tokens
+from specdraft.draft_length import (EXTRAPOLATED_SPANS, AdaptiveLength, FixedLength, VerifyCurve, best_length,
+                                    expected_tokens)
 from specdraft.drafters import ModelDrafter, PromptLookupDrafter
 from specdraft.drafters.lookup_first import LOOKUP_LABEL, LookupFirstDrafter
-from specdraft.types import DRAFTER_SOURCE, SpecStats
 from specdraft.knobs import parse_gamma
-from specdraft.types import SpecStats
+from specdraft.types import DRAFTER_SOURCE, SpecStats
 
 FLAT = (1.0,) * 9  # a pass over 9 tokens costs what a pass over 1 does
 STEEP = tuple(1.0 + 0.5 * n for n in range(9))  # every extra token costs half a pass
@@ -49,7 +49,7 @@ def test_best_length_weighs_acceptance_against_cost(alpha, curve, draft_cost, ex
 
 
 def test_the_policy_lengthens_after_acceptances_and_shortens_after_rejections():
-    policy = AdaptiveLength(tuple(1.0 + 0.1 * n for n in range(7)), draft_cost=0.0)  # T(n) grows 10 % a token
+    policy = AdaptiveLength(VerifyCurve.flat(1.0 + 0.1 * n for n in range(7)), draft_cost=0.0)  # T(n) grows 10 % a token
     assert policy.most == 6
     start = policy.next()
     for _ in range(6):  # every draft token kept
@@ -65,10 +65,31 @@ def test_the_policy_lengthens_after_acceptances_and_shortens_after_rejections():
     assert FixedLength(3).next() == FixedLength(3).most == 3
 
 
+def test_the_curve_follows_the_context_length():
+    """Linear in the context between the two measured curves, the short one below the short context, capped
+    extrapolation past the long one, never falling with n (a noisy long curve cannot make longer passes cheaper)."""
+    curve = VerifyCurve(short=(1.0, 1.0, 1.1), long=(1.0, 1.4, 1.3), short_context=64, long_context=512)
+    assert curve.at(0) == curve.at(64) == (1.0, 1.0, 1.1)
+    assert curve.at(288) == pytest.approx((1.0, 1.2, 1.2))  # halfway; n = 3 kept at n = 2's cost
+    assert curve.at(512) == pytest.approx((1.0, 1.4, 1.4))
+    far = 64 + EXTRAPOLATED_SPANS * 448
+    assert curve.at(int(far)) == pytest.approx((1.0, 1.0 + 0.4 * EXTRAPOLATED_SPANS, 1.0 + 0.4 * EXTRAPOLATED_SPANS))
+    assert curve.at(10 * int(far)) == curve.at(int(far))
+    assert VerifyCurve(short=(1.0, 1.2), long=(1.0, 1.1)).at(4000) == (1.0, 1.2)  # never below the short curve
+
+
+def test_a_long_context_shortens_the_draft():
+    """The same acceptance after a short and after a long context: extra rows cost more after a long one."""
+    policy = AdaptiveLength(VerifyCurve(short=FLAT, long=STEEP), draft_cost=0.0)
+    assert policy.next(None, 64) == policy.most
+    assert policy.next(None, 512) == 1
+    assert 1 <= policy.next(None, 120) <= policy.most
+
+
 def test_the_policy_keeps_each_sources_acceptance_and_cost_apart():
     """Lookup first: copies (free, mostly kept) get long drafts while the model's guesses (costly, mostly
     rejected) get short ones in the same request; a source never seen starts from the prior."""
-    curve = tuple(1.0 + 0.02 * n for n in range(9))  # nearly flat up to 9 tokens
+    curve = VerifyCurve.flat(1.0 + 0.02 * n for n in range(9))  # nearly flat up to 9 tokens
     policy = AdaptiveLength(curve, draft_cost=0.3, source_costs={"lookup": 0.0})
     fresh = AdaptiveLength(curve, draft_cost=0.3, source_costs={"lookup": 0.0})
     assert policy.next("lookup") > policy.next(None)  # the same prior, but a copy costs nothing
@@ -136,24 +157,33 @@ def test_the_curve_is_measured_once_and_kept_per_machine_setting(tiny_models, mo
 
     target = tiny_models["target"]
     curve = vc.verify_curve(target, 5)
-    assert len(curve) == 5 and curve[0] == 1.0 and list(curve) == sorted(curve)
+    # the tiny model has 512 positions: the long context leaves room for the timed passes
+    assert (curve.short_context, curve.long_context) == (vc.PREFIX_TOKENS, 512 - 4 * 5 - 8)
+    for relative in (curve.short, curve.long):
+        assert len(relative) == 5 and relative[0] == 1.0 and list(relative) == sorted(relative)
     monkeypatch.setattr(vc, "measure", lambda *a: pytest.fail("measured again instead of reading the cache"))
     assert vc.verify_curve(target, 5) == curve
     measured = []
-    monkeypatch.setattr(vc, "measure", lambda t, n: measured.append(n) or (1.0,) * n)
+    ones = vc.VerifyCurve((1.0,) * 5, (1.0,) * 5, curve.short_context, curve.long_context)
+    monkeypatch.setattr(vc, "measure", lambda t, n, prefix: measured.append((n, prefix)) or (1.0,) * n)
     previous = torch.get_num_threads()
     torch.set_num_threads(previous + 1)  # another thread count is another machine setting
     try:
-        assert vc.verify_curve(target, 5) == (1.0,) * 5 and measured == [5]
+        assert vc.verify_curve(target, 5) == ones
+        assert measured == [(5, curve.short_context), (5, curve.long_context)]
     finally:
         torch.set_num_threads(previous)
-    path = next(p for p in vc.curves_root().glob("*.json") if json.loads(p.read_text())["relative"] == list(curve))
+    path = next(p for p in vc.curves_root().glob("*.json")
+                if json.loads(p.read_text())["relative"] == list(curve.short))
+    stored = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in stored.items() if k not in ("contexts", "relative_long")}))
+    assert vc.verify_curve(target, 5) == ones and len(measured) == 4  # a file from before session 12: measured
     path.write_text("{not json")  # a damaged file is measured again, not an error
-    assert vc.verify_curve(target, 5) == (1.0,) * 5 and measured == [5, 5]
+    assert vc.verify_curve(target, 5) == ones and len(measured) == 6
     blocked = vc.curves_root() / "blocked"
     blocked.write_text("a file where the cache folder should be")
     monkeypatch.setenv("SPECDRAFT_VERIFY_CURVES", str(blocked / "curves"))  # cannot be created: still a curve
-    assert vc.verify_curve(target, 5) == (1.0,) * 5 and measured == [5, 5, 5]
+    assert vc.verify_curve(target, 5) == ones and len(measured) == 8
 
 
 @pytest.mark.parametrize("method", ["prompt-lookup", "draft"])
@@ -162,7 +192,7 @@ def test_greedy_with_gamma_auto_equals_autoregressive_and_varies_its_length(tiny
     drafter = (PromptLookupDrafter(3, 1) if method == "prompt-lookup"
                else ModelDrafter(tiny_models["draft"], target))
     engine = Engine(target, drafter, SpecConfig(method, None, lookup_first=0))
-    assert engine.pass_cost is not None and len(engine.pass_cost) == AUTO_GAMMA_MAX + 1
+    assert engine.curve is not None and len(engine.curve.short) == len(engine.curve.long) == AUTO_GAMMA_MAX + 1
     ar = Engine(target)
     params = SamplingParams(max_new_tokens=40)
     lengths = set()
@@ -193,7 +223,7 @@ def test_gamma_auto_keeps_the_target_distribution_and_the_negative_control_fails
 
     def engine(**rule):
         built = Engine(target, ModelDrafter(draft, target), SpecConfig("draft", None, lookup_first=0), **rule)
-        built.pass_cost, built.draft_cost = tuple(1.0 + 0.1 * n for n in range(9)), 0.0
+        built.curve, built.draft_cost = VerifyCurve.flat(1.0 + 0.1 * n for n in range(9)), 0.0
         return built
 
     assert engine().new_draft_length().next() == 3

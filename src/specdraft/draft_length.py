@@ -5,7 +5,8 @@ The choice maximises expected tokens per unit of time,
 
     tau(alpha, k) / (T(k + 1) / T(1) + k * c),      tau(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha),
 
-where T(n) is one target pass over n tokens (models/verify_curve.py measures it once per machine and model), c a
+where T(n) is one target pass over n tokens after the request's context so far (models/verify_curve.py measures
+it once per machine and model, after a short and a long context, and `VerifyCurve.at` interpolates), c a
 draft token's cost as a fraction of T(1), and alpha the per-token acceptance estimated from this request's passes
 so far (a geometric chain: each pass examines its accepted tokens plus the one it rejected, if any). Recent passes
 weigh more (`decay`), and a prior stands in for the first passes.
@@ -49,14 +50,46 @@ def best_length(alpha: float, pass_cost: Sequence[float], draft_cost: float) -> 
     return max(candidates, key=lambda k: (expected_tokens(alpha, k) / (pass_cost[k] + k * draft_cost), -k))
 
 
+EXTRAPOLATED_SPANS = 8.0  # VerifyCurve.at: the farthest it extrapolates, in spans between its two contexts
+
+
+@dataclass(frozen=True)
+class VerifyCurve:
+    """T(n) / T(1) for n = 1 .. max_tokens, measured after `short_context` and after `long_context` cached tokens."""
+
+    short: tuple[float, ...]
+    long: tuple[float, ...]
+    short_context: int = 64
+    long_context: int = 512
+
+    @classmethod
+    def flat(cls, relative: Sequence[float]) -> VerifyCurve:
+        """The same curve at every context length."""
+        relative = tuple(relative)
+        return cls(relative, relative)
+
+    def at(self, context_tokens: int) -> tuple[float, ...]:
+        """The curve after `context_tokens` cached tokens: linear in the context, never below the short curve,
+        and never falling with n. Past the long context it extrapolates up to EXTRAPOLATED_SPANS spans, so
+        that timing noise between the two curves is not magnified without bound."""
+        span = max(self.long_context - self.short_context, 1)
+        weight = min(max(context_tokens - self.short_context, 0) / span, EXTRAPOLATED_SPANS)
+        curve, highest = [], 0.0
+        for short, long in zip(self.short, self.long):
+            highest = max(highest, short + weight * max(long - short, 0.0))
+            curve.append(highest)
+        return tuple(curve)
+
+
 class DraftLength(Protocol):
     """One request's draft-length policy: `next` before each pass, `observe` after it; `most` bounds `next`.
     `source` names who drafts the pass when a drafter has several (lookup first: a copy or the wrapped drafter,
-    the drafter's `next_source`); None for a drafter with one."""
+    the drafter's `next_source`); None for a drafter with one. `context_tokens`: the sequence so far, which
+    the verify pass attends over."""
 
     most: int
 
-    def next(self, source: str | None = None) -> int:
+    def next(self, source: str | None = None, context_tokens: int = 0) -> int:
         """Draft tokens to ask for in the coming pass (the engine caps it by the tokens left)."""
 
     def observe(self, drafted: int, accepted: int, source: str | None = None) -> None:
@@ -71,7 +104,7 @@ class FixedLength:
     def most(self) -> int:
         return self.gamma
 
-    def next(self, source: str | None = None) -> int:
+    def next(self, source: str | None = None, context_tokens: int = 0) -> int:
         return self.gamma
 
     def observe(self, drafted: int, accepted: int, source: str | None = None) -> None:
@@ -91,7 +124,7 @@ class AdaptiveLength:
     """gamma=auto: the k of `best_length` for the acceptance seen so far in this request, kept apart per source
     (a prompt-lookup copy is accepted far more often than a model's guess, and costs nothing to draft)."""
 
-    pass_cost: tuple[float, ...]  # [max_len + 1]: T(n) / T(1) for n = 1 .. max_len + 1
+    curve: VerifyCurve  # T(n) / T(1) for n = 1 .. max_len + 1, by context length
     draft_cost: float  # a draft token's cost relative to T(1)
     source_costs: dict[str, float] = field(default_factory=dict)  # sources whose draft token costs otherwise
     prior_alpha: float = 0.6  # stands in for the first passes: worth `prior_weight` examined tokens
@@ -101,14 +134,15 @@ class AdaptiveLength:
 
     @property
     def most(self) -> int:
-        return len(self.pass_cost) - 1
+        return len(self.curve.short) - 1
 
     def alpha(self, source: str | None = None) -> float:
         tally = self.tallies.get(source, Tally())
         return (tally.accepted + self.prior_alpha * self.prior_weight) / (tally.examined + self.prior_weight)
 
-    def next(self, source: str | None = None) -> int:
-        return best_length(self.alpha(source), self.pass_cost, self.source_costs.get(source, self.draft_cost))
+    def next(self, source: str | None = None, context_tokens: int = 0) -> int:
+        return best_length(self.alpha(source), self.curve.at(context_tokens),
+                           self.source_costs.get(source, self.draft_cost))
 
     def observe(self, drafted: int, accepted: int, source: str | None = None) -> None:
         if drafted == 0:  # nothing was drafted (e.g. prompt lookup found no match): no evidence either way

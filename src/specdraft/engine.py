@@ -18,7 +18,7 @@ import torch
 
 from .acceptance import accept_draft, accept_rejection, accept_tree_rejection
 from .config import SamplingParams, SpecConfig
-from .draft_length import AdaptiveLength, DraftLength, FixedLength
+from .draft_length import AdaptiveLength, DraftLength, FixedLength, VerifyCurve
 from .drafters.base import Drafter, NoDrafter
 from .errors import SpecdraftError
 from .models.adapter import LoadedModel, weight_bytes
@@ -66,7 +66,7 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
         # propose: never draft past the token budget (the last token of a pass is the target's own)
         t0 = time.perf_counter()
         source = next_source(context)  # who drafts this pass, when the drafter has several sources
-        draft = drafter.propose(context, min(draft_length.next(source), budget - 1), params, generator)
+        draft = drafter.propose(context, min(draft_length.next(source, len(context)), budget - 1), params, generator)
         t1 = time.perf_counter()
         # verify: one target pass over the pending token and the k draft nodes (a tree: with a tree mask)
         target_logits = target_state.verify(context[-1], draft)  # [k + 1, V]
@@ -146,13 +146,13 @@ class Engine:
         self.spec = spec or SpecConfig(method="ar")
         if self.spec.draft_len == 0:
             self.drafter = NoDrafter()
-        self.pass_cost: tuple[float, ...] | None = None  # gamma auto: T(n) / T(1), n = 1 .. draft_len + 1
+        self.curve: VerifyCurve | None = None  # gamma auto: T(n) / T(1), n = 1 .. draft_len + 1, by context
         self.draft_cost = 0.0  # gamma auto: a draft token's cost as a fraction of a one-token target pass
         self.source_costs: dict[str, float] = {}  # gamma auto: the same for the drafter's other sources
         if self.spec.adaptive_gamma:
             from .models.verify_curve import verify_curve
 
-            self.pass_cost = verify_curve(target, self.spec.draft_len + 1)
+            self.curve = verify_curve(target, self.spec.draft_len + 1)
             # decoding is bound by weight reads on a CPU: a draft token costs its weight bytes over the target's
             target_bytes = weight_bytes(target.model)
             self.draft_cost = getattr(self.drafter, "draft_bytes", 0) / target_bytes
@@ -161,9 +161,9 @@ class Engine:
 
     def new_draft_length(self) -> DraftLength:
         """The draft-length policy of one request (gamma auto keeps per-request acceptance)."""
-        if self.pass_cost is None:
+        if self.curve is None:
             return FixedLength(self.spec.draft_len)
-        return AdaptiveLength(self.pass_cost, self.draft_cost, self.source_costs)
+        return AdaptiveLength(self.curve, self.draft_cost, self.source_costs)
 
     def encode(self, prompt: str, chat: bool = True, system: str | None = None) -> list[int]:
         if not prompt or not prompt.strip():

@@ -1,6 +1,11 @@
 """The target's verify-cost curve T(n) / T(1): a pass over n new tokens against a pass over one, measured on this
 machine and cached, so `gamma=auto` (draft_length.py) weighs draft lengths by what they cost here.
 
+It is measured after a short and after a long cached context: each new row attends over the whole context, so
+a longer context makes the extra rows dearer (session 12 on the 1.5B target: T(6) / T(1) 1.15 after 64 tokens,
+1.23 after 512, 1.39 after 1,536). `VerifyCurve.at` interpolates linearly in the context length between the two,
+and extrapolates past the long one (attention's cost grows linearly with the context).
+
 The curve depends on the model's shape, the dtype, the backend and kernel build, the thread count and the CPU:
 all of them name the cache file (~/.cache/specdraft/verify-curves/MODEL-KEY.json). Measuring takes a few seconds for
 the 1.5B target (scripts/verify_cost.py has the long form, with a breakdown by kernel).
@@ -17,10 +22,12 @@ from pathlib import Path
 
 import torch
 
+from ..draft_length import VerifyCurve
 from ..types import Draft
 from .adapter import LoadedModel
 
 PREFIX_TOKENS = 64  # cached positions before the timed passes: attention over a short prompt, like a chat turn
+LONG_PREFIX_TOKENS = 512  # the second curve's: a long prompt (summarization, rag), still quick to prefill
 REPEATS = 3  # timed passes per length; the fastest counts (the others met interference)
 
 
@@ -54,21 +61,21 @@ def curve_key(target: LoadedModel, max_tokens: int) -> dict:
     return key
 
 
-def measure(target: LoadedModel, max_tokens: int) -> tuple[float, ...]:
-    """T(n) / T(1) for n = 1 .. max_tokens: the best of REPEATS passes of each length over a PREFIX_TOKENS
+def measure(target: LoadedModel, max_tokens: int, prefix: int = PREFIX_TOKENS) -> tuple[float, ...]:
+    """T(n) / T(1) for n = 1 .. max_tokens: the best of REPEATS passes of each length over a `prefix`-token
     cache, lengths interleaved so that drift hits all of them alike."""
     vocab = min(target.vocab_size, len(target.tokenizer))
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (PREFIX_TOKENS + max_tokens + 1,), generator=generator).tolist()
-    state = target.new_state(capacity=PREFIX_TOKENS + (REPEATS + 1) * max_tokens + 8)
+    ids = torch.randint(0, vocab, (prefix + max_tokens + 1,), generator=generator).tolist()
+    state = target.new_state(capacity=prefix + (REPEATS + 1) * max_tokens + 8)
     best = [float("inf")] * max_tokens
     with torch.inference_mode():
-        state.forward(ids[:PREFIX_TOKENS], 1)
+        state.forward(ids[:prefix], 1)
         for repeat in range(REPEATS + 1):  # the first round warms up (allocations, first-touch of buffers)
             for n in range(1, max_tokens + 1):
-                draft = Draft(torch.tensor(ids[PREFIX_TOKENS + 1: PREFIX_TOKENS + n], dtype=torch.long))
+                draft = Draft(torch.tensor(ids[prefix + 1: prefix + n], dtype=torch.long))
                 started = time.perf_counter()
-                state.verify(ids[PREFIX_TOKENS], draft)
+                state.verify(ids[prefix], draft)
                 elapsed = time.perf_counter() - started
                 state.keep_verified([])  # the cache grows by the pending token only
                 if repeat:
@@ -77,24 +84,35 @@ def measure(target: LoadedModel, max_tokens: int) -> tuple[float, ...]:
     return tuple(max(best[: n + 1]) / best[0] for n in range(max_tokens))
 
 
-def verify_curve(target: LoadedModel, max_tokens: int) -> tuple[float, ...]:
-    """The cached curve for this target and machine, measured on first use."""
+def long_prefix(target: LoadedModel, max_tokens: int) -> int:
+    """LONG_PREFIX_TOKENS, or less where the model's positions end sooner (the timed passes need room too)."""
+    room = (target.max_positions or LONG_PREFIX_TOKENS * 2) - (REPEATS + 1) * max_tokens - 8
+    return max(PREFIX_TOKENS, min(LONG_PREFIX_TOKENS, room))
+
+
+def verify_curve(target: LoadedModel, max_tokens: int) -> VerifyCurve:
+    """The cached curves for this target and machine, measured on first use."""
     key = curve_key(target, max_tokens)
+    contexts = (PREFIX_TOKENS, long_prefix(target, max_tokens))
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = curves_root() / f"{key['model']}-{digest}.json"
     try:
         stored = json.loads(path.read_text())
-        if stored.get("key") == key and len(stored.get("relative", ())) == max_tokens:
-            return tuple(float(x) for x in stored["relative"])
-    except (OSError, ValueError, AttributeError):
+        # files from before session 12 hold the short curve only: measured again
+        if stored.get("key") == key and stored.get("contexts") == list(contexts) and all(
+                len(stored.get(name, ())) == max_tokens for name in ("relative", "relative_long")):
+            return VerifyCurve(tuple(float(x) for x in stored["relative"]),
+                               tuple(float(x) for x in stored["relative_long"]), *contexts)
+    except (OSError, ValueError, AttributeError, TypeError):
         pass  # absent or unreadable: measure again
-    relative = measure(target, max_tokens)
+    curve = VerifyCurve(measure(target, max_tokens, contexts[0]), measure(target, max_tokens, contexts[1]), *contexts)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": key, "relative": relative,
+        tmp.write_text(json.dumps({"key": key, "contexts": list(contexts), "relative": curve.short,
+                                   "relative_long": curve.long,
                                    "measured": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1))
         tmp.replace(path)
     except OSError:
         pass  # a read-only cache: use the curve, measure again next time
-    return relative
+    return curve
