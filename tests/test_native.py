@@ -125,6 +125,38 @@ def test_linear_kernel_is_batch_invariant_across_k_blocks_and_tile_shapes(tiny_n
         assert torch.equal(together, one_token[:tokens]), f"{tokens} tokens differ from one-token calls"
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_attention_kernel_matches_a_float64_softmax_and_is_batch_invariant(tiny_native, head_dim):
+    """A real model's shape (12 query heads over 2 KV heads) over a long cache whose key counts are not
+    multiples of 8 (the kernel scores keys 8 at a time, and attends the queries of a KV head together), with
+    peaked and flat score rows: against float64 attention, and every query of a 7-query pass bit for bit what
+    a one-query call at its position gives, whatever the thread count."""
+    ops = tiny_native["qwen2", "float32"].native.ops
+    generator = torch.Generator().manual_seed(3)
+    start, queries, heads, kv_heads, capacity = 613, 7, 12, 2, 640
+    keys = torch.randn(kv_heads, capacity, head_dim, generator=generator)  # [Hkv, C, Dh]
+    values = torch.randn(kv_heads, capacity, head_dim, generator=generator)
+    q = torch.randn(queries, heads, head_dim, generator=generator)  # [T, H, Dh]
+    q[:, :6] *= 4.0  # the first KV head's queries: peaked softmax rows (score spreads near 90 after scaling)
+    together = ops.attention(q, keys, values, start)  # [T, H, Dh]
+    group = heads // kv_heads
+    for t in range(queries):
+        n_keys = start + t + 1
+        k64 = keys[:, :n_keys].double().repeat_interleave(group, 0)  # [H, n, Dh]
+        v64 = values[:, :n_keys].double().repeat_interleave(group, 0)
+        weights = torch.softmax(torch.einsum("hd,hnd->hn", q[t].double(), k64) / head_dim ** 0.5, dim=-1)
+        reference = torch.einsum("hn,hnd->hd", weights, v64).float()  # [H, Dh]
+        torch.testing.assert_close(together[t], reference, atol=2e-5, rtol=1e-5)
+        alone = ops.attention(q[t:t + 1].contiguous(), keys, values, start + t)
+        assert torch.equal(alone[0], together[t]), f"query {t} differs from a one-query call"
+    before = torch.get_num_threads()
+    try:  # the queries of a KV head are split differently per thread count: never a different result
+        torch.set_num_threads(1 if before > 1 else 2)
+        assert torch.equal(ops.attention(q, keys, values, start), together)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_kernels_report_the_instruction_set_they_were_built_for(tiny_native):
     ops = tiny_native["qwen2", "float32"].native.ops
     assert ops.isa() == kernels.chosen_isa() == kernels.startup_info()["isa"]

@@ -13,6 +13,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -228,6 +229,165 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   return out;
 }
 
+// exp(x) for x <= 0 (attention scores minus their maximum), lane by lane: x = n ln2 + r with |r| <= ln2 / 2,
+// e^r by its Taylor polynomial to degree 7 (truncation error below 1e-8 relative, under float precision), times 2^n
+// put into the exponent bits. Below -87 (a weight under 1e-38 next to the maximum's 1) it returns e^-87.
+// A lane's result depends on that lane alone, so batching keys never changes a weight.
+inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  // r = x - n ln2, with ln2 split in a high part exact in float and a low remainder
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
+}
+
+// The lane sums of eight vectors, as one vector: lane i holds the sum of v[i]'s lanes, always added in the
+// same pattern ((0+1)+(2+3)) + ((4+5)+(6+7)) per 128-bit half, then the halves.
+inline __m256 transpose_sum8(const __m256 v[8]) {
+  const __m256 a = _mm256_hadd_ps(v[0], v[1]), b = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 c = _mm256_hadd_ps(v[4], v[5]), d = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);  // per half: v0 v1 v2 v3 | v4 v5 v6 v7 sums
+  const __m256 lo = _mm256_permute2f128_ps(ab, cd, 0x20), hi = _mm256_permute2f128_ps(ab, cd, 0x31);
+  return _mm256_add_ps(lo, hi);
+}
+
+// Queries that share one KV head, attended together so that each key and value row is read from memory once
+// for all of them (grouped-query attention: with 12 query heads over 2 KV heads, 6 per head and token) instead
+// of once per query. Query u sees n_keys[u] keys, its i-th at cache slot key_slot(u, i), in order.
+//
+// Per query the arithmetic is fixed by the query and its key sequence alone, never by the other queries in the
+// block: scores 8 keys at a time (the 8 dot products reduced by `transpose_sum8`; a key past the end is a zero
+// vector whose lane is never used), softmax weights 8 at a time, then the weighted values summed key by key in
+// order (the running sums go to `outs` between key tiles, which changes no value). So a verify pass gives what
+// single steps give, and a tree node what its branch gives as a chain, whatever the blocks and thread count.
+constexpr int64_t kQueriesPerBlock = 48;  // queries attended together (their scores stay in one buffer)
+constexpr int64_t kValueTile = 64;        // value rows kept in L1 while every query of the block uses them
+
+template <typename KeySlot>
+void attend_block(const float* const* qrows, float* const* outs, const int64_t* n_keys, int64_t n_queries,
+                  const float* keys, const float* values, int64_t Dh, float scale, KeySlot key_slot,
+                  std::vector<float>& scores) {
+  int64_t longest = 0;
+  for (int64_t u = 0; u < n_queries; ++u) longest = std::max(longest, n_keys[u]);
+  const int64_t stride = (longest + 7) / 8 * 8;  // a query's scores, rounded up to whole blocks of 8
+  scores.resize(n_queries * stride);
+  const __m256 vscale = _mm256_set1_ps(scale);
+  alignas(32) float maxima[kQueriesPerBlock * 8];
+  for (int64_t u = 0; u < n_queries * 8; ++u) maxima[u] = -INFINITY;
+  // scores, the keys in the outer loop: 8 key rows (4 KiB at Dh 128) stay in L1 for every query
+  for (int64_t i0 = 0; i0 < longest; i0 += 8) {
+    for (int64_t u = 0; u < n_queries; ++u) {
+      if (i0 >= n_keys[u]) continue;
+      const int64_t valid = std::min<int64_t>(8, n_keys[u] - i0);
+      __m256 dots[8];
+      for (int v = 0; v < 8; ++v) {
+        dots[v] = _mm256_setzero_ps();
+        if (v >= valid) continue;
+        const float* key = keys + key_slot(u, i0 + v) * Dh;
+        for (int64_t d = 0; d < Dh; d += 8)
+          dots[v] = _mm256_fmadd_ps(_mm256_loadu_ps(qrows[u] + d), _mm256_loadu_ps(key + d), dots[v]);
+      }
+      const __m256 s = _mm256_mul_ps(transpose_sum8(dots), vscale);
+      float* row = scores.data() + u * stride + i0;
+      _mm256_storeu_ps(row, s);
+      alignas(32) float lanes[8];
+      for (int v = 0; v < 8; ++v) lanes[v] = v < valid ? row[v] : -INFINITY;  // lanes past the end stay out
+      _mm256_store_ps(maxima + u * 8, _mm256_max_ps(_mm256_load_ps(maxima + u * 8), _mm256_load_ps(lanes)));
+    }
+  }
+  // softmax weights, query by query; the sums are kept for the final scaling
+  std::vector<float> totals(n_queries);
+  for (int64_t u = 0; u < n_queries; ++u) {
+    float max_score = maxima[u * 8];
+    for (int v = 1; v < 8; ++v) max_score = std::max(max_score, maxima[u * 8 + v]);
+    const __m256 vmax = _mm256_set1_ps(max_score);
+    __m256 vtotal = _mm256_setzero_ps();
+    float* row = scores.data() + u * stride;
+    for (int64_t i0 = 0; i0 < n_keys[u]; i0 += 8) {
+      __m256 w = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + i0), vmax));
+      const int64_t valid = std::min<int64_t>(8, n_keys[u] - i0);
+      if (valid < 8) {  // lanes past the end weigh nothing
+        alignas(32) float keep[8];
+        for (int v = 0; v < 8; ++v) keep[v] = v < valid ? 1.0f : 0.0f;
+        w = _mm256_mul_ps(w, _mm256_load_ps(keep));
+      }
+      _mm256_storeu_ps(row + i0, w);
+      vtotal = _mm256_add_ps(vtotal, w);
+    }
+    totals[u] = hsum(vtotal);
+    for (int64_t d = 0; d < Dh; ++d) outs[u][d] = 0.0f;
+  }
+  // weighted values, tile by tile of keys; within a query the keys are summed in order
+  for (int64_t i0 = 0; i0 < longest; i0 += kValueTile) {
+    for (int64_t u = 0; u < n_queries; ++u) {
+      const int64_t end = std::min(n_keys[u], i0 + kValueTile);
+      if (i0 >= end) continue;
+      const float* weights = scores.data() + u * stride;
+      for (int64_t d0 = 0; d0 < Dh; d0 += 64) {  // 8 running sums of 8 lanes in registers
+        const int64_t chunks = std::min<int64_t>(8, (Dh - d0) / 8);
+        __m256 acc[8];
+        for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm256_loadu_ps(outs[u] + d0 + c * 8);
+        for (int64_t i = i0; i < end; ++i) {
+          const __m256 p = _mm256_set1_ps(weights[i]);
+          const float* value = values + key_slot(u, i) * Dh + d0;
+          for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(value + c * 8), acc[c]);
+        }
+        for (int64_t c = 0; c < chunks; ++c) _mm256_storeu_ps(outs[u] + d0 + c * 8, acc[c]);
+      }
+    }
+  }
+  for (int64_t u = 0; u < n_queries; ++u) {
+    const __m256 inv = _mm256_set1_ps(1.0f / totals[u]);
+    for (int64_t d = 0; d < Dh; d += 8) _mm256_storeu_ps(outs[u] + d, _mm256_mul_ps(_mm256_loadu_ps(outs[u] + d), inv));
+  }
+}
+
+// Runs `attend_block` over every (KV head, block of its queries) in parallel. Query (t, h) reads KV head
+// h / group; its keys come from key_count(t) and key_slot(t, i).
+template <typename KeyCount, typename KeySlot>
+void attend_all(const float* qp, float* op, int64_t T, int64_t H, int64_t Hkv, int64_t C, int64_t Dh,
+                const float* kp, const float* vp, KeyCount key_count, KeySlot key_slot) {
+  const int64_t group = H / Hkv, per_head = T * group;
+  const int64_t blocks = (per_head + kQueriesPerBlock - 1) / kQueriesPerBlock;
+  // a KV head's queries split further when there are fewer KV heads than threads
+  const int64_t split = std::max<int64_t>(1, std::min<int64_t>(per_head, (at::get_num_threads() + Hkv - 1) / Hkv));
+  const int64_t parts = std::max(blocks, split);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+  at::parallel_for(0, Hkv * parts, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    const float* qrows[kQueriesPerBlock];
+    float* outs[kQueriesPerBlock];
+    int64_t n_keys[kQueriesPerBlock], times[kQueriesPerBlock];
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t kvh = task / parts, part = task % parts;
+      const int64_t first = per_head * part / parts, last = per_head * (part + 1) / parts;
+      for (int64_t b0 = first; b0 < last; b0 += kQueriesPerBlock) {
+        const int64_t n = std::min(kQueriesPerBlock, last - b0);
+        for (int64_t u = 0; u < n; ++u) {  // the kv head's query j: token j / group, head kvh * group + j % group
+          const int64_t t = (b0 + u) / group, h = kvh * group + (b0 + u) % group;
+          qrows[u] = qp + (t * H + h) * Dh;
+          outs[u] = op + (t * H + h) * Dh;
+          n_keys[u] = key_count(t);
+          times[u] = t;
+        }
+        attend_block(qrows, outs, n_keys, n, kp + kvh * C * Dh, vp + kvh * C * Dh, Dh, scale,
+                     [&](int64_t u, int64_t i) { return key_slot(times[u], i); }, scores);
+      }
+    }
+  });
+}
+
 // Causal attention of T new queries against a cache that already holds their keys and values.
 // q: [T, H, Dh]; k_cache, v_cache: [Hkv, C, Dh] (C = capacity); query t sits at position start + t and sees
 // keys 0 .. start + t. Grouped-query attention: head h reads kv head h / (H / Hkv).  ->  [T, H, Dh]
@@ -238,46 +398,13 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_
   const int64_t Hkv = k_cache.size(0), C = k_cache.size(1);
   TORCH_CHECK(k_cache.size(2) == Dh && H % Hkv == 0 && start + T <= C, "attention shapes do not match");
   TORCH_CHECK(Dh % 8 == 0, "head size must be a multiple of 8");
-  const int64_t group = H / Hkv;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
   auto out = torch::empty_like(q);
   const float* qp = q.data_ptr<float>();
   const float* kp = k_cache.data_ptr<float>();
   const float* vp = v_cache.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, T * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(start + T);
-    std::vector<__m256> acc(Dh / 8);
-    for (int64_t idx = begin; idx < end; ++idx) {
-      const int64_t t = idx / H, h = idx % H, kvh = h / group;
-      const int64_t n_keys = start + t + 1;
-      const float* qrow = qp + (t * H + h) * Dh;
-      const float* keys = kp + kvh * C * Dh;
-      const float* values = vp + kvh * C * Dh;
-      float max_score = -INFINITY;
-      for (int64_t j = 0; j < n_keys; ++j) {
-        __m256 s = _mm256_setzero_ps();
-        for (int64_t d = 0; d < Dh; d += 8)
-          s = _mm256_fmadd_ps(_mm256_loadu_ps(qrow + d), _mm256_loadu_ps(keys + j * Dh + d), s);
-        scores[j] = hsum(s) * scale;
-        max_score = std::max(max_score, scores[j]);
-      }
-      float total = 0.f;
-      for (int64_t j = 0; j < n_keys; ++j) {
-        scores[j] = std::exp(scores[j] - max_score);
-        total += scores[j];
-      }
-      for (auto& a : acc) a = _mm256_setzero_ps();
-      for (int64_t j = 0; j < n_keys; ++j) {
-        const __m256 p = _mm256_set1_ps(scores[j]);
-        for (int64_t d8 = 0; d8 < Dh / 8; ++d8)
-          acc[d8] = _mm256_fmadd_ps(p, _mm256_loadu_ps(values + j * Dh + d8 * 8), acc[d8]);
-      }
-      const __m256 inv = _mm256_set1_ps(1.0f / total);
-      float* orow = op + (t * H + h) * Dh;
-      for (int64_t d8 = 0; d8 < Dh / 8; ++d8) _mm256_storeu_ps(orow + d8 * 8, _mm256_mul_ps(acc[d8], inv));
-    }
-  });
+  attend_all(qp, op, T, H, Hkv, C, Dh, kp, vp, [start](int64_t t) { return start + t + 1; },
+             [](int64_t t, int64_t i) { return i; });
   return out;
 }
 
@@ -285,8 +412,8 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_
 // keys 0 .. prefix - 1 and key prefix + j wherever mask[t, j] is set; mask: [T, W] bool, prefix + W <= C (the
 // new tokens' own keys are the last T of those W). Visible keys are visited in increasing position, exactly as
 // `attention` visits them, so a node whose visible keys are its root-to-node branch gets bit for bit the
-// output that the branch run as a chain gets from `attention` (same scores, same max, same sums in the same
-// order).  ->  [T, H, Dh]
+// output that the branch run as a chain gets from `attention` (the same `attend_one` over the same key
+// sequence).  ->  [T, H, Dh]
 torch::Tensor tree_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, int64_t prefix,
                              torch::Tensor mask) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat && q.is_contiguous(), "q must be [T, H, Dh] float32");
@@ -298,8 +425,6 @@ torch::Tensor tree_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tens
   TORCH_CHECK(k_cache.size(2) == Dh && H % Hkv == 0 && prefix >= 0 && prefix + W <= C,
               "tree attention shapes do not match");
   TORCH_CHECK(Dh % 8 == 0, "head size must be a multiple of 8");
-  const int64_t group = H / Hkv;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
   auto out = torch::empty_like(q);
   const float* qp = q.data_ptr<float>();
   const float* kp = k_cache.data_ptr<float>();
@@ -314,42 +439,9 @@ torch::Tensor tree_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     for (int64_t j = 0; j < W; ++j)
       if (mp[t * W + j]) visible[t].push_back(prefix + j);
   }
-  at::parallel_for(0, T * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(prefix + W);
-    std::vector<__m256> acc(Dh / 8);
-    for (int64_t idx = begin; idx < end; ++idx) {
-      const int64_t t = idx / H, h = idx % H, kvh = h / group;
-      const std::vector<int64_t>& keys_of_t = visible[t];
-      const int64_t n_keys = static_cast<int64_t>(keys_of_t.size());
-      const float* qrow = qp + (t * H + h) * Dh;
-      const float* keys = kp + kvh * C * Dh;
-      const float* values = vp + kvh * C * Dh;
-      float max_score = -INFINITY;
-      for (int64_t i = 0; i < n_keys; ++i) {
-        const int64_t j = keys_of_t[i];
-        __m256 s = _mm256_setzero_ps();
-        for (int64_t d = 0; d < Dh; d += 8)
-          s = _mm256_fmadd_ps(_mm256_loadu_ps(qrow + d), _mm256_loadu_ps(keys + j * Dh + d), s);
-        scores[i] = hsum(s) * scale;
-        max_score = std::max(max_score, scores[i]);
-      }
-      float total = 0.f;
-      for (int64_t i = 0; i < n_keys; ++i) {
-        scores[i] = std::exp(scores[i] - max_score);
-        total += scores[i];
-      }
-      for (auto& a : acc) a = _mm256_setzero_ps();
-      for (int64_t i = 0; i < n_keys; ++i) {
-        const int64_t j = keys_of_t[i];
-        const __m256 p = _mm256_set1_ps(scores[i]);
-        for (int64_t d8 = 0; d8 < Dh / 8; ++d8)
-          acc[d8] = _mm256_fmadd_ps(p, _mm256_loadu_ps(values + j * Dh + d8 * 8), acc[d8]);
-      }
-      const __m256 inv = _mm256_set1_ps(1.0f / total);
-      float* orow = op + (t * H + h) * Dh;
-      for (int64_t d8 = 0; d8 < Dh / 8; ++d8) _mm256_storeu_ps(orow + d8 * 8, _mm256_mul_ps(acc[d8], inv));
-    }
-  });
+  attend_all(qp, op, T, H, Hkv, C, Dh, kp, vp,
+             [&visible](int64_t t) { return static_cast<int64_t>(visible[t].size()); },
+             [&visible](int64_t t, int64_t i) { return visible[t][i]; });
   return out;
 }
 
