@@ -267,8 +267,8 @@ inline __m256 transpose_sum8(const __m256 v[8]) {
 // of once per query. Query u sees n_keys[u] keys, its i-th at cache slot key_slot(u, i), in order.
 //
 // Per query the arithmetic is fixed by the query and its key sequence alone, never by the other queries in the
-// block: scores 8 keys at a time (the 8 dot products reduced by `transpose_sum8`; a key past the end is a zero
-// vector whose lane is never used), softmax weights 8 at a time, then the weighted values summed key by key in
+// block: scores 8 keys at a time (the 8 dot products reduced by `transpose_sum8`; a key past the end is a row
+// of zeros whose lane is never used), softmax weights 8 at a time, then the weighted values summed key by key in
 // order (the running sums go to `outs` between key tiles, which changes no value). So a verify pass gives what
 // single steps give, and a tree node what its branch gives as a chain, whatever the blocks and thread count.
 constexpr int64_t kQueriesPerBlock = 48;  // queries attended together (their scores stay in one buffer)
@@ -283,6 +283,7 @@ void attend_block(const float* const* qrows, float* const* outs, const int64_t* 
   const int64_t stride = (longest + 7) / 8 * 8;  // a query's scores, rounded up to whole blocks of 8
   scores.resize(n_queries * stride);
   const __m256 vscale = _mm256_set1_ps(scale);
+  const std::vector<float> zeros(Dh, 0.0f);  // the key row of a lane past the end
   alignas(32) float maxima[kQueriesPerBlock * 8];
   for (int64_t u = 0; u < n_queries * 8; ++u) maxima[u] = -INFINITY;
   // scores, the keys in the outer loop: 8 key rows (4 KiB at Dh 128) stay in L1 for every query
@@ -290,13 +291,13 @@ void attend_block(const float* const* qrows, float* const* outs, const int64_t* 
     for (int64_t u = 0; u < n_queries; ++u) {
       if (i0 >= n_keys[u]) continue;
       const int64_t valid = std::min<int64_t>(8, n_keys[u] - i0);
+      const float* key[8];
+      for (int v = 0; v < 8; ++v) key[v] = v < valid ? keys + key_slot(u, i0 + v) * Dh : zeros.data();
       __m256 dots[8];
-      for (int v = 0; v < 8; ++v) {
-        dots[v] = _mm256_setzero_ps();
-        if (v >= valid) continue;
-        const float* key = keys + key_slot(u, i0 + v) * Dh;
-        for (int64_t d = 0; d < Dh; d += 8)
-          dots[v] = _mm256_fmadd_ps(_mm256_loadu_ps(qrows[u] + d), _mm256_loadu_ps(key + d), dots[v]);
+      for (int v = 0; v < 8; ++v) dots[v] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < Dh; d += 8) {  // each query chunk loaded once for the 8 keys
+        const __m256 qd = _mm256_loadu_ps(qrows[u] + d);
+        for (int v = 0; v < 8; ++v) dots[v] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(key[v] + d), dots[v]);
       }
       const __m256 s = _mm256_mul_ps(transpose_sum8(dots), vscale);
       float* row = scores.data() + u * stride + i0;
