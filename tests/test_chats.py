@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -235,3 +236,23 @@ def test_bad_chats_settings_are_user_errors():
         ChatsConfig(out="x", kinds=("chat", "poems"))
     with pytest.raises(SpecdraftError, match="--kinds"):
         ChatsConfig(out="x", kinds=())
+
+
+def test_a_committed_chats_file_is_unpacked_into_the_cache_once(tmp_path, monkeypatch):
+    from specdraft.train import chats
+
+    record = {"id": "chat/0", "kind": "chat", "source": "s", "model": "m", "temperature": 0.7, "seed": 0,
+              "per_kind": 1, "kinds": ["chat"], "messages": [["user", "hi"], ["assistant", "hello"]],
+              "finish": "stop", "answer_tokens": 1}
+    bundled = tmp_path / "repo"
+    bundled.mkdir()
+    (bundled / "shipped.jsonl.gz").write_bytes(gzip.compress((json.dumps(record) + "\n").encode()))
+    monkeypatch.setattr(chats, "BUNDLED_CHATS", bundled)
+    monkeypatch.setattr(chats, "chats_root", lambda: tmp_path / "cache")
+    path = chats.chats_file("shipped")
+    assert path == tmp_path / "cache" / "shipped" / "chats.jsonl"
+    assert [d.source for d in chats.chat_docs("shipped")] == ["chats:m:chat/0"]
+    path.write_text("")  # the cache's copy wins once it exists (a resumed run appends to it)
+    assert chats.chats_file("shipped").read_text() == ""
+    assert chats.chats_file("elsewhere") == tmp_path / "cache" / "elsewhere" / "chats.jsonl"
+    assert not (tmp_path / "cache" / "elsewhere").exists()

@@ -24,6 +24,7 @@ appended batch by batch, so an interrupted run resumes where it stopped. `chat_d
 from __future__ import annotations
 
 import ast
+import gzip
 import hashlib
 import json
 import random
@@ -293,18 +294,32 @@ class ChatsConfig:
             raise SpecdraftError("--temperature must be > 0: the corpus is sampled")
 
 
+# chats files committed to the repo (data/eagle/chats/NAME.jsonl.gz): the cache is lost with the machine, and
+# writing them again costs the 0.5B about 45 answer tokens/s here, so the ones a shipped recipe reads are kept
+BUNDLED_CHATS = Path(__file__).resolve().parents[3] / "data" / "eagle" / "chats"
+
+
 def chats_root() -> Path:
     return Path.home() / ".cache" / "specdraft" / "chats"
 
 
 def chats_file(name_or_folder: str) -> Path:
-    """`NAME` -> ~/.cache/specdraft/chats/NAME/chats.jsonl; a folder or a .jsonl path is taken as it is."""
+    """`NAME` -> ~/.cache/specdraft/chats/NAME/chats.jsonl; a folder or a .jsonl path is taken as it is. A NAME
+    missing from the cache but committed as data/eagle/chats/NAME.jsonl.gz is first unpacked into the cache (so
+    that `train chats --out NAME` resumes it, and readers read it)."""
     path = Path(name_or_folder).expanduser()
     if path.suffix == ".jsonl":
         return path
     if "/" in name_or_folder or path.is_dir():
         return path / "chats.jsonl"
-    return chats_root() / name_or_folder / "chats.jsonl"
+    cached = chats_root() / name_or_folder / "chats.jsonl"
+    bundled = BUNDLED_CHATS / f"{name_or_folder}.jsonl.gz"
+    if not cached.exists() and bundled.is_file():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_suffix(".unpacking")
+        partial.write_bytes(gzip.decompress(bundled.read_bytes()))
+        partial.replace(cached)  # whole or absent, never half a file
+    return cached
 
 
 def _read(path: Path) -> list[dict]:
