@@ -33,14 +33,24 @@ def tiny_native(tmp_path_factory):
     return out
 
 
+def rounds_activations(dtype) -> bool:
+    """The avx512bf16 build multiplies bf16 weights by the activations rounded to bf16 (kernels.cpp)."""
+    return dtype in ("bfloat16", torch.bfloat16) and kernels.chosen_isa() == "avx512bf16"
+
+
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_native_logits_match_transformers(tiny_native, arch, dtype):
     """Native computes in float32 over the stored weights: compare with transformers running the same
-    weights in float32 (for a bf16 model: its bf16 weights, widened)."""
+    weights in float32 (for a bf16 model: its bf16 weights, widened; in the avx512bf16 build each linear
+    layer's input rounded to bf16 too, by a forward pre-hook)."""
     model = tiny_native[arch, dtype]
     assert model.backend == "native"
     reference_model = copy.deepcopy(model.model).float()
+    if rounds_activations(dtype):
+        for module in reference_model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.register_forward_pre_hook(lambda _, args: (args[0].bfloat16().float(),))
     with torch.inference_mode():
         reference = reference_model(input_ids=torch.tensor([TOKENS])).logits[0]  # [T, V]
         native = model.new_state().forward(TOKENS, len(TOKENS))
@@ -118,7 +128,8 @@ def test_linear_kernel_is_batch_invariant_across_k_blocks_and_tile_shapes(tiny_n
     weight = torch.randn(12 * 3 + 5, 1540, generator=generator).to(dtype)  # [N, K]
     bias = torch.randn(12 * 3 + 5, generator=generator)
     one_token = torch.cat([ops.linear(x[t:t + 1].contiguous(), weight, bias) for t in range(13)])  # [T, N]
-    reference = (x.double() @ weight.double().T + bias.double()).float()
+    x_seen = x.bfloat16() if rounds_activations(dtype) else x
+    reference = (x_seen.double() @ weight.double().T + bias.double()).float()
     torch.testing.assert_close(one_token, reference, atol=1e-3, rtol=1e-4)
     for tokens in range(2, 14):
         together = ops.linear(x[:tokens].contiguous(), weight, bias)
@@ -162,11 +173,7 @@ def test_kernels_report_the_instruction_set_they_were_built_for(tiny_native):
     assert ops.isa() == kernels.chosen_isa() == kernels.startup_info()["isa"]
 
 
-def _runnable_isas() -> list[str]:
-    return ["avx2"] + (["avx512"] if kernels._AVX512_NEEDS <= kernels._cpu_flags() else [])
-
-
-@pytest.mark.parametrize("isa", _runnable_isas())
+@pytest.mark.parametrize("isa", kernels.runnable_isas())
 def test_every_build_this_cpu_can_run_is_batch_invariant(isa):
     """This process has the CPU's best build; the other one (AVX2 on an AVX-512 machine, which is what a user
     gets with SPECDRAFT_KERNELS_ISA=avx2) must pass the same kernel tests: they run again in a child process
@@ -182,7 +189,7 @@ def test_every_build_this_cpu_can_run_is_batch_invariant(isa):
 
 def test_an_unknown_instruction_set_is_a_clear_error(monkeypatch):
     monkeypatch.setenv(kernels.ISA_ENV, "sse9")
-    with pytest.raises(ValueError, match="use auto, avx2 or avx512"):
+    with pytest.raises(ValueError, match="use auto, avx2, avx512, avx512bf16"):
         kernels.chosen_isa()
 
 

@@ -8,13 +8,17 @@
 // (An AVX2 build and an AVX-512 build sum in different orders: each is batch-invariant on its own.)
 //
 // Weights are read in their stored dtype (float32 or bfloat16, widened in registers); activations, the KV
-// cache and all accumulation are float32.
+// cache and all accumulation are float32. Where the CPU has AVX512-BF16 (the "avx512bf16" build), a bfloat16
+// weight instead meets the activations rounded to bfloat16 (round to nearest even, once per call, as a
+// transformers bf16 forward rounds them) in `vdpbf16ps`: 32 weights per instruction, none widened, so a verify
+// pass of many tokens costs half the instructions; accumulation stays float32, the invariance the same.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -55,7 +59,11 @@ inline Vec vfmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline float vsum(Vec v) {
   return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
 }
+#ifdef __AVX512BF16__
+constexpr const char* kIsa = "avx512bf16";
+#else
 constexpr const char* kIsa = "avx512";
+#endif
 #else
 using Vec = __m256;
 constexpr int kLanes = 8, kRegisters = 16;
@@ -65,6 +73,18 @@ inline Vec vload(const at::BFloat16* p) { return load8(p); }
 inline Vec vfmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline float vsum(Vec v) { return hsum(v); }
 constexpr const char* kIsa = "avx2";
+#endif
+
+// Activations of a bf16-weight product in the avx512bf16 build: rounded to bfloat16, multiplied in pairs.
+#ifdef __AVX512BF16__
+constexpr bool kBf16Pairs = true;
+inline Vec vload_bits(const at::BFloat16* p) { return _mm512_castsi512_ps(_mm512_loadu_si512(p)); }
+// acc[i] += w[2i] * x[2i] + w[2i + 1] * x[2i + 1]: the 32 bfloat16 values of each operand as 16 pairs
+inline Vec vdot_pairs(Vec w, Vec x, Vec acc) { return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)x); }
+#else
+constexpr bool kBf16Pairs = false;
+inline Vec vload_bits(const at::BFloat16* p) { return vload(p); }  // never called: no pairs in this build
+inline Vec vdot_pairs(Vec w, Vec x, Vec acc) { return vfmadd(w, x, acc); }
 #endif
 
 // out[t, n] for R (<= 6) consecutive weight rows and TB (<= 6) consecutive tokens; x rows are K floats apart.
@@ -77,32 +97,41 @@ constexpr const char* kIsa = "avx2";
 // the next group's weights are read only when its own compute starts, so streaming and arithmetic take turns;
 // with it a multi-token tile's arithmetic overlaps the next tile's loads, and a one-token tile keeps more loads
 // in flight than the hardware prefetcher does (docs/performance.md has the A/B). Prefetches change no result.
-template <typename WT, int R, int TB>
-inline void dot_block(const WT* w, int64_t K, const float* x, float* out, int64_t N, const float* bias,
+//
+// XT, the activations' type: float (weights widened, one multiply-add per weight and token), or bfloat16 with
+// bfloat16 weights in the avx512bf16 build (`vdot_pairs`: a vector holds 2 * kLanes weights, 2 per lane).
+template <typename WT, typename XT, int R, int TB>
+inline void dot_block(const WT* w, int64_t K, const XT* x, float* out, int64_t N, const float* bias,
                       const WT* ahead = nullptr) {
   static_assert(R >= 1 && R <= 6 && TB >= 1 && TB <= 6 && R * TB + R + 1 <= kRegisters,
                 "tile does not fit in the vector registers");
+  constexpr bool kPairs = std::is_same_v<XT, at::BFloat16>;
+  static_assert(!kPairs || (kBf16Pairs && std::is_same_v<WT, at::BFloat16>), "pairs need bf16 weights and AVX512-BF16");
+  constexpr int64_t kStep = kPairs ? 2 * kLanes : kLanes;  // weights of a row per vector
   constexpr int64_t kLine = 64 / sizeof(WT);  // weights per cache line
   const Vec zero = vzero();
 #define SPECDRAFT_ACC(r) Vec a##r##0 = zero, a##r##1 = zero, a##r##2 = zero, a##r##3 = zero, \
                                 a##r##4 = zero, a##r##5 = zero;
   SPECDRAFT_ACC(0) SPECDRAFT_ACC(1) SPECDRAFT_ACC(2) SPECDRAFT_ACC(3) SPECDRAFT_ACC(4) SPECDRAFT_ACC(5)
 #undef SPECDRAFT_ACC
-  const int64_t KV = K - K % kLanes;
-  for (int64_t k = 0; k < KV; k += kLanes) {
+  const int64_t KV = K - K % kStep;
+  auto load = [](const auto* p) { if constexpr (kPairs) return vload_bits(p); else return vload(p); };
+  auto madd = [](Vec wv, Vec xv, Vec acc) { if constexpr (kPairs) return vdot_pairs(wv, xv, acc);
+                                            else return vfmadd(wv, xv, acc); };
+  for (int64_t k = 0; k < KV; k += kStep) {
     if (ahead && k % kLine == 0) {
       for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(ahead + r * K + k), _MM_HINT_T1);
     }
-    const Vec wv0 = vload(w + k);
-    const Vec wv1 = R > 1 ? vload(w + 1 * K + k) : zero;
-    const Vec wv2 = R > 2 ? vload(w + 2 * K + k) : zero;
-    const Vec wv3 = R > 3 ? vload(w + 3 * K + k) : zero;
-    const Vec wv4 = R > 4 ? vload(w + 4 * K + k) : zero;
-    const Vec wv5 = R > 5 ? vload(w + 5 * K + k) : zero;
-#define SPECDRAFT_FMA(r, j) if constexpr (R > r) a##r##j = vfmadd(wv##r, xv, a##r##j);
+    const Vec wv0 = load(w + k);
+    const Vec wv1 = R > 1 ? load(w + 1 * K + k) : zero;
+    const Vec wv2 = R > 2 ? load(w + 2 * K + k) : zero;
+    const Vec wv3 = R > 3 ? load(w + 3 * K + k) : zero;
+    const Vec wv4 = R > 4 ? load(w + 4 * K + k) : zero;
+    const Vec wv5 = R > 5 ? load(w + 5 * K + k) : zero;
+#define SPECDRAFT_FMA(r, j) if constexpr (R > r) a##r##j = madd(wv##r, xv, a##r##j);
 #define SPECDRAFT_STEP(j)                                                                    \
     if constexpr (TB > j) {                                                                  \
-      const Vec xv = vload(x + j * K + k);                                                   \
+      const Vec xv = load(x + j * K + k);                                                    \
       SPECDRAFT_FMA(0, j) SPECDRAFT_FMA(1, j) SPECDRAFT_FMA(2, j) SPECDRAFT_FMA(3, j)        \
       SPECDRAFT_FMA(4, j) SPECDRAFT_FMA(5, j)                                                \
     }
@@ -116,7 +145,7 @@ inline void dot_block(const WT* w, int64_t K, const float* x, float* out, int64_
   for (int r = 0; r < R; ++r) {
     for (int j = 0; j < TB; ++j) {
       float tail = 0.f;
-      for (int64_t k = KV; k < K; ++k) tail += to_float(w[r * K + k]) * x[j * K + k];
+      for (int64_t k = KV; k < K; ++k) tail += to_float(w[r * K + k]) * to_float(x[j * K + k]);
       float v = vsum(acc[r][j]) + tail;
       if (bias) v += bias[r];
       out[j * N + r] = v;
@@ -126,23 +155,23 @@ inline void dot_block(const WT* w, int64_t K, const float* x, float* out, int64_
 
 // Rows [0, rows) (rows divides 12, or 1 for the tail) against all T tokens, in tiles whose row count grows as
 // the token count of the tile shrinks: few tokens need more independent rows to hide the FMA latency.
-template <typename WT, int R, int TB>
-inline void tile_rows(const WT* w, int64_t rows, int64_t K, const float* x, float* out, int64_t N,
+template <typename WT, typename XT, int R, int TB>
+inline void tile_rows(const WT* w, int64_t rows, int64_t K, const XT* x, float* out, int64_t N,
                       const float* bias, const WT* ahead) {
   for (int64_t r = 0; r < rows; r += R)
-    dot_block<WT, R, TB>(w + r * K, K, x, out + r, N, bias ? bias + r : nullptr, ahead ? ahead + r * K : nullptr);
+    dot_block<WT, XT, R, TB>(w + r * K, K, x, out + r, N, bias ? bias + r : nullptr, ahead ? ahead + r * K : nullptr);
 }
 
 // `next`: the next full group of 12 rows of this thread (or nullptr), prefetched while this group computes.
-template <typename WT>
-inline void rows_all_tokens(const WT* w, int64_t rows, int64_t K, const float* x, int64_t T, float* out,
+template <typename WT, typename XT>
+inline void rows_all_tokens(const WT* w, int64_t rows, int64_t K, const XT* x, int64_t T, float* out,
                             int64_t N, const float* bias, const WT* next) {
   if (rows != 12) {  // the last rows of the matrix, one at a time
     for (int64_t r = 0; r < rows; ++r) {
       const float* b = bias ? bias + r : nullptr;
       int64_t t = 0;
-      for (; t + 6 <= T; t += 6) dot_block<WT, 1, 6>(w + r * K, K, x + t * K, out + t * N + r, N, b);
-      for (; t < T; ++t) dot_block<WT, 1, 1>(w + r * K, K, x + t * K, out + t * N + r, N, b);
+      for (; t + 6 <= T; t += 6) dot_block<WT, XT, 1, 6>(w + r * K, K, x + t * K, out + t * N + r, N, b);
+      for (; t < T; ++t) dot_block<WT, XT, 1, 1>(w + r * K, K, x + t * K, out + t * N + r, N, b);
     }
     return;
   }
@@ -151,22 +180,22 @@ inline void rows_all_tokens(const WT* w, int64_t rows, int64_t K, const float* x
   constexpr bool wide = kRegisters >= 32;
   constexpr int R1 = 6, R2 = wide ? 6 : 4, R3 = wide ? 6 : 3, R4 = wide ? 4 : 2, R5 = wide ? 4 : 2, R6 = wide ? 4 : 2;
   int64_t t = 0;
-  for (; t + 6 <= T; t += 6) tile_rows<WT, R6, 6>(w, 12, K, x + t * K, out + t * N, N, bias, t == 0 ? next : nullptr);
+  for (; t + 6 <= T; t += 6) tile_rows<WT, XT, R6, 6>(w, 12, K, x + t * K, out + t * N, N, bias, t == 0 ? next : nullptr);
   const WT* rest_ahead = t == 0 ? next : nullptr;
-  const float* xt = x + t * K;
+  const XT* xt = x + t * K;
   float* ot = out + t * N;
   switch (T - t) {
-    case 1: tile_rows<WT, R1, 1>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
-    case 2: tile_rows<WT, R2, 2>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
-    case 3: tile_rows<WT, R3, 3>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
-    case 4: tile_rows<WT, R4, 4>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
-    case 5: tile_rows<WT, R5, 5>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
+    case 1: tile_rows<WT, XT, R1, 1>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
+    case 2: tile_rows<WT, XT, R2, 2>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
+    case 3: tile_rows<WT, XT, R3, 3>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
+    case 4: tile_rows<WT, XT, R4, 4>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
+    case 5: tile_rows<WT, XT, R5, 5>(w, 12, K, xt, ot, N, bias, rest_ahead); break;
     default: break;
   }
 }
 
-template <typename WT>
-void linear_impl(const float* x, const WT* w, const float* bias, float* out, int64_t T, int64_t K, int64_t N) {
+template <typename WT, typename XT>
+void linear_impl(const XT* x, const WT* w, const float* bias, float* out, int64_t T, int64_t K, int64_t N) {
   constexpr int64_t G = 12;  // rows per work item
   const int64_t groups = (N + G - 1) / G;
   // Threads split the weight rows (each streams its own contiguous slice of memory); the split never changes
@@ -175,7 +204,7 @@ void linear_impl(const float* x, const WT* w, const float* bias, float* out, int
     for (int64_t g = begin; g < end; ++g) {
       const int64_t n = g * G, rows = std::min(G, N - n);
       const WT* next = g + 1 < end && n + 2 * G <= N ? w + (n + G) * K : nullptr;  // this thread's next group
-      rows_all_tokens<WT>(w + n * K, rows, K, x, T, out + n, N, bias ? bias + n : nullptr, next);
+      rows_all_tokens<WT, XT>(w + n * K, rows, K, x, T, out + n, N, bias ? bias + n : nullptr, next);
     }
   });
 }
@@ -194,10 +223,18 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch:
   }
   auto out = torch::empty({T, N}, x.options());
   if (weight.scalar_type() == torch::kFloat) {
-    linear_impl<float>(x.data_ptr<float>(), weight.data_ptr<float>(), bias_ptr, out.data_ptr<float>(), T, K, N);
+    linear_impl<float, float>(x.data_ptr<float>(), weight.data_ptr<float>(), bias_ptr, out.data_ptr<float>(),
+                              T, K, N);
   } else if (weight.scalar_type() == torch::kBFloat16) {
-    linear_impl<at::BFloat16>(x.data_ptr<float>(), weight.data_ptr<at::BFloat16>(), bias_ptr,
-                              out.data_ptr<float>(), T, K, N);
+#ifdef __AVX512BF16__
+    // round to nearest even, element by element: a row rounds the same whatever else is in the call
+    auto x_bf16 = x.to(torch::kBFloat16);
+    linear_impl<at::BFloat16, at::BFloat16>(x_bf16.data_ptr<at::BFloat16>(), weight.data_ptr<at::BFloat16>(),
+                                            bias_ptr, out.data_ptr<float>(), T, K, N);
+#else
+    linear_impl<at::BFloat16, float>(x.data_ptr<float>(), weight.data_ptr<at::BFloat16>(), bias_ptr,
+                                     out.data_ptr<float>(), T, K, N);
+#endif
   } else {
     TORCH_CHECK(false, "weight must be float32 or bfloat16");
   }
@@ -462,7 +499,7 @@ torch::Tensor silu_mul(torch::Tensor gate, torch::Tensor up) {
 
 // How at::parallel_for runs in this build: it is a header template, parallel only when this file is compiled
 // with OpenMP (-fopenmp); without it every kernel silently runs on one thread.
-// The instruction set of the matrix products in this build: "avx512" or "avx2".
+// The instruction set of the matrix products in this build: "avx512bf16", "avx512" or "avx2".
 std::string isa() { return kIsa; }
 
 std::string parallel_backend() {
@@ -475,7 +512,7 @@ std::string parallel_backend() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("parallel_backend", &parallel_backend, "\"openmp\" when the kernels use several threads");
-  m.def("isa", &isa, "the instruction set of the matrix products: \"avx512\" or \"avx2\"");
+  m.def("isa", &isa, "the instruction set of the matrix products: \"avx512bf16\", \"avx512\" or \"avx2\"");
   m.def("linear", &linear, "batch-invariant x @ W.T (+ b), float32 or bfloat16 weights");
   m.def("rms_norm", &rms_norm, "row-wise RMSNorm, fixed reduction order");
   m.def("attention", &attention, "causal GQA attention of new queries against the KV cache");

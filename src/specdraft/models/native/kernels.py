@@ -15,9 +15,13 @@ _SOURCE = Path(__file__).with_name("kernels.cpp")
 # compiled with OpenMP (it then shares torch's libgomp and follows torch.set_num_threads).
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
 # The matrix products use 512-bit vectors where the CPU has AVX-512 (twice the multiply-adds per instruction:
-# verify passes of several tokens are partly compute-bound). SPECDRAFT_KERNELS_ISA=avx2 forces the AVX2 build.
+# verify passes of several tokens are partly compute-bound); where it also has AVX512-BF16, bf16 weights meet
+# bf16-rounded activations in vdpbf16ps (kernels.cpp). SPECDRAFT_KERNELS_ISA=avx2 or avx512 forces a lesser build.
 _AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
 _AVX512_NEEDS = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+_BF16_FLAGS = ["-mavx512bf16"]
+_BF16_NEEDS = {"avx512_bf16"}
+ISAS = ("avx2", "avx512", "avx512bf16")  # each one's CPU needs include the previous one's
 ISA_ENV = "SPECDRAFT_KERNELS_ISA"
 _loaded = None
 _failure: str | None = None
@@ -32,19 +36,32 @@ def _cpu_flags() -> set[str]:
         return set()
 
 
+def _missing(isa: str) -> set[str]:
+    """CPU flags that `isa` needs and this CPU lacks."""
+    needs = {"avx2": set(), "avx512": _AVX512_NEEDS, "avx512bf16": _AVX512_NEEDS | _BF16_NEEDS}[isa]
+    return needs - _cpu_flags()
+
+
+def runnable_isas() -> list[str]:
+    """The builds this CPU can run, lesser first."""
+    return [isa for isa in ISAS if not _missing(isa)]
+
+
 def chosen_isa() -> str:
-    """"avx512" or "avx2": the CPU's best, unless SPECDRAFT_KERNELS_ISA asks for avx2 (or for avx512)."""
+    """"avx512bf16", "avx512" or "avx2": the CPU's best, unless SPECDRAFT_KERNELS_ISA asks for another."""
     wanted = os.environ.get(ISA_ENV, "auto").strip().lower() or "auto"
-    if wanted not in ("auto", "avx2", "avx512"):
-        raise ValueError(f"{ISA_ENV}={wanted!r}: use auto, avx2 or avx512")
-    has_avx512 = _AVX512_NEEDS <= _cpu_flags()
-    if wanted == "avx512" and not has_avx512:
-        raise ValueError(f"{ISA_ENV}=avx512, but this CPU lacks {sorted(_AVX512_NEEDS - _cpu_flags())}")
-    return "avx2" if wanted == "avx2" or not has_avx512 else "avx512"
+    if wanted not in ("auto", *ISAS):
+        raise ValueError(f"{ISA_ENV}={wanted!r}: use auto, {', '.join(ISAS)}")
+    if wanted == "auto":
+        return runnable_isas()[-1]
+    if _missing(wanted):
+        raise ValueError(f"{ISA_ENV}={wanted}, but this CPU lacks {sorted(_missing(wanted))}")
+    return wanted
 
 
 def _flags() -> list[str]:
-    return _FLAGS + (_AVX512_FLAGS if chosen_isa() == "avx512" else [])
+    isa = chosen_isa()
+    return _FLAGS + (_AVX512_FLAGS if isa != "avx2" else []) + (_BF16_FLAGS if isa == "avx512bf16" else [])
 
 
 def build_dir() -> Path:
