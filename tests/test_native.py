@@ -193,6 +193,25 @@ def test_an_unknown_instruction_set_is_a_clear_error(monkeypatch):
         kernels.chosen_isa()
 
 
+def test_the_build_follows_the_cpu_flags_and_refuses_what_the_cpu_lacks(monkeypatch):
+    avx512 = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
+    cpus = {"avx2": {"avx2", "fma"}, "avx512": avx512, "avx512bf16": avx512 | {"avx512_bf16"}}
+    monkeypatch.delenv(kernels.ISA_ENV, raising=False)
+    for best, flags in cpus.items():
+        monkeypatch.setattr(kernels, "_cpu_flags", lambda flags=flags: flags)
+        assert kernels.chosen_isa() == best
+        assert kernels.runnable_isas() == list(kernels.ISAS[: kernels.ISAS.index(best) + 1])
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: cpus["avx512"])
+    monkeypatch.setenv(kernels.ISA_ENV, "avx512bf16")
+    with pytest.raises(ValueError, match="lacks \\['avx512_bf16'\\]"):
+        kernels.chosen_isa()
+    monkeypatch.setenv(kernels.ISA_ENV, "avx2")
+    assert kernels.chosen_isa() == "avx2" and "-mavx512f" not in kernels._flags()
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: cpus["avx512bf16"])
+    monkeypatch.setenv(kernels.ISA_ENV, "avx512")
+    assert "-mavx512f" in kernels._flags() and "-mavx512bf16" not in kernels._flags()
+
+
 def test_long_passes_use_the_matmul_path_and_agree(tiny_native):
     model = tiny_native["qwen2", "float32"]
     tokens = (TOKENS * 5)[: MAX_KERNEL_ROWS + 9]
