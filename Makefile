@@ -34,14 +34,24 @@ test-fast: $(STAMP)
 # The full suite (all 140 prompts) is `make bench-full`: about 2.5 hours on this machine; it resumes where it
 # stopped (`--resume`), so it can run in parts. See docs/benchmarks.md.
 BENCH_QUICK := --limit 2 --max-new-tokens 64 --dtype auto --threads 2 --methods ar,hf-ar,draft,prompt-lookup
-# EAGLE needs a trained head (docs/eagle.md); drop eagle from the list without one.
-BENCH_FULL := --max-new-tokens 64 --dtype auto --threads 2 --gamma 2 --eagle-head qwen1.5b-chats-s8 \
+# EAGLE needs a trained head: `make head` (docs/eagle.md); drop eagle from the list without one.
+BENCH_FULL := --max-new-tokens 64 --dtype auto --threads 2 --gamma 2 --eagle-head $(HEAD) \
 	--methods 'ar,hf-ar,draft[draft_vocab=32768],prompt-lookup,eagle'
 bench: fetch
 	$(VENV)/bin/specdraft bench $(BENCH_QUICK) --overwrite --out docs/bench/quick
 
 bench-full: fetch
 	$(VENV)/bin/specdraft bench $(BENCH_FULL) --resume --out out/bench-full
+
+# The EAGLE head the benchmarks name (docs/eagle.md "Session 13"): the 1.5B target's features over the committed
+# chats (data/eagle/chats), float32, then one pass of training; about 35 minutes on the 2-core machine. Trained
+# heads live in ~/.cache/specdraft/heads and load by name (--eagle-head).
+HEAD := qwen1.5b-chats-s13
+.PHONY: head
+head: fetch
+	$(VENV)/bin/specdraft train eagle --target qwen2.5-coder-1.5b-instruct --corpus chats:qwen0.5b-chats \
+		--collect-dtype float32 --tokens 90000 --data $(HOME)/.cache/specdraft/eagle-data/chats-s13-fp32 \
+		--window 512 --out $(HEAD) --threads 2 --epochs 1
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
