@@ -168,6 +168,33 @@ def test_attention_kernel_matches_a_float64_softmax_and_is_batch_invariant(tiny_
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("top_score", [-40.0, -88.5, -88.7, -88.9, -266.2])
+def test_attention_kernel_stays_finite_when_every_score_is_far_below_zero(tiny_native, top_score):
+    """Every key scored near `top_score` (a query pointing away from all keys; Qwen2's q/k biases make such
+    rows). Key counts not a multiple of 8 leave lanes past the end in the last group of 8, scored 0: their weight
+    must be 0, not exp(0 - max), whose exponent field overflows near 0 - max = 88.7 or 266 (2^128, 2^384) into an
+    inf, times 0 a NaN. Session 13 found NaN logits from position 124 of a real conversation this way."""
+    ops = tiny_native["qwen2", "float32"].native.ops
+    generator = torch.Generator().manual_seed(4)
+    head_dim, start, queries, heads, kv_heads, capacity = 128, 90, 5, 12, 2, 128
+    direction = torch.nn.functional.normalize(torch.randn(head_dim, generator=generator), dim=0)
+    q = (48.0 * direction).expand(queries, heads, head_dim).contiguous()  # [T, H, Dh]
+    along = top_score * head_dim ** 0.5 / 48.0  # each key's component along the query
+    keys = along * direction + 0.01 * torch.randn(kv_heads, capacity, head_dim, generator=generator)  # [Hkv, C, Dh]
+    values = torch.randn(kv_heads, capacity, head_dim, generator=generator)
+    together = ops.attention(q, keys, values, start)  # [T, H, Dh]
+    assert torch.isfinite(together).all()
+    group = heads // kv_heads
+    for t in range(queries):
+        n_keys = start + t + 1
+        k64 = keys[:, :n_keys].double().repeat_interleave(group, 0)  # [H, n, Dh]
+        scores = torch.einsum("hd,hnd->hn", q[t].double(), k64) / head_dim ** 0.5
+        assert abs(scores.max() - top_score) < 0.2
+        weights = torch.softmax(scores, dim=-1)
+        reference = torch.einsum("hn,hnd->hd", weights, values[:, :n_keys].double().repeat_interleave(group, 0))
+        torch.testing.assert_close(together[t], reference.float(), atol=1e-4, rtol=1e-4)
+
+
 def test_kernels_report_the_instruction_set_they_were_built_for(tiny_native):
     ops = tiny_native["qwen2", "float32"].native.ops
     assert ops.isa() == kernels.chosen_isa() == kernels.startup_info()["isa"]

@@ -268,10 +268,13 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
 
 // exp(x) for x <= 0 (attention scores minus their maximum), lane by lane: x = n ln2 + r with |r| <= ln2 / 2,
 // e^r by its Taylor polynomial to degree 7 (truncation error below 1e-8 relative, under float precision), times 2^n
-// put into the exponent bits. Below -87 (a weight under 1e-38 next to the maximum's 1) it returns e^-87.
+// put into the exponent bits. Below -87 (a weight under 1e-38 next to the maximum's 1) it returns e^-87; above 0
+// it returns 1. That upper clamp matters: the lanes past a query's last key hold a score of 0, so they reach here
+// as 0 - max, which is large when every score is far below zero, and 2^n for n >= 128 would overflow the exponent
+// field into an inf (then inf times their weight mask of 0 is a NaN).
 // A lane's result depends on that lane alone, so batching keys never changes a weight.
 inline __m256 exp_nonpositive(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_setzero_ps());
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   // r = x - n ln2, with ln2 split in a high part exact in float and a low remainder
