@@ -32,6 +32,7 @@ from tiny import build_model
 MODEL = "tiny"
 CONTEXT = 32768
 LONG = 30000  # max_tokens of a request that would keep the worker busy for minutes
+QUEUED_TOKENS = 48  # a generation long enough (a few hundred ms) that answers sent in turn arrive in turn
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'][0] }} {{ m['content'] }}.{% endfor %}"
                  "{% if add_generation_prompt %}a {% endif %}")
 DEFAULT_SPEC = SpecConfig(method="draft", gamma=3)
@@ -496,14 +497,23 @@ def test_full_queue_answers_429_with_retry_after_and_loses_nothing(idle_server, 
 
 
 def test_queued_requests_are_served_in_arrival_order(idle_server):
+    """The worker serves one request at a time, so answer i + 1 is sent a whole generation after answer i. Each
+    asks for QUEUED_TOKENS tokens so that gap dwarfs thread scheduling: with 3-token answers a client thread that
+    read its answer late was once recorded after the next one (CI, session 13), the server's order being right."""
     finished: list[int] = []
     long = idle_server.start_long_stream()
     idle_server.wait_for(running=1, queued=0)
+
+    def ask(i: int) -> None:
+        answer = idle_server.client.completions.create(model=MODEL, prompt="abc", max_tokens=QUEUED_TOKENS,
+                                                        temperature=0)
+        assert answer.usage.completion_tokens == QUEUED_TOKENS  # no early stop that would shrink the gap
+        finished.append(i)
+
     with ThreadPoolExecutor(3) as pool:
         futures = []
         for i in range(3):
-            futures.append(pool.submit(lambda i=i: (idle_server.client.completions.create(
-                model=MODEL, prompt="abc", max_tokens=3, temperature=0), finished.append(i))))
+            futures.append(pool.submit(ask, i))
             idle_server.wait_for(running=1, queued=i + 1)  # the next one arrives only once this one waits
         long.close()
         for f in futures:
