@@ -295,7 +295,8 @@ class ChatsConfig:
 
 
 # chats files committed to the repo (data/eagle/chats/NAME.jsonl.gz): the cache is lost with the machine, and
-# writing them again costs the 0.5B about 45 answer tokens/s here, so the ones a shipped recipe reads are kept
+# writing them again costs the 0.5B 20-45 answer tokens/s here (about half an hour for qwen0.5b-chats), so the
+# ones a shipped recipe reads are kept
 BUNDLED_CHATS = Path(__file__).resolve().parents[3] / "data" / "eagle" / "chats"
 
 
