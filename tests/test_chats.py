@@ -41,11 +41,16 @@ def _gens(n: int, base: int = 7) -> list[torch.Generator]:
 def test_a_padded_batch_samples_what_each_prompt_samples_alone(chat_model):
     from specdraft.train.chats import sample_batch
 
-    texts = ("hello there", "a much longer prompt than the others", "hi", "what now?", "tell me.", "x")
+    texts = ("hello there", "a much longer prompt than the others", "hi", "what now?", "tell me.", "x",
+             "and the last prompt is longer than any cache before it " * 3)
     prompts = [_encode(chat_model, t) for t in texts]
     batched = sample_batch(chat_model, prompts, 1.0, 40, _gens(len(prompts)))
     alone = [sample_batch(chat_model, [p], 1.0, 40, _gens(1, 7 + i))[0] for i, p in enumerate(prompts)]
     assert batched == alone
+    # fewer rows than prompts: rows are refilled as answers end, joining a batch whose cache is longer or
+    # shorter than their prompt, and the columns every remaining row pads are dropped; still each samples alone
+    for rows in (2, 4):
+        assert sample_batch(chat_model, prompts, 1.0, 40, _gens(len(prompts)), rows=rows) == alone
     # rows left the batch at different steps (EOS), others ran to the limit: the shrinking path ran
     assert {reason for _, reason in batched} == {"stop", "length"}
     assert all(len(ids) <= 40 for ids, _ in batched)

@@ -242,10 +242,14 @@ def run(config: AnswersConfig, log=sys.stderr) -> dict:
     todo = [row for row in rows if row["id"] not in done]
     if todo:
         set_threads(config.threads)
+        from ..models.grouped_attention import use_grouped_attention
+
         # The sampler decodes N rows as one batch through the transformers forward, which the native backend's
         # single-sequence kernels do not serve; asking for it also keeps "auto" at float32 on CPUs without bf16.
         small = load_model(config.small, config.dtype, progress=False, backend="transformers")
         large = load_model(config.large, config.dtype, progress=False, backend="transformers")
+        for loaded in (small, large):  # decoding steps of N rows without repeating each KV head per query head
+            use_grouped_attention(loaded.model)
         settings.update({"small_params": model_params(small), "large_params": model_params(large),
                          "torch_dtype": str(small.dtype).removeprefix("torch.")})
         settings_path.write_text(json.dumps(settings, indent=1) + "\n")

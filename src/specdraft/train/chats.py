@@ -11,13 +11,15 @@ without the benchmark's sources:
             categories: chat (two turns), translate (English -> German, then that German back into English),
             summarize, qa, rag, math, code, explain; and the prose kinds of train/prose.py (trivia, passage,
             news, german), whose first answer is a text that the second turn works on;
-  answers   sampled from a model (default the packaged 0.5B draft, `temperature` 0.7), many prompts decoded as
-            one left-padded batch (`sample_batch`): on this CPU a 32-row step of the 0.5B costs about 3x a
-            one-row step, so a batch writes about 10x the tokens per second.
+  answers   sampled from a model (default the packaged 0.5B draft, `temperature` 0.7), up to `batch` answers
+            decoding together, a row refilled with the next prompt as soon as its answer ends (`sample_stream`):
+            a 16-row step of the 0.5B costs about 1.3x a one-row step here (bf16, 300 cached tokens: 138 vs
+            108 ms), and answers end at very different lengths, so a batch that waited for its longest ran
+            few rows for most of its steps.
 
 On disk (`~/.cache/specdraft/chats/NAME/chats.jsonl`, or a folder): one line per conversation,
 {"id", "kind", "source", "model", "temperature", "messages": [[role, text], ...], "finish", "answer_tokens"},
-appended batch by batch, so an interrupted run resumes where it stopped. `chat_docs` turns the file into the
+appended conversation by conversation, so an interrupted run resumes where it stopped. `chat_docs` turns the file into the
 `TextDoc`s both trainers read (`--corpus chats:NAME`).
 """
 
@@ -31,11 +33,13 @@ import random
 import re
 import textwrap
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..config import resolve_dtype
 from ..errors import SpecdraftError
 from .eagle_data import TextDoc, candidate_docs
 from .prose import PROSE_KINDS, followup_accepts, names_withdrawn, prose_prompts
@@ -210,60 +214,125 @@ def build_prompts(per_kind: int, seed: int = 0, kinds: tuple[str, ...] = KINDS) 
 # ------------------------------------------------------------------------------------------- batched sampling
 
 
-def sample_batch(loaded, prompts: list[list[int]], temperature: float, max_new_tokens: int,
-                 generators: list[torch.Generator]) -> list[tuple[list[int], str]]:
-    """Sample one answer per prompt, all prompts as one left-padded batch through the transformers forward.
+@dataclass
+class AnswerJob:
+    """One answer to sample: a key the caller knows it by, the prompt's token ids, and its own seeded stream."""
+    key: str
+    prompt_ids: list[int]
+    generator: torch.Generator
 
-    Returns (answer ids without EOS, finish reason "stop" | "length") per prompt. Rows leave the batch when
-    they finish. Padding is masked out and each row's positions count its own tokens only, so a row decodes
-    as it would alone (up to the last bits of a batched matmul).
+
+def sample_stream(loaded, pull, temperature: float, max_new_tokens: int, rows: int):
+    """Sample answers with up to `rows` of them decoding together, refilling a row as soon as its answer ends.
+
+    `pull(k)` returns up to k more `AnswerJob`s (fewer or none when it has none now; it is asked again each step,
+    so jobs the caller adds between two yields, a second turn say, join as rows come free). Yields (job, answer
+    ids without EOS, "stop" | "length") as answers finish; stops when no row is busy and `pull` has nothing.
+
+    New prompts are prefilled together, left-padded, and joined to the running batch, whose cache is padded on
+    the left to the longer of the two; padding is masked out and each row's positions count its own tokens, so a
+    row decodes as it would alone (up to the last bits of a batched matmul). Keeping rows full is what pays:
+    answers end at very different lengths, and a batch that waits for its longest ran a few rows for most steps.
     """
+    from transformers import DynamicCache
+
     from ..answers.sampler import BatchDecoder
     from ..config import SamplingParams
     from ..sampling import processed_probs, sample
 
-    if not prompts:
-        return []
     eos = loaded.eos_token_ids
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
     pad = next(iter(eos))
-    width = max(len(p) for p in prompts)
-    input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])  # [rows, width]
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])  # [rows, width]
     decoder = BatchDecoder(loaded)
+    jobs: list[AnswerJob] = []  # the job of each batch row
+    answers: list[list[int]] = []  # tokens sampled so far, per row
+    mask = torch.zeros(0, 0, dtype=torch.long)  # [rows, cached]: 1 where a row has a token, 0 for padding
+    logits = torch.zeros(0, 0)  # [rows, V]: each row's next-token logits
 
-    def forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]  # [rows, n]: each row counts its own
-        return decoder.forward(ids, mask, positions)  # [rows, V]
+    def positions(mask: torch.Tensor, n: int) -> torch.Tensor:
+        return (mask.cumsum(-1) - 1).clamp(min=0)[:, -n:]  # [rows, n]: each row counts its own tokens
 
-    answers: list[list[int]] = [[] for _ in prompts]
-    reasons: list[str | None] = [None] * len(prompts)
-    active = list(range(len(prompts)))  # prompt index of each batch row
+    def left_pad(cache: DynamicCache, width: int) -> None:
+        for layer in cache.layers:  # keys, values: [rows, Hkv, S, Dh]
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                setattr(layer, name, torch.cat([t.new_zeros(*t.shape[:2], width, t.shape[3]), t], dim=2))
+
+    def admit(new: list[AnswerJob]) -> None:
+        nonlocal mask, logits
+        width = max(len(j.prompt_ids) for j in new)
+        ids = torch.tensor([[pad] * (width - len(j.prompt_ids)) + j.prompt_ids for j in new])  # [new, width]
+        new_mask = torch.tensor([[0] * (width - len(j.prompt_ids)) + [1] * len(j.prompt_ids) for j in new])
+        prefill = BatchDecoder(loaded)
+        new_logits = prefill.forward(ids, new_mask, positions(new_mask, width))  # [new, V]
+        if jobs:
+            cached = mask.shape[1]
+            for cache, own, other in ((decoder.cache, cached, width), (prefill.cache, width, cached)):
+                if own < other:
+                    left_pad(cache, other - own)
+            if width > cached:
+                mask = torch.cat([mask.new_zeros(len(jobs), width - cached), mask], dim=1)
+            elif cached > width:
+                new_mask = torch.cat([new_mask.new_zeros(len(new), cached - width), new_mask], dim=1)
+            for layer, joining in zip(decoder.cache.layers, prefill.cache.layers, strict=True):
+                layer.keys = torch.cat([layer.keys, joining.keys])
+                layer.values = torch.cat([layer.values, joining.values])
+            mask, logits = torch.cat([mask, new_mask]), torch.cat([logits, new_logits])
+        else:
+            decoder.cache, mask, logits = prefill.cache, new_mask, new_logits
+        jobs.extend(new)
+        answers.extend([] for _ in new)
+
     with torch.inference_mode():
-        probs = processed_probs(forward(input_ids, mask), params)  # [rows, V]
         while True:
-            still = []
-            for row, i in enumerate(active):
-                token = int(sample(probs[row: row + 1], generators[i]))
-                if token in eos:
-                    reasons[i] = "stop"
-                else:
-                    answers[i].append(token)
-                    if len(answers[i]) >= max_new_tokens:
-                        reasons[i] = "length"
-                if reasons[i] is None:
+            if len(jobs) < rows and (new := pull(rows - len(jobs))):
+                admit(list(new))
+            if not jobs:
+                return
+            probs = processed_probs(logits, params)  # [rows, V]
+            still, finished = [], []
+            for row, job in enumerate(jobs):
+                token = int(sample(probs[row: row + 1], job.generator))
+                reason = "stop" if token in eos else None
+                if reason is None:
+                    answers[row].append(token)
+                    reason = "length" if len(answers[row]) >= max_new_tokens else None
+                if reason is None:
                     still.append(row)
-            if not still:
-                break
-            if len(still) < len(active):
-                keep = torch.tensor(still)
+                else:
+                    finished.append((job, answers[row], reason))
+            if len(still) < len(jobs):
+                keep = torch.tensor(still, dtype=torch.long)
                 decoder.cache.batch_select_indices(keep)
                 mask = mask[keep]
-            active = [active[row] for row in still]
-            mask = torch.cat([mask, torch.ones(len(active), 1, dtype=mask.dtype)], dim=1)
-            step_ids = torch.tensor([[answers[i][-1]] for i in active])  # [rows, 1]
-            probs = processed_probs(forward(step_ids, mask), params)
-    return [(answers[i], reasons[i] or "length") for i in range(len(prompts))]
+                jobs[:] = [jobs[r] for r in still]
+                answers[:] = [answers[r] for r in still]
+                if jobs and (first := int(mask.any(0).nonzero()[0])) > 0:  # columns that are padding for every row
+                    mask = mask[:, first:]
+                    for layer in decoder.cache.layers:
+                        layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+            yield from finished
+            if not jobs:
+                continue  # refill, or return when nothing is left
+            mask = torch.cat([mask, torch.ones(len(jobs), 1, dtype=mask.dtype)], dim=1)
+            step_ids = torch.tensor([[a[-1]] for a in answers])  # [rows, 1]
+            logits = decoder.forward(step_ids, mask, positions(mask, 1))
+
+
+def sample_batch(loaded, prompts: list[list[int]], temperature: float, max_new_tokens: int,
+                 generators: list[torch.Generator], rows: int | None = None) -> list[tuple[list[int], str]]:
+    """Sample one answer per prompt (`sample_stream`, `rows` at a time, default all at once); returns (answer
+    ids without EOS, finish reason "stop" | "length") per prompt, in the prompts' order."""
+    queue = [AnswerJob(str(i), p, g) for i, (p, g) in enumerate(zip(prompts, generators, strict=True))]
+    results: dict[str, tuple[list[int], str]] = {}
+
+    def pull(k: int) -> list[AnswerJob]:
+        taken, queue[:k] = queue[:k], []
+        return taken
+
+    for job, ids, reason in sample_stream(loaded, pull, temperature, max_new_tokens, rows or max(len(prompts), 1)):
+        results[job.key] = (ids, reason)
+    return [results[str(i)] for i in range(len(prompts))]
 
 
 # ------------------------------------------------------------------------------------------------- generation
@@ -281,6 +350,7 @@ class ChatsConfig:
     seed: int = 0
     threads: int | None = None
     kinds: tuple[str, ...] = KINDS
+    dtype: str = "auto"  # bfloat16 where the CPU computes it natively (2x the tokens/s of float32 there)
 
     def __post_init__(self) -> None:
         self.kinds = tuple(self.kinds)
@@ -292,6 +362,7 @@ class ChatsConfig:
                 raise SpecdraftError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if not self.temperature > 0:
             raise SpecdraftError("--temperature must be > 0: the corpus is sampled")
+        resolve_dtype(self.dtype)  # a clear error for an unknown name
 
 
 # chats files committed to the repo (data/eagle/chats/NAME.jsonl.gz): the cache is lost with the machine, and
@@ -347,6 +418,7 @@ def generate(config: ChatsConfig, progress: bool = True) -> Path:
     from tqdm import tqdm
 
     from ..models.adapter import load_model, set_threads
+    from ..models.grouped_attention import use_grouped_attention
 
     path = chats_file(config.out)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -356,8 +428,9 @@ def generate(config: ChatsConfig, progress: bool = True) -> Path:
     # the prompts depend on per_kind too (one seeded stream draws them all): a resumed run must not change it;
     # nor its kinds, which set how a stopped run is spread over them
     settings = {"model": config.model, "temperature": config.temperature, "seed": config.seed,
-                "per_kind": config.per_kind, "kinds": list(config.kinds)}
-    before_setting = {"per_kind": config.per_kind, "kinds": list(PACKAGE_KINDS)}  # what files older than it ran
+                "per_kind": config.per_kind, "kinds": list(config.kinds), "dtype": resolve_dtype(config.dtype)}
+    # what files older than a setting ran
+    before_setting = {"per_kind": config.per_kind, "kinds": list(PACKAGE_KINDS), "dtype": "float32"}
     for r in done[:1]:
         theirs = {k: r.get(k, before_setting.get(k)) for k in settings}
         if theirs != settings:
@@ -365,13 +438,14 @@ def generate(config: ChatsConfig, progress: bool = True) -> Path:
     done_ids = {r["id"].split("/")[0] for r in done}
     total = sum(r["answer_tokens"] for r in done)
     todo = [p for p in build_prompts(config.per_kind, config.seed, config.kinds) if p.id not in done_ids]
-    # within each pair of batches, prompts of similar length share a batch: a batch pads to its longest prompt
-    # (an explain prompt is ~20x a chat opener) and decodes as long as its longest answer
+    # within each run of 2 x batch prompts, similar lengths come together: prompts that join the batch at one step
+    # are prefilled as one padded block (an explain prompt is ~20x a chat opener)
     chunk = 2 * config.batch  # small, so that a run stopped anywhere still holds every kind in proportion
     todo = [p for i in range(0, len(todo), chunk) for p in sorted(todo[i: i + chunk], key=lambda p: len(p.user))]
     set_threads(config.threads)
-    # the batched forward is the transformers one: float32 here (bf16 matmuls are emulated on AVX2)
-    loaded = load_model(config.model, "float32", progress=progress, backend="transformers")
+    # the batched forward is the transformers one, with decoding steps in grouped attention
+    loaded = load_model(config.model, settings["dtype"], progress=progress, backend="transformers")
+    use_grouped_attention(loaded.model)
     tokenizer = loaded.tokenizer
 
     def encode(messages: list[tuple[str, str]]) -> list[int]:
@@ -379,43 +453,44 @@ def generate(config: ChatsConfig, progress: bool = True) -> Path:
                                             add_generation_prompt=True, tokenize=True, return_dict=False)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
-    def answer(conversations: list[list[tuple[str, str]]], keys: list[str]) -> list[tuple[list[int], str]]:
-        return sample_batch(loaded, [encode(c) for c in conversations], config.temperature, config.max_new_tokens,
-                            [_seeded(config.seed, k) for k in keys])
-
     bar = tqdm(total=config.tokens, initial=min(total, config.tokens), unit="tok", desc="chats",
                disable=not progress, smoothing=0.1)
     started, written_now = time.time(), 0
+    first_turns = deque(todo)  # prompts not started; none is started once the answers hold `config.tokens`
+    second_turns: deque[AnswerJob] = deque()  # asked as soon as their first answer is in, before new prompts
+    asked: dict[str, tuple[ChatPrompt, list[tuple[str, str]]]] = {}  # answer key -> its prompt and conversation
+    first_records: dict[str, dict] = {}  # second turn's key -> the first exchange's record, written with it
+
+    def pull(k: int) -> list[AnswerJob]:
+        taken = [second_turns.popleft() for _ in range(min(k, len(second_turns)))]
+        while len(taken) < k and first_turns and total < config.tokens:
+            p = first_turns.popleft()
+            asked[p.id] = (p, [("user", p.user)])
+            taken.append(AnswerJob(p.id, encode(asked[p.id][1]), _seeded(config.seed, p.id)))
+        return taken
+
     with open(path, "a") as f:
-        for start in range(0, len(todo), config.batch):
-            if total >= config.tokens:
-                break
-            batch = todo[start: start + config.batch]
-            first = [[("user", p.user)] for p in batch]
-            results = answer(first, [p.id for p in batch])
-            records = []  # each first exchange is followed by its second turn, if any: they are written together
-            second, second_of, second_at = [], [], []
-            for p, conversation, (ids, reason) in zip(batch, first, results, strict=True):
-                text = tokenizer.decode(ids, skip_special_tokens=True).strip()
-                conversation = conversation + [("assistant", text)]
-                records.append((p, conversation, reason, len(ids), p.id))
-                if p.followup and reason == "stop" and followup_accepts(p.kind, text):
-                    turn = ("user", p.followup.format(answer=text))
-                    second.append([turn] if p.restart else conversation + [turn])
-                    second_of.append(p)
-                    second_at.append(len(records))
-            second_answers = answer(second, [p.id + "/2" for p in second_of])
-            for at, p, conversation, (ids, reason) in reversed(list(zip(second_at, second_of, second, second_answers,
-                                                                         strict=True))):
-                text = tokenizer.decode(ids, skip_special_tokens=True).strip()
-                records.insert(at, (p, conversation + [("assistant", text)], reason, len(ids), p.id + "/2"))
-            for p, conversation, reason, n_tokens, key in records:
-                f.write(json.dumps({"id": key, "kind": p.kind, "source": p.source, **settings,
-                                    "messages": [list(m) for m in conversation], "finish": reason,
-                                    "answer_tokens": n_tokens}) + "\n")
-                total += n_tokens
-                written_now += n_tokens
-                bar.update(n_tokens)
+        for job, ids, reason in sample_stream(loaded, pull, config.temperature, config.max_new_tokens, config.batch):
+            p, conversation = asked.pop(job.key)
+            text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+            conversation = conversation + [("assistant", text)]
+            record = {"id": job.key, "kind": p.kind, "source": p.source, **settings,
+                      "messages": [list(m) for m in conversation], "finish": reason, "answer_tokens": len(ids)}
+            is_first = job.key == p.id
+            if is_first and p.followup and reason == "stop" and followup_accepts(p.kind, text):
+                turn = ("user", p.followup.format(answer=text))
+                second = [turn] if p.restart else conversation + [turn]
+                key = p.id + "/2"
+                asked[key] = (p, second)
+                first_records[key] = record
+                second_turns.append(AnswerJob(key, encode(second), _seeded(config.seed, key)))
+                continue
+            # a conversation is written whole (its first exchange, then its second): a resumed run skips it whole
+            for r in ([] if is_first else [first_records.pop(job.key)]) + [record]:
+                f.write(json.dumps(r) + "\n")
+                total += r["answer_tokens"]
+                written_now += r["answer_tokens"]
+                bar.update(r["answer_tokens"])
             f.flush()
             bar.set_postfix(tok_s=f"{written_now / max(time.time() - started, 1e-9):.1f}")
     bar.close()
@@ -475,7 +550,7 @@ def corpus_docs(spec: str) -> list[TextDoc]:
 def cmd_train_chats(args) -> int:
     config = ChatsConfig(out=args.out, model=args.model, tokens=args.tokens, per_kind=args.per_kind,
                          batch=args.batch, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                         seed=args.seed, threads=args.threads, kinds=tuple(args.kinds))
+                         seed=args.seed, threads=args.threads, kinds=tuple(args.kinds), dtype=args.dtype)
     path = generate(config)
     records = _read(path)
     kinds: dict[str, int] = {}

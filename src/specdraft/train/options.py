@@ -99,4 +99,6 @@ def add_chats_arguments(sub) -> None:
     p.add_argument("--kinds", type=_kinds, default=d.kinds,
                    help=f"comma-separated prompt kinds (default all: {','.join(d.kinds)}); the prose kinds "
                    f"({', '.join(PROSE_KINDS)}) need no package scan, so they start at once")
+    p.add_argument("--dtype", default=d.dtype, help="the answering model's weights (auto: bfloat16 where the CPU "
+                   "computes it natively, float32 elsewhere); recorded, and a resumed run must keep it")
     p.add_argument("--threads", type=int, default=None)
