@@ -19,8 +19,8 @@ without the benchmark's sources:
 
 On disk (`~/.cache/specdraft/chats/NAME/chats.jsonl`, or a folder): one line per conversation,
 {"id", "kind", "source", "model", "temperature", "messages": [[role, text], ...], "finish", "answer_tokens"},
-appended conversation by conversation, so an interrupted run resumes where it stopped. `chat_docs` turns the file into the
-`TextDoc`s both trainers read (`--corpus chats:NAME`).
+appended conversation by conversation, so an interrupted run resumes where it stopped. `chat_docs` turns the
+file into the `TextDoc`s both trainers read (`--corpus chats:NAME`).
 """
 
 from __future__ import annotations
