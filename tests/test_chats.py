@@ -261,3 +261,23 @@ def test_a_committed_chats_file_is_unpacked_into_the_cache_once(tmp_path, monkey
     assert chats.chats_file("shipped").read_text() == ""
     assert chats.chats_file("elsewhere") == tmp_path / "cache" / "elsewhere" / "chats.jsonl"
     assert not (tmp_path / "cache" / "elsewhere").exists()
+
+
+def test_the_committed_chats_files_are_whole_and_keep_off_the_benchmark():
+    """Every file in data/eagle/chats reads, holds whole conversations (a second turn right after its first) and
+    no benchmark turn; records naming a withdrawn subject may be there, since chat_docs leaves them out."""
+    from specdraft.train import chats
+
+    bench_turns = {turn.strip() for line in (chats.BUNDLED_CHATS.parents[1] / "bench" / "prompts.jsonl").open()
+                   for turn in json.loads(line)["turns"]}
+    files = sorted(chats.BUNDLED_CHATS.glob("*.jsonl.gz"))
+    assert files
+    for path in files:
+        records = [json.loads(line) for line in gzip.open(path, "rt")]
+        ids = [r["id"] for r in records]
+        assert len(set(ids)) == len(ids), path.name
+        for i, key in enumerate(ids):
+            if key.endswith("/2"):
+                assert ids[i - 1] == key[:-2], (path.name, key)
+        assert all(r["messages"][-1][0] == "assistant" and r["answer_tokens"] > 0 for r in records), path.name
+        assert not {text.strip() for r in records for role, text in r["messages"] if role == "user"} & bench_turns
