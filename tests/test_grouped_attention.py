@@ -73,7 +73,8 @@ def test_grouped_attention_matches_sdpa_on_crafted_tensors():
     query = torch.randn(2, 6, 1, 8, generator=generator)  # [B, Hq, 1, D]
     key, value = (torch.randn(2, 2, 5, 8, generator=generator) for _ in range(2))  # [B, Hkv, L, D]
     mask = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 0, 1, 1]], dtype=torch.bool)[:, None, None]  # [B, 1, 1, L]
-    for attention_mask in (mask, None):
+    additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)  # [B, 1, 1, L]
+    for attention_mask in (mask, additive, None):
         expected, _ = sdpa_attention_forward(Attention(), query, key, value, attention_mask, scaling=0.3)
         got, _ = grouped_attention(Attention(), query, key, value, attention_mask, scaling=0.3)
         assert got.shape == (2, 1, 6, 8)
