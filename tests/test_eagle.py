@@ -506,3 +506,34 @@ def test_train_command_collects_trains_and_exports(tiny_features, tmp_path):
     assert (out / "head.json").is_file() and (out / "loss.png").is_file()
     assert (export / "config.json").is_file() and (export / "model.safetensors").is_file()
     assert main(argv) == 0  # everything done already: resumes both phases without redoing them
+
+
+def test_native_bf16_head_drafts_close_to_its_fp32_self_and_stays_lossless(tiny_models):
+    """use_native_bf16: bf16 copies of every matrix through the native kernels. The layer output and the draft
+    logits stay within bf16 rounding of the fp32 head's, the parameters are untouched, and the engine's greedy
+    output still equals plain decoding (chain and tree)."""
+    from specdraft.drafters.eagle import EagleTreeDrafter
+    from specdraft.models.eagle_head import HeadCache
+    from specdraft.models.native.kernels import load_kernels, unavailable_reason
+
+    if unavailable_reason() is not None:
+        pytest.fail(f"the native kernels must build on the test machine: {unavailable_reason()}")
+    target = tiny_models["target"]
+    reference, head = tiny_head(target, scale=2.0), tiny_head(target, scale=2.0)
+    before = {name: p.detach().clone() for name, p in head.named_parameters()}
+    head.use_native_bf16(load_kernels())
+    generator = torch.Generator().manual_seed(3)
+    taps = torch.randn(5, 3, head.config.target_hidden_size, generator=generator)  # [T, 3, D_t]
+    next_ids = torch.randint(3, target.vocab_size, (5,), generator=generator)
+    with torch.inference_mode():
+        outs = [h.step(h.fuse(taps), next_ids, HeadCache(h.config)) for h in (reference, head)]  # [T, D] each
+        logits = [h.draft_logits(out) for h, out in zip((reference, head), outs)]
+    scale = logits[0].abs().max()
+    assert (logits[1] - logits[0]).abs().max() < 0.05 * scale  # bf16 rounding of weights and activations
+    assert not torch.equal(logits[1], logits[0])  # the bf16 path did run
+    assert all(torch.equal(p, before[name]) for name, p in head.named_parameters())
+    for drafter in (EagleDrafter(head, target), EagleTreeDrafter(head, target, budget=6, depth=3, branch=2)):
+        engine = Engine(target, drafter, SpecConfig("eagle", 4, eagle_head="(in memory)"))
+        for prompt in PROMPTS:
+            ids = Engine(target).encode(prompt, chat=False)
+            assert engine.generate(ids, GREEDY).token_ids == Engine(target).generate(ids, GREEDY).token_ids

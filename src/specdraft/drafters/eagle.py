@@ -46,7 +46,12 @@ class EagleDrafter:
         if key not in _LOADED_HEADS or _LOADED_HEADS[key][0] is not target:
             if len(_LOADED_HEADS) >= 4:
                 _LOADED_HEADS.pop(next(iter(_LOADED_HEADS)))
-            _LOADED_HEADS[key] = (target, load_head(name_or_path, target))
+            head = load_head(name_or_path, target)
+            from ..models.native.kernels import load_kernels, unavailable_reason
+
+            if unavailable_reason() is None:  # bf16 copies of its matrices through the native kernels
+                head.use_native_bf16(load_kernels())
+            _LOADED_HEADS[key] = (target, head)
         return cls(_LOADED_HEADS[key][1], target)
 
 
