@@ -522,6 +522,7 @@ def test_native_bf16_head_drafts_close_to_its_fp32_self_and_stays_lossless(tiny_
     reference, head = tiny_head(target, scale=2.0), tiny_head(target, scale=2.0)
     before = {name: p.detach().clone() for name, p in head.named_parameters()}
     head.use_native_bf16(load_kernels())
+    head.eval(), reference.eval()  # as EagleDrafter holds them
     generator = torch.Generator().manual_seed(3)
     taps = torch.randn(5, 3, head.config.target_hidden_size, generator=generator)  # [T, 3, D_t]
     next_ids = torch.randint(3, target.vocab_size, (5,), generator=generator)
@@ -532,6 +533,9 @@ def test_native_bf16_head_drafts_close_to_its_fp32_self_and_stays_lossless(tiny_
     assert (logits[1] - logits[0]).abs().max() < 0.05 * scale  # bf16 rounding of weights and activations
     assert not torch.equal(logits[1], logits[0])  # the bf16 path did run
     assert all(torch.equal(p, before[name]) for name, p in head.named_parameters())
+    with torch.inference_mode():  # in training mode the head reads its parameters, not the copies
+        assert torch.equal(head.train().draft_logits(outs[0]), reference.draft_logits(outs[0]))
+    head.eval()
     for drafter in (EagleDrafter(head, target), EagleTreeDrafter(head, target, budget=6, depth=3, branch=2)):
         engine = Engine(target, drafter, SpecConfig("eagle", 4, eagle_head="(in memory)"))
         for prompt in PROMPTS:

@@ -152,7 +152,8 @@ class EagleHead(nn.Module):
     def linear(self, module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] -> [T, out] by one of the head's matrices: its parameter (training, or no native kernels),
         or at inference after `use_native_bf16` a bf16 copy through the native kernel."""
-        native = self._native_weights.get(id(module)) if self._native_ops is not None else None
+        # copies made at the call: a head in training mode (its parameters moving) reads its parameters
+        native = self._native_weights.get(id(module)) if self._native_ops is not None and not self.training else None
         if native is None:
             return module(x)
         return self._native_ops.linear(x.float().contiguous(), native, None)
