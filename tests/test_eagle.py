@@ -143,18 +143,20 @@ def test_collected_features_match_a_fresh_forward(tiny_features):
     torch.testing.assert_close(final, hidden[3][0], rtol=1e-2, atol=1e-2)
 
 
-def train_config(folder, out, steps):
+def train_config(folder, out, steps, compute_dtype="float32"):
     from specdraft.train.config import TrainConfig
 
     return TrainConfig(data=str(folder), out=str(out), steps=steps, ttt_steps=3, window=24, draft_vocab=10,
-                       intermediate_size=32, lr=3e-3, warmup_steps=2, checkpoint_every=3)
+                       intermediate_size=32, lr=3e-3, warmup_steps=2, checkpoint_every=3,
+                       compute_dtype=compute_dtype)
 
 
-def test_training_lowers_the_loss(tiny_features, tmp_path):
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+def test_training_lowers_the_loss(tiny_features, tmp_path, compute_dtype):
     from specdraft.train.eagle_train import Trainer
 
     _, folder = tiny_features
-    trainer = Trainer(train_config(folder, tmp_path / "head", 30), progress=False)
+    trainer = Trainer(train_config(folder, tmp_path / "head", 30, compute_dtype), progress=False)
     trainer.run()
     first = sum(r["loss"] for r in trainer.history[:5]) / 5
     last = sum(r["loss"] for r in trainer.history[-5:]) / 5
@@ -163,16 +165,17 @@ def test_training_lowers_the_loss(tiny_features, tmp_path):
     assert "val_agreement" in trainer.history[-1]
 
 
-def test_resumed_training_reaches_the_same_state(tiny_features, tmp_path):
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+def test_resumed_training_reaches_the_same_state(tiny_features, tmp_path, compute_dtype):
     from specdraft.train.eagle_train import Trainer
 
     _, folder = tiny_features
-    straight = Trainer(train_config(folder, tmp_path / "straight", 9), progress=False)
+    straight = Trainer(train_config(folder, tmp_path / "straight", 9, compute_dtype), progress=False)
     straight.run()
-    interrupted = Trainer(train_config(folder, tmp_path / "resumed", 9), progress=False)
+    interrupted = Trainer(train_config(folder, tmp_path / "resumed", 9, compute_dtype), progress=False)
     interrupted.run(stop_after=4)  # killed after step 4: the checkpoint holds step 3, step 4 is redone
     assert interrupted.step == 4
-    resumed = Trainer(train_config(folder, tmp_path / "resumed", 9), progress=False)
+    resumed = Trainer(train_config(folder, tmp_path / "resumed", 9, compute_dtype), progress=False)
     assert resumed.step == 3
     resumed.run()
     assert resumed.step == straight.step == 9
@@ -182,6 +185,31 @@ def test_resumed_training_reaches_the_same_state(tiny_features, tmp_path):
     other = Trainer(train_config(folder, tmp_path / "other", 9), progress=False)
     other.run(stop_after=3)  # a run that really differs (fewer steps) must not compare equal: the check can fail
     assert not torch.equal(other.head.fc.weight, straight.head.fc.weight)
+
+
+def test_bf16_training_computes_in_bf16_and_stays_near_float32(tiny_features, tmp_path):
+    """--compute-dtype bfloat16 runs the step's products in bf16 (its losses differ from fp32's: autocast is on)
+    while the losses stay within bf16 rounding of fp32's and the parameters stay float32."""
+    from specdraft.train.eagle_train import Trainer
+
+    _, folder = tiny_features
+    runs = {dtype: Trainer(train_config(folder, tmp_path / dtype, 3, dtype), progress=False)
+            for dtype in ("float32", "bfloat16")}
+    records = {dtype: trainer.train_step(0) for dtype, trainer in runs.items()}
+    fp32, bf16 = records["float32"]["step_losses"], records["bfloat16"]["step_losses"]
+    assert fp32 != bf16
+    torch.testing.assert_close(torch.tensor(bf16), torch.tensor(fp32), rtol=2e-2, atol=2e-2)
+    assert all(p.dtype == torch.float32 for p in runs["bfloat16"].head.parameters())
+
+
+def test_compute_dtype_auto_resolves_and_a_wrong_one_is_a_user_error(tmp_path):
+    from specdraft.config import cpu_has_native_bf16
+    from specdraft.train.config import TrainConfig
+
+    auto = TrainConfig(data="x", out=str(tmp_path))
+    assert auto.compute_dtype == ("bfloat16" if cpu_has_native_bf16() else "float32")
+    with pytest.raises(SpecdraftError, match="compute-dtype"):
+        TrainConfig(data="x", out=str(tmp_path), compute_dtype="float16")
 
 
 def test_resuming_with_other_settings_is_a_user_error(tiny_features, tmp_path):

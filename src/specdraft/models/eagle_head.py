@@ -85,8 +85,10 @@ class _MLP(nn.Module):
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, linear=None) -> torch.Tensor:
+        """x [T, D] -> [T, D]; `linear(module, x)` applies one of the matrices (default: the module itself)."""
+        linear = linear or (lambda module, rows: module(rows))
+        return linear(self.down_proj, F.silu(linear(self.gate_proj, x)) * linear(self.up_proj, x))
 
 
 class _MidLayer(nn.Module):
@@ -145,7 +147,9 @@ class EagleHead(nn.Module):
         self.register_buffer("t2d", torch.zeros(c.vocab_size, dtype=torch.bool))  # target id has a draft id
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [Dh / 2]
-        self._native_ops = None  # set by use_native_bf16: inference through bf16 copies of the matrices
+        # set by use_native_bf16: the native kernels and bf16 copies of the matrices (by id of the nn.Linear) that
+        # inference reads; empty: no copies
+        self._native_ops = None
         self._native_weights: dict[int, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ shared pieces
@@ -153,7 +157,7 @@ class EagleHead(nn.Module):
         """x [T, in] -> [T, out] by one of the head's matrices: its parameter (training, or no native kernels),
         or at inference after `use_native_bf16` a bf16 copy through the native kernel."""
         # copies made at the call: a head in training mode (its parameters moving) reads its parameters
-        native = self._native_weights.get(id(module)) if self._native_ops is not None and not self.training else None
+        native = None if self.training else self._native_weights.get(id(module))
         if native is None:
             return module(x)
         return self._native_ops.linear(x.float().contiguous(), native, None)
@@ -202,8 +206,7 @@ class EagleHead(nn.Module):
         """hidden [T, D] (the residual), attended [T, H * Dh] -> the layer's output [T, D] (pre-norm)."""
         layer = self.midlayer
         h = hidden + self.linear(layer.self_attn.o_proj, attended)
-        x, mlp = layer.post_attention_layernorm(h), layer.mlp
-        return h + self.linear(mlp.down_proj, F.silu(self.linear(mlp.gate_proj, x)) * self.linear(mlp.up_proj, x))
+        return h + layer.mlp(layer.post_attention_layernorm(h), self.linear)
 
     def draft_logits(self, out: torch.Tensor) -> torch.Tensor:
         """out [T, D] -> logits over the draft vocabulary [T, V_draft]."""

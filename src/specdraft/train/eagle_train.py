@@ -21,6 +21,7 @@ the same state as an uninterrupted one (tests/test_eagle.py checks it).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -91,7 +92,7 @@ def ttt_losses(head: EagleHead, tokens: torch.Tensor, taps: torch.Tensor, target
     losses, agreement = [], []
     for j, logits in enumerate(ttt_logits(head, tokens, taps, ttt_steps, start), start=1):
         wanted = target_probs[j: j + logits.shape[0]]  # [valid, V_draft]: p_{a + j}
-        losses.append(-(wanted * logits.log_softmax(-1)).sum(-1).mean())
+        losses.append(-(wanted * logits.float().log_softmax(-1)).sum(-1).mean())
         agreement.append(float((logits.argmax(-1) == wanted.argmax(-1)).float().mean()))
     return losses, agreement
 
@@ -129,7 +130,7 @@ def ttt_logits(head: EagleHead, tokens: torch.Tensor, taps: torch.Tensor, ttt_st
             scores = (q @ step1_keys.transpose(1, 2)) * scale  # [H, n, n]
             scores = scores.masked_fill(~causal, float("-inf"))
             diag = torch.stack([(q * key).sum(-1) for key in own_keys], dim=-1) * scale  # [H, n, j - 1]
-            weights = torch.cat([scores, diag], dim=-1).softmax(dim=-1)  # [H, n, n + j - 1]
+            weights = torch.cat([scores, diag], dim=-1).float().softmax(dim=-1)  # [H, n, n + j - 1]
             attended = weights[..., :n] @ step1_values  # [H, n, Dh]
             for s, value in enumerate(own_values):
                 attended = attended + weights[..., n + s: n + s + 1] * value
@@ -238,12 +239,19 @@ class Trainer:
             target_probs = (final @ self.draft_lm_head.T).softmax(-1)  # [T, V_draft]
         return tokens, taps, target_probs
 
+    def compute(self):
+        """The context a forward pass runs in: bf16 autocast when `compute_dtype` says so."""
+        if self.config.compute_dtype == "bfloat16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     def train_step(self, step: int) -> dict:
         c = self.config
         window = self.window_for_step(step)
         tokens, taps, target_probs = self._batch(window)
         self.head.train()
-        losses, agreement = ttt_losses(self.head, tokens, taps, target_probs, c.ttt_steps, start=window[1])
+        with self.compute():
+            losses, agreement = ttt_losses(self.head, tokens, taps, target_probs, c.ttt_steps, start=window[1])
         loss = sum(c.step_weight ** j * l for j, l in enumerate(losses))
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr_at(step)
@@ -262,8 +270,9 @@ class Trainer:
         sums, agree, weight = [0.0] * self.config.ttt_steps, [0.0] * self.config.ttt_steps, 0
         for window in self.val_ids:
             tokens, taps, target_probs = self._batch(window)
-            losses, agreement = ttt_losses(self.head, tokens, taps, target_probs, self.config.ttt_steps,
-                                           start=window[1])
+            with self.compute():
+                losses, agreement = ttt_losses(self.head, tokens, taps, target_probs, self.config.ttt_steps,
+                                               start=window[1])
             for j, (l, a) in enumerate(zip(losses, agreement)):
                 sums[j] += float(l) * tokens.shape[0]
                 agree[j] += a * tokens.shape[0]
@@ -334,7 +343,8 @@ def cmd_train(args) -> int:
         return 0
     config = TrainConfig(data=data, out=args.out, steps=args.steps, epochs=args.epochs, ttt_steps=args.ttt_steps,
                          window=args.window, draft_vocab=args.draft_vocab, intermediate_size=args.intermediate_size,
-                         lr=args.lr, checkpoint_every=args.checkpoint_every, seed=args.seed)
+                         lr=args.lr, checkpoint_every=args.checkpoint_every, seed=args.seed,
+                         compute_dtype=args.compute_dtype)
     trainer = Trainer(config)
     head = trainer.run()
     print(f"head: {trainer.folder} ({trainer.step} steps; log {trainer.folder / LOG}, plot "
