@@ -561,6 +561,10 @@ def test_native_bf16_head_drafts_close_to_its_fp32_self_and_stays_lossless(tiny_
     assert (logits[1] - logits[0]).abs().max() < 0.05 * scale  # bf16 rounding of weights and activations
     assert not torch.equal(logits[1], logits[0])  # the bf16 path did run
     assert all(torch.equal(p, before[name]) for name, p in head.named_parameters())
+    # gamma auto prices a draft token by the bytes a step reads: the bf16 copies are half the fp32 matrices
+    matrices = sum(m.weight.numel() for m in head.modules() if isinstance(m, torch.nn.Linear))
+    assert reference.step_bytes() - head.step_bytes() == 2 * matrices
+    assert EagleDrafter(head, target).draft_bytes == head.step_bytes()
     with torch.inference_mode():  # in training mode the head reads its parameters, not the copies
         assert torch.equal(head.train().draft_logits(outs[0]), reference.draft_logits(outs[0]))
     head.eval()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..config import SamplingParams
-from ..models.adapter import LoadedModel, weight_bytes
+from ..models.adapter import LoadedModel
 from ..models.eagle_head import EagleHead, HeadCache, load_head
 from ..sampling import processed_probs, sample
 from ..types import Draft
@@ -36,7 +36,7 @@ class EagleDrafter:
         self.cache = HeadCache(head.config)
         self.committed = 0  # head rows built from the target's own taps
         self.pending = torch.empty(0, head.config.hidden_size)  # [n, D] fused taps not yet fed to the head
-        self.draft_bytes = weight_bytes(head)  # read per draft token (gamma auto weighs draft lengths by it)
+        self.draft_bytes = head.step_bytes()  # read per draft token (gamma auto weighs draft lengths by it)
 
     @classmethod
     def load(cls, name_or_path: str, target: LoadedModel) -> EagleDrafter:

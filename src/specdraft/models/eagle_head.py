@@ -173,6 +173,18 @@ class EagleHead(nn.Module):
         self._native_weights = {id(m): m.weight.detach().to(torch.bfloat16).contiguous()
                                 for m in self.modules() if isinstance(m, nn.Linear)}
 
+    def step_bytes(self) -> int:
+        """Weight bytes one inference step reads: each matrix's bf16 copy where `use_native_bf16` made one (gamma
+        auto prices a draft token by them), the norms; not the embedding rows (one row per token)."""
+        total = 0
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                weight = self._native_weights.get(id(module), module.weight)
+                total += weight.numel() * weight.element_size()
+            elif isinstance(module, RMSNorm):
+                total += module.weight.numel() * module.weight.element_size()
+        return total
+
     def set_vocab(self, draft_to_target: torch.Tensor) -> None:
         """draft_to_target: [V_draft] int64, the target id of each draft id (ascending)."""
         self.d2t.copy_(draft_to_target)
