@@ -252,11 +252,16 @@ def sample_stream(loaded, pull, temperature: float, max_new_tokens: int, rows: i
     def positions(mask: torch.Tensor, n: int) -> torch.Tensor:
         return (mask.cumsum(-1) - 1).clamp(min=0)[:, -n:]  # [rows, n]: each row counts its own tokens
 
-    def left_pad(cache: DynamicCache, width: int) -> None:
+    def left_pad(cache: DynamicCache, mask: torch.Tensor, columns: int) -> torch.Tensor:
+        """Pad a batch's cache and its mask [rows, cached] on the left to `columns`; returns the padded mask."""
+        extra = columns - mask.shape[1]
+        if extra <= 0:
+            return mask
         for layer in cache.layers:  # keys, values: [rows, Hkv, S, Dh]
             for name in ("keys", "values"):
                 t = getattr(layer, name)
-                setattr(layer, name, torch.cat([t.new_zeros(*t.shape[:2], width, t.shape[3]), t], dim=2))
+                setattr(layer, name, torch.cat([t.new_zeros(*t.shape[:2], extra, t.shape[3]), t], dim=2))
+        return torch.cat([mask.new_zeros(mask.shape[0], extra), mask], dim=1)
 
     def admit(new: list[AnswerJob]) -> None:
         nonlocal mask, logits
@@ -266,14 +271,9 @@ def sample_stream(loaded, pull, temperature: float, max_new_tokens: int, rows: i
         prefill = BatchDecoder(loaded)
         new_logits = prefill.forward(ids, new_mask, positions(new_mask, width))  # [new, V]
         if jobs:
-            cached = mask.shape[1]
-            for cache, own, other in ((decoder.cache, cached, width), (prefill.cache, width, cached)):
-                if own < other:
-                    left_pad(cache, other - own)
-            if width > cached:
-                mask = torch.cat([mask.new_zeros(len(jobs), width - cached), mask], dim=1)
-            elif cached > width:
-                new_mask = torch.cat([new_mask.new_zeros(len(new), cached - width), new_mask], dim=1)
+            columns = max(mask.shape[1], width)
+            mask = left_pad(decoder.cache, mask, columns)
+            new_mask = left_pad(prefill.cache, new_mask, columns)
             for layer, joining in zip(decoder.cache.layers, prefill.cache.layers, strict=True):
                 layer.keys = torch.cat([layer.keys, joining.keys])
                 layer.values = torch.cat([layer.values, joining.values])
