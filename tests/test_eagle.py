@@ -223,6 +223,23 @@ def test_resuming_with_other_settings_is_a_user_error(tiny_features, tmp_path):
         Trainer(replace(train_config(folder, tmp_path / "run", 3), lr=1e-2), progress=False)
 
 
+def test_a_checkpoint_from_before_compute_dtype_resumes_as_float32(tiny_features, tmp_path):
+    """Checkpoints written before --compute-dtype existed trained in float32: they resume as such, and a bf16
+    run does not take them over."""
+    from specdraft.train.common import CHECKPOINT
+    from specdraft.train.eagle_train import Trainer
+
+    _, folder = tiny_features
+    Trainer(train_config(folder, tmp_path / "run", 6), progress=False).run(stop_after=3)
+    path = tmp_path / "run" / CHECKPOINT
+    ckpt = torch.load(path, weights_only=False)
+    del ckpt["train_config"]["compute_dtype"]
+    torch.save(ckpt, path)
+    assert Trainer(train_config(folder, tmp_path / "run", 6, "float32"), progress=False).step == 3
+    with pytest.raises(SpecdraftError, match="other settings"):
+        Trainer(train_config(folder, tmp_path / "run", 6, "bfloat16"), progress=False)
+
+
 def test_training_on_two_folders_reads_both_and_holds_out_from_each(tiny_features, tmp_path):
     """--data A+B: corpora collected apart train one head; each folder gives held-out sequences."""
     from specdraft.train.eagle_data import CollectConfig, collect

@@ -167,7 +167,8 @@ class Trainer:
         ckpt_path = self.folder / CHECKPOINT
         if ckpt_path.is_file():
             ckpt = torch.load(ckpt_path, weights_only=False)
-            if ckpt["train_config"] != self._identity():
+            stored = {"compute_dtype": "float32", **ckpt["train_config"]}  # runs before session 15 were fp32
+            if stored != self._identity():
                 raise SpecdraftError(f"{self.folder} holds a run with other settings; choose another --out or "
                                      f"delete {ckpt_path}")
             head_config = EagleHeadConfig.from_dict(ckpt["head_config"])
