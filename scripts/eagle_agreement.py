@@ -17,6 +17,8 @@ the same prompts answered by the 1.5B tells whether the head is weak on the targ
 
 Step-1 answer agreement is also split by whether lookup first (its default: n-grams of 2-3 tokens) would copy
 at that position: the engine asks the head only where it would not, so that part is the one that shows online.
+Besides top-1 agreement (what greedy decoding keeps), it gives the expected acceptance of a guess sampled from the
+head at temperature 1, sum_x min(p, q) (what sampling keeps; session 15).
 With `--bench`, runs recorded since session 12 also give the engine's own acceptance of the head's drafts per
 step (given the steps before it) on the same first turns, to set beside it.
 """
@@ -44,26 +46,34 @@ PROMPTS = Path(__file__).resolve().parents[1] / "data" / "bench" / "prompts.json
 
 def agreement(target, head, prompt_ids: list[int], answer_ids: list[int], steps: int):
     """(hits per draft step over the answer positions, positions per step, step-1 hits and positions over the
-    prompt): the head's guess against the target's greedy token at every position of prompt + answer."""
+    prompt, step-1 answer hits and positions split by whether lookup first would copy, the expected acceptance
+    at temperature 1 per step over the answer positions summed): the head's guess against the target's greedy
+    token at every position of prompt + answer; the expected acceptance of a guess sampled from the head's q
+    is sum_x min(p(x), q(x)) (p the target's distribution there, q zero outside the draft vocabulary)."""
     ids = prompt_ids + answer_ids
     with torch.inference_mode():
         state = target.new_state(feature_layers=tuple(head.config.target_layers))
-        greedy = state.forward(ids, len(ids)).argmax(-1)  # [T]: the target's token after each position
+        target_probs = state.forward(ids, len(ids)).float().softmax(-1)  # [T, V]: the target after each position
+        greedy = target_probs.argmax(-1)  # [T]
         guesses = ttt_logits(head, torch.tensor(ids), state.features, steps)
-    answer_hits, answer_rows, prompt, split = [], [], (0.0, 0), {True: [0.0, 0], False: [0.0, 0]}
+    answer_hits, answer_rows, sampled, prompt = [], [], [], (0.0, 0)
+    split = {True: [0.0, 0], False: [0.0, 0]}
     for j, logits in enumerate(guesses, start=1):
         # row a: the head's guess for the token after position a + j, the target's is greedy[a + j]
         hit = (head.d2t[logits.argmax(-1)] == greedy[j: j + logits.shape[0]]).float()  # [T - j]
         in_prompt = max(len(prompt_ids) - j - 1, 0)  # rows whose guessed token is a prompt token
         answer_hits.append(float(hit[in_prompt:].sum()))
         answer_rows.append(len(hit) - in_prompt)
+        with torch.inference_mode():
+            q = head.full_vocab_logits(logits[in_prompt:]).softmax(-1)  # [answer rows, V]
+            sampled.append(float(torch.minimum(q, target_probs[j + in_prompt: j + logits.shape[0]]).sum()))
         if j == 1:
             prompt = (float(hit[:in_prompt].sum()), in_prompt)
             for row in range(in_prompt, len(hit)):  # the engine's context then ends at position row + 1
                 copies = bool(find_continuation(ids[: row + 2], 1, SpecConfig.lookup_max_ngram, AUTO_LOOKUP_FIRST))
                 split[copies][0] += float(hit[row])
                 split[copies][1] += 1
-    return answer_hits, answer_rows, prompt, split
+    return answer_hits, answer_rows, prompt, split, sampled
 
 
 def online_steps(args) -> str:
@@ -131,18 +141,19 @@ def main() -> int:
     target = load_model(args.target, "auto")
     head = load_head(args.head, target)
     turns = bench_turns(args, target) if args.bench else chats_turns(args, target)
-    totals, rows, prompt_total = [0.0] * args.steps, [0] * args.steps, [0.0, 0]
+    totals, rows, prompt_total, sampled_total = [0.0] * args.steps, [0] * args.steps, [0.0, 0], [0.0] * args.steps
     by_kind: dict[str, list[float]] = {}
     by_copy = {True: [0.0, 0], False: [0.0, 0]}
     for kind, prompt_ids, answer_ids, note in turns:
-        hits, counts, (prompt_hits, prompt_rows), split = agreement(target, head, prompt_ids, answer_ids,
-                                                                    args.steps)
+        hits, counts, (prompt_hits, prompt_rows), split, sampled = agreement(target, head, prompt_ids, answer_ids,
+                                                                             args.steps)
         for copies, (h, n) in split.items():
             by_copy[copies][0] += h
             by_copy[copies][1] += n
-        for j in range(args.steps):
+        for j in range(min(args.steps, len(hits))):
             totals[j] += hits[j]
             rows[j] += counts[j]
+            sampled_total[j] += sampled[j]
         prompt_total[0] += prompt_hits
         prompt_total[1] += prompt_rows
         kind_total = by_kind.setdefault(kind, [0.0, 0])
@@ -153,6 +164,8 @@ def main() -> int:
               f"answer agreement per step {per_step}  {note}", flush=True)
     print(f"prompt positions, step 1: {prompt_total[0] / max(1, prompt_total[1]):.3f}")
     print("answer positions per step: " + ", ".join(f"{h / max(1, n):.3f}" for h, n in zip(totals, rows)))
+    print("answer positions per step, expected acceptance at temperature 1 (sum of min(p, q)): "
+          + ", ".join(f"{s / max(1, n):.3f}" for s, n in zip(sampled_total, rows)))
     print("answer positions, step 1, where lookup first would not copy (the head drafts): "
           f"{by_copy[False][0] / max(1, by_copy[False][1]):.3f} ({by_copy[False][1]}); where it would copy: "
           f"{by_copy[True][0] / max(1, by_copy[True][1]):.3f} ({by_copy[True][1]})")
