@@ -208,8 +208,9 @@ def test_compute_dtype_auto_resolves_and_a_wrong_one_is_a_user_error(tmp_path):
 
     auto = TrainConfig(data="x", out=str(tmp_path))
     assert auto.compute_dtype == ("bfloat16" if cpu_has_native_bf16() else "float32")
-    with pytest.raises(SpecdraftError, match="compute-dtype"):
-        TrainConfig(data="x", out=str(tmp_path), compute_dtype="float16")
+    for wrong in ("float16", "int8"):
+        with pytest.raises(SpecdraftError, match="compute-dtype"):
+            TrainConfig(data="x", out=str(tmp_path), compute_dtype=wrong)
 
 
 def test_resuming_with_other_settings_is_a_user_error(tiny_features, tmp_path):
@@ -551,6 +552,18 @@ def test_train_command_collects_trains_and_exports(tiny_features, tmp_path):
     assert (out / "head.json").is_file() and (out / "loss.png").is_file()
     assert (export / "config.json").is_file() and (export / "model.safetensors").is_file()
     assert main(argv) == 0  # everything done already: resumes both phases without redoing them
+
+
+def test_train_command_refuses_bad_settings_before_collecting(tiny_features, tmp_path, capsys):
+    """A wrong training setting is reported at once, not after a collection that can take an hour."""
+    from specdraft.cli import main
+
+    target_dir, _ = tiny_features
+    argv = ["train", "eagle", "--target", str(target_dir), "--out", str(tmp_path / "head"), "--data",
+            str(tmp_path / "data"), "--tokens", "150", "--compute-dtype", "fp16"]
+    assert main(argv) != 0
+    assert "--compute-dtype" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()
 
 
 def test_native_bf16_head_drafts_close_to_its_fp32_self_and_stays_lossless(tiny_models):

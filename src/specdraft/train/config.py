@@ -38,9 +38,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         from ..config import resolve_dtype
 
-        self.compute_dtype = resolve_dtype(self.compute_dtype)
+        if self.compute_dtype == "auto":
+            self.compute_dtype = resolve_dtype("auto")
         if self.compute_dtype not in ("float32", "bfloat16"):
-            raise SpecdraftError(f"--compute-dtype must be float32 or bfloat16, got {self.compute_dtype!r}")
+            raise SpecdraftError(f"--compute-dtype must be auto, float32 or bfloat16, got {self.compute_dtype!r}")
         if self.ttt_steps < 1:
             raise SpecdraftError("--ttt-steps must be >= 1")
         if self.steps is not None and self.steps < 1:

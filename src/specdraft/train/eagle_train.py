@@ -333,6 +333,11 @@ def cmd_train(args) -> int:
     if args.corpus != "packages":  # one feature folder per corpus
         folder += "-" + args.corpus.replace(":", "-").replace("+", "_").replace("/", "_")
     data = args.data or str(Path("~/.cache/specdraft/eagle-data").expanduser() / folder)
+    # the training settings are checked before a collection that may take an hour
+    config = TrainConfig(data=data, out=args.out, steps=args.steps, epochs=args.epochs, ttt_steps=args.ttt_steps,
+                         window=args.window, draft_vocab=args.draft_vocab, intermediate_size=args.intermediate_size,
+                         lr=args.lr, checkpoint_every=args.checkpoint_every, seed=args.seed,
+                         compute_dtype=args.compute_dtype)
     if len(split_folders(data)) > 1:  # several folders: collected already (each by its own --corpus run)
         print(f"training on the collected folders {data} (nothing is collected with several --data folders)")
     else:
@@ -342,10 +347,6 @@ def cmd_train(args) -> int:
         print(f"features: {data}; train on them (and other folders: --data A+B) with the same command without "
               f"--collect-only")
         return 0
-    config = TrainConfig(data=data, out=args.out, steps=args.steps, epochs=args.epochs, ttt_steps=args.ttt_steps,
-                         window=args.window, draft_vocab=args.draft_vocab, intermediate_size=args.intermediate_size,
-                         lr=args.lr, checkpoint_every=args.checkpoint_every, seed=args.seed,
-                         compute_dtype=args.compute_dtype)
     trainer = Trainer(config)
     head = trainer.run()
     print(f"head: {trainer.folder} ({trainer.step} steps; log {trainer.folder / LOG}, plot "

@@ -36,8 +36,9 @@ def add_train_arguments(parser) -> None:
     eagle.add_argument("--lr", type=float, default=defaults.lr)
     eagle.add_argument("--checkpoint-every", type=int, default=defaults.checkpoint_every)
     eagle.add_argument("--seed", type=int, default=0)
-    eagle.add_argument("--compute-dtype", default=defaults.compute_dtype, help="the products of a training step: float32, bfloat16 (under autocast; parameters, optimizer "
-                       "and the loss stay float32) or auto (bfloat16 where the CPU computes it natively)")
+    eagle.add_argument("--compute-dtype", default=defaults.compute_dtype,
+                       help="the products of a training step: float32, bfloat16 (under autocast; parameters, "
+                       "optimizer and the loss stay float32) or auto (bfloat16 where the CPU computes it natively)")
     eagle.add_argument("--threads", type=int, default=None)
     eagle.add_argument("--export", default=None, help="also write the EAGLE-3 layout (vLLM, SGLang) here")
     add_sorted_arguments(sub)
