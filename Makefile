@@ -43,11 +43,12 @@ bench: fetch
 bench-full: fetch
 	$(VENV)/bin/specdraft bench $(BENCH_FULL) --resume --out out/bench-full
 
-# The EAGLE head the benchmarks name (docs/eagle.md "Session 14"): the 1.5B target's features (bf16, the taps the
-# head reads at inference) over the two committed chats files (data/eagle/chats), then two passes of training;
-# about an hour on the 2-core machine (collection 10 + 17 min, training 34 min). Trained heads live in
-# ~/.cache/specdraft/heads and load by name (--eagle-head). Collections resume; a complete one is skipped.
-HEAD := qwen1.5b-s14
+# The EAGLE head the benchmarks name (docs/eagle.md "Session 15"): the 1.5B target's features (bf16, the taps the
+# head reads at inference) over the three committed chats files (data/eagle/chats), then two passes of training in
+# bf16 autocast where the CPU has native bf16; about 75 minutes on the 2-core machine (collection 10 + 17 + 17
+# min, training 31 min). Trained heads live in ~/.cache/specdraft/heads and load by name (--eagle-head).
+# Collections resume; a complete one is skipped.
+HEAD := qwen1.5b-s15
 EAGLE_DATA := $(HOME)/.cache/specdraft/eagle-data
 COLLECT := $(VENV)/bin/specdraft train eagle --target qwen2.5-coder-1.5b-instruct --collect-only \
 	--collect-dtype bfloat16 --threads 2 --out $(HEAD)
@@ -55,8 +56,9 @@ COLLECT := $(VENV)/bin/specdraft train eagle --target qwen2.5-coder-1.5b-instruc
 head: fetch
 	$(COLLECT) --corpus chats:qwen0.5b-chats --tokens 90000 --data $(EAGLE_DATA)/chats-s13-bf16
 	$(COLLECT) --corpus chats:qwen0.5b-prose-s14 --tokens 120000 --data $(EAGLE_DATA)/prose-s14-bf16
+	$(COLLECT) --corpus chats:qwen0.5b-mix-s15 --tokens 120000 --data $(EAGLE_DATA)/mix-s15-bf16
 	$(VENV)/bin/specdraft train eagle --target qwen2.5-coder-1.5b-instruct --threads 2 --out $(HEAD) \
-		--data $(EAGLE_DATA)/chats-s13-bf16+$(EAGLE_DATA)/prose-s14-bf16 --window 512 --epochs 2
+		--data $(EAGLE_DATA)/chats-s13-bf16+$(EAGLE_DATA)/prose-s14-bf16+$(EAGLE_DATA)/mix-s15-bf16 --window 512 --epochs 2
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
