@@ -46,7 +46,7 @@ bench-full: fetch
 # The EAGLE head the benchmarks name (docs/eagle.md "Session 15"): the 1.5B target's features (bf16, the taps the
 # head reads at inference) over the three committed chats files (data/eagle/chats), then two passes of training in
 # bf16 autocast where the CPU has native bf16; about 75 minutes on the 2-core machine (collection 10 + 17 + 17
-# min, training 31 min). Trained heads live in ~/.cache/specdraft/heads and load by name (--eagle-head).
+# min, training 34 min). Trained heads live in ~/.cache/specdraft/heads and load by name (--eagle-head).
 # Collections resume; a complete one is skipped.
 HEAD := qwen1.5b-s15
 EAGLE_DATA := $(HOME)/.cache/specdraft/eagle-data
