@@ -158,7 +158,7 @@ def test_the_curve_is_measured_once_and_kept_per_machine_setting(tiny_models, mo
     target = tiny_models["target"]
     curve = vc.verify_curve(target, 5)
     # the tiny model has 512 positions: the long context leaves room for the timed passes
-    assert (curve.short_context, curve.long_context) == (vc.PREFIX_TOKENS, 512 - 4 * 5 - 8)
+    assert (curve.short_context, curve.long_context) == (vc.PREFIX_TOKENS, 512 - (vc.ROUNDS + 1) * 5 - 8)
     for relative in (curve.short, curve.long):
         assert len(relative) == 5 and relative[0] == 1.0 and list(relative) == sorted(relative)
     monkeypatch.setattr(vc, "measure", lambda *a: pytest.fail("measured again instead of reading the cache"))
@@ -178,12 +178,38 @@ def test_the_curve_is_measured_once_and_kept_per_machine_setting(tiny_models, mo
     stored = json.loads(path.read_text())
     path.write_text(json.dumps({k: v for k, v in stored.items() if k not in ("contexts", "relative_long")}))
     assert vc.verify_curve(target, 5) == ones and len(measured) == 4  # a file from before session 12: measured
+    stored = json.loads(path.read_text())
+    path.write_text(json.dumps({**stored, "estimator": "best of 3"}))  # before session 16: measured again
+    assert vc.verify_curve(target, 5) == ones and len(measured) == 6
+    measured[4:] = []
     path.write_text("{not json")  # a damaged file is measured again, not an error
     assert vc.verify_curve(target, 5) == ones and len(measured) == 6
     blocked = vc.curves_root() / "blocked"
     blocked.write_text("a file where the cache folder should be")
     monkeypatch.setenv("SPECDRAFT_VERIFY_CURVES", str(blocked / "curves"))  # cannot be created: still a curve
     assert vc.verify_curve(target, 5) == ones and len(measured) == 8
+
+
+def test_the_curve_is_the_median_of_the_rounds_ratios():
+    from specdraft.models.verify_curve import curve_from_rounds
+
+    steady = [0.100, 0.105, 0.106, 0.124, 0.125]  # T(n) in seconds, n = 1..5
+    rounds = [[t * scale for t in steady] for scale in (1.0, 1.02, 0.99, 1.01, 1.0)]  # drift: the ratios hold
+    expected = tuple(t / steady[0] for t in steady)
+    assert curve_from_rounds(rounds) == pytest.approx(expected)
+    # one pass that met interference, in one round: a slow T(1) (all its ratios fall), a slow T(4), a fast T(5)
+    noisy = [list(r) for r in rounds]
+    noisy[1][0] *= 1.3
+    noisy[2][3] *= 1.4
+    noisy[3][4] *= 0.8
+    assert curve_from_rounds(noisy) == pytest.approx(expected, rel=0.02)
+    # negative control: the previous estimator (the fastest pass per length) is moved by the same three passes
+    fastest = [min(r[n] for r in noisy) for n in range(5)]
+    assert max(abs(f / fastest[0] - e) for f, e in zip(fastest, expected)) > 0.05
+    # a dip is noise: the curve never falls with n
+    assert curve_from_rounds([[0.1, 0.12, 0.11]]) == pytest.approx((1.0, 1.2, 1.2))
+    with pytest.raises(ValueError):
+        curve_from_rounds([])
 
 
 @pytest.mark.parametrize("method", ["prompt-lookup", "draft"])

@@ -28,7 +28,12 @@ from .adapter import LoadedModel
 
 PREFIX_TOKENS = 64  # cached positions before the timed passes: attention over a short prompt, like a chat turn
 LONG_PREFIX_TOKENS = 512  # the second curve's: a long prompt (summarization, rag), still quick to prefill
-REPEATS = 3  # timed passes per length; the fastest counts (the others met interference)
+# Timed rounds; each round times every length once, interleaved, so slow drift hits a round's lengths alike.
+# The curve is the median over rounds of each round's T(n) / T(1). Session 15 measured the curve as the fastest
+# of 3 passes per length and got T(4) / T(1) = 1.11 and 1.25 in two measurements back to back: one lucky or
+# unlucky T(1) pass moved the whole curve.
+ROUNDS = 9
+ESTIMATOR = f"median of {ROUNDS} rounds' ratios"  # stored beside the curve: files from another estimator are measured again
 
 
 def curves_root() -> Path:
@@ -61,32 +66,49 @@ def curve_key(target: LoadedModel, max_tokens: int) -> dict:
     return key
 
 
+def curve_from_rounds(rounds: list[list[float]]) -> tuple[float, ...]:
+    """T(n) / T(1) from timed rounds (rounds[r][n - 1]: round r's pass over n tokens, in seconds): per length the
+    median over rounds of the round's own ratio, so a pass that met interference moves one round's ratios, not
+    the curve; then made non-decreasing (a longer pass never costs less: a dip is noise, and would make the
+    longer draft look free)."""
+    if not rounds or not rounds[0]:
+        raise ValueError("no timed rounds")
+    curve, highest = [], 0.0
+    for n in range(len(rounds[0])):
+        ratios = sorted(times[n] / times[0] for times in rounds)
+        middle = len(ratios) // 2
+        median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+        highest = max(highest, median)
+        curve.append(highest)
+    return tuple(curve)
+
+
 def measure(target: LoadedModel, max_tokens: int, prefix: int = PREFIX_TOKENS) -> tuple[float, ...]:
-    """T(n) / T(1) for n = 1 .. max_tokens: the best of REPEATS passes of each length over a `prefix`-token
-    cache, lengths interleaved so that drift hits all of them alike."""
+    """T(n) / T(1) for n = 1 .. max_tokens over a `prefix`-token cache: ROUNDS timed rounds of every length
+    (after one that warms up allocations and buffers), reduced by `curve_from_rounds`."""
     vocab = min(target.vocab_size, len(target.tokenizer))
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (prefix + max_tokens + 1,), generator=generator).tolist()
-    state = target.new_state(capacity=prefix + (REPEATS + 1) * max_tokens + 8)
-    best = [float("inf")] * max_tokens
+    state = target.new_state(capacity=prefix + (ROUNDS + 1) * max_tokens + 8)
+    rounds = []
     with torch.inference_mode():
         state.forward(ids[:prefix], 1)
-        for repeat in range(REPEATS + 1):  # the first round warms up (allocations, first-touch of buffers)
+        for round_index in range(ROUNDS + 1):
+            times = []
             for n in range(1, max_tokens + 1):
                 draft = Draft(torch.tensor(ids[prefix + 1: prefix + n], dtype=torch.long))
                 started = time.perf_counter()
                 state.verify(ids[prefix], draft)
-                elapsed = time.perf_counter() - started
+                times.append(time.perf_counter() - started)
                 state.keep_verified([])  # the cache grows by the pending token only
-                if repeat:
-                    best[n - 1] = min(best[n - 1], elapsed)
-    # a longer pass never costs less: a dip is noise, and would make the longer draft look free
-    return tuple(max(best[: n + 1]) / best[0] for n in range(max_tokens))
+            if round_index:
+                rounds.append(times)
+    return curve_from_rounds(rounds)
 
 
 def long_prefix(target: LoadedModel, max_tokens: int) -> int:
     """LONG_PREFIX_TOKENS, or less where the model's positions end sooner (the timed passes need room too)."""
-    room = (target.max_positions or LONG_PREFIX_TOKENS * 2) - (REPEATS + 1) * max_tokens - 8
+    room = (target.max_positions or LONG_PREFIX_TOKENS * 2) - (ROUNDS + 1) * max_tokens - 8
     return max(PREFIX_TOKENS, min(LONG_PREFIX_TOKENS, room))
 
 
@@ -98,8 +120,9 @@ def verify_curve(target: LoadedModel, max_tokens: int) -> VerifyCurve:
     path = curves_root() / f"{key['model']}-{digest}.json"
     try:
         stored = json.loads(path.read_text())
-        # files from before session 12 hold the short curve only: measured again
-        if stored.get("key") == key and stored.get("contexts") == list(contexts) and all(
+        # files from before session 12 hold the short curve only, before session 16 another estimator: measured again
+        if stored.get("key") == key and stored.get("contexts") == list(contexts) and stored.get(
+                "estimator") == ESTIMATOR and all(
                 len(stored.get(name, ())) == max_tokens for name in ("relative", "relative_long")):
             return VerifyCurve(tuple(float(x) for x in stored["relative"]),
                                tuple(float(x) for x in stored["relative_long"]), *contexts)
@@ -110,7 +133,7 @@ def verify_curve(target: LoadedModel, max_tokens: int) -> VerifyCurve:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"key": key, "contexts": list(contexts), "relative": curve.short,
-                                   "relative_long": curve.long,
+                                   "relative_long": curve.long, "estimator": ESTIMATOR,
                                    "measured": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1))
         tmp.replace(path)
     except OSError:
