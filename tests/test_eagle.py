@@ -224,6 +224,45 @@ def test_resuming_with_other_settings_is_a_user_error(tiny_features, tmp_path):
         Trainer(replace(train_config(folder, tmp_path / "run", 3), lr=1e-2), progress=False)
 
 
+def test_init_goes_on_from_a_trained_head_and_refuses_one_that_does_not_fit(tiny_features, tmp_path):
+    """--init NAME: the run starts from the trained head's parameters and vocabulary (its first loss is the
+    trained head's, well below a fresh head's), trains on, and resumes like any run; a head for other features
+    or of another shape is a user error."""
+    import json
+    import shutil
+    from dataclasses import replace
+
+    from specdraft.models.eagle_head import read_head
+    from specdraft.train.eagle_train import Trainer
+
+    _, folder = tiny_features
+    trained = Trainer(train_config(folder, tmp_path / "trained", 30), progress=False)
+    trained.run()
+    config = replace(train_config(folder, tmp_path / "tuned", 6), init=str(tmp_path / "trained"))
+    tuned = Trainer(config, progress=False)
+    _, saved = read_head(str(tmp_path / "trained"))
+    for name, tensor in tuned.head.state_dict().items():
+        if name in saved:
+            assert torch.equal(tensor, saved[name]), name
+    fresh = Trainer(train_config(folder, tmp_path / "fresh", 6), progress=False)
+    first = {run: trainer.train_step(0)["loss"] for run, trainer in (("tuned", tuned), ("fresh", fresh))}
+    assert first["tuned"] < 0.8 * first["fresh"]
+    tuned = Trainer(config, progress=False)
+    tuned.run()
+    assert tuned.head.config.extra["init"] == str(tmp_path / "trained") and "init_extra" in tuned.head.config.extra
+    assert not torch.equal(tuned.head.fc.weight, trained.head.fc.weight)  # it trained on
+    with pytest.raises(SpecdraftError, match="draft-vocab 10"):
+        Trainer(replace(config, out=str(tmp_path / "wider"), draft_vocab=12), progress=False)
+    other = tmp_path / "other-target"
+    shutil.copytree(tmp_path / "trained", other, ignore=shutil.ignore_patterns("*.pt"))
+    head_json = json.loads((other / "head.json").read_text())
+    (other / "head.json").write_text(json.dumps({**head_json, "vocab_hash": "another tokenizer"}))
+    with pytest.raises(SpecdraftError, match="another vocabulary"):
+        Trainer(replace(config, out=str(tmp_path / "x"), init=str(other)), progress=False)
+    with pytest.raises(SpecdraftError, match="no EAGLE head"):
+        Trainer(replace(config, out=str(tmp_path / "y"), init=str(tmp_path / "absent")), progress=False)
+
+
 def test_a_checkpoint_from_before_compute_dtype_resumes_as_float32(tiny_features, tmp_path):
     """Checkpoints written before --compute-dtype existed trained in float32: they resume as such, and a bf16
     run does not take them over."""
@@ -563,6 +602,9 @@ def test_train_command_refuses_bad_settings_before_collecting(tiny_features, tmp
             str(tmp_path / "data"), "--tokens", "150", "--compute-dtype", "fp16"]
     assert main(argv) != 0
     assert "--compute-dtype" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()
+    assert main(argv[:-2] + ["--init", "no-such-head"]) != 0
+    assert "no EAGLE head 'no-such-head'" in capsys.readouterr().err
     assert not (tmp_path / "data").exists()
 
 

@@ -320,20 +320,24 @@ def resolve_head_path(name_or_path: str) -> Path:
                          f"`specdraft train eagle --out NAME`")
 
 
-def load_head(name_or_path: str, target) -> EagleHead:
-    """Load a head (ours, or an EAGLE-3 export) for `target` (a LoadedModel); refuses a head trained for
-    another target (hidden size, vocabulary)."""
+def read_head(name_or_path: str) -> tuple[EagleHeadConfig, dict[str, torch.Tensor]]:
+    """A head's config and tensors (ours, or an EAGLE-3 export), unchecked: `load_head` checks them against a
+    loaded target, the trainer (`--init`) against its features."""
     from safetensors.torch import load_file
-
-    from ..train.eagle_data import vocab_hash
 
     folder = resolve_head_path(name_or_path)
     if (folder / "head.json").is_file():
-        raw = json.loads((folder / "head.json").read_text())
-        config = EagleHeadConfig.from_dict(raw)
-        tensors = load_file(str(folder / "head.safetensors"))
-    else:
-        config, tensors = read_eagle3(folder)
+        return (EagleHeadConfig.from_dict(json.loads((folder / "head.json").read_text())),
+                load_file(str(folder / "head.safetensors")))
+    return read_eagle3(folder)
+
+
+def load_head(name_or_path: str, target) -> EagleHead:
+    """Load a head (ours, or an EAGLE-3 export) for `target` (a LoadedModel); refuses a head trained for
+    another target (hidden size, vocabulary)."""
+    from ..train.eagle_data import vocab_hash
+
+    config, tensors = read_head(name_or_path)
     problems = []
     if config.target_hidden_size != target.hidden_size:
         problems.append(f"hidden size {config.target_hidden_size} vs the target's {target.hidden_size}")

@@ -34,6 +34,9 @@ class TrainConfig:
     # steps from the same start (session 15, prose-s14 features): held out 0.428 / 0.372 / 0.331 in bf16 against
     # 0.403 / 0.376 / 0.322 in fp32, at 1.7x the speed (195 s against 320 s)
     compute_dtype: str = "auto"
+    # go on from this trained head (a name under ~/.cache/specdraft/heads or a folder) instead of a fresh one:
+    # fine-tuning on new text; the head keeps its shapes and draft vocabulary, the optimizer and schedule start anew
+    init: str | None = None
 
     def __post_init__(self) -> None:
         from ..config import resolve_dtype

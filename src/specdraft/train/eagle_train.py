@@ -37,6 +37,7 @@ from ..models.eagle_head import (
     head_config_for,
     heads_root,
     new_head,
+    read_head,
     save_head,
 )
 from .common import CHECKPOINT, LOG, output_folder, warmup_cosine_lr, write_checkpoint
@@ -178,6 +179,11 @@ class Trainer:
             self.optimizer.load_state_dict(ckpt["optimizer"])
             self.step = ckpt["step"]
             self.history = ckpt["history"]
+        elif config.init:
+            self.head = self._initial_head(config.init)
+            self.optimizer = self._optimizer()
+            self.step = 0
+            self.history = []
         else:
             counts = torch.zeros(meta["vocab_size"], dtype=torch.long)
             for i in sorted({w[0] for w in self.train_ids}):
@@ -199,6 +205,38 @@ class Trainer:
             self.step = 0
             self.history: list[dict] = []
         self.draft_lm_head = self.target.lm_head[self.head.d2t]  # [V_draft, D]: the target's head, draft rows
+
+    def _initial_head(self, name: str) -> EagleHead:
+        """`--init NAME`: a trained head to go on from, checked against these features' target; it keeps its own
+        shapes and draft vocabulary (the settings that would choose them must agree), with a fresh optimizer and
+        learning-rate schedule."""
+        meta, config = self.store.meta, self.config
+        head_config, tensors = read_head(name)
+        problems = []
+        if head_config.vocab_hash != meta["vocab_hash"] or head_config.vocab_size != meta["vocab_size"]:
+            problems.append("another vocabulary")
+        if list(head_config.target_layers) != list(meta["layers"]):
+            problems.append(f"taps at layers {head_config.target_layers}, the features' at {meta['layers']}")
+        if head_config.target_hidden_size != self.target.hf_config.hidden_size:
+            problems.append(f"hidden size {head_config.target_hidden_size}")
+        if problems:
+            raise SpecdraftError(f"--init {name}: that head was trained for {head_config.target!r}, not for these "
+                                 f"features of {meta['target']!r} ({'; '.join(problems)})")
+        wanted = {"--draft-vocab": (config.draft_vocab, head_config.draft_vocab_size),
+                  "--intermediate-size": (config.intermediate_size, head_config.intermediate_size)}
+        for option, (asked, has) in wanted.items():
+            if asked is not None and asked != has:
+                raise SpecdraftError(f"--init {name} has {option.removeprefix('--')} {has}, not {asked}: pass "
+                                     f"{option} {has} with it")
+        head_config.extra = {"init": name, "init_extra": head_config.extra,  # the starting head's provenance
+                             "data": "+".join(str(store.folder) for store in self.store.stores),
+                             "data_tokens": self.store.n_tokens, "train": asdict(config)}
+        head = EagleHead(head_config, self.target.embed)
+        missing, unexpected = head.load_state_dict(tensors, strict=False)
+        if missing or unexpected:
+            raise SpecdraftError(f"--init {name} is incomplete or not a head (missing {missing[:3]}, unexpected "
+                                 f"{unexpected[:3]})")
+        return head
 
     def _windows(self, sequences: list[int]) -> list[tuple[int, int, int]]:
         out = []
@@ -321,7 +359,7 @@ class Trainer:
 
 def cmd_train(args) -> int:
     from ..models.adapter import load_model, set_threads
-    from ..models.eagle_head import export_eagle3, load_head
+    from ..models.eagle_head import export_eagle3, load_head, resolve_head_path
     from .eagle_data import CollectConfig, collect
 
     if args.train_command == "eagle-export":
@@ -337,7 +375,9 @@ def cmd_train(args) -> int:
     config = TrainConfig(data=data, out=args.out, steps=args.steps, epochs=args.epochs, ttt_steps=args.ttt_steps,
                          window=args.window, draft_vocab=args.draft_vocab, intermediate_size=args.intermediate_size,
                          lr=args.lr, checkpoint_every=args.checkpoint_every, seed=args.seed,
-                         compute_dtype=args.compute_dtype)
+                         compute_dtype=args.compute_dtype, init=args.init)
+    if args.init:
+        resolve_head_path(args.init)  # a wrong name fails before the collection
     if len(split_folders(data)) > 1:  # several folders: collected already (each by its own --corpus run)
         print(f"training on the collected folders {data} (nothing is collected with several --data folders)")
     else:

@@ -39,6 +39,8 @@ def add_train_arguments(parser) -> None:
     eagle.add_argument("--compute-dtype", default=defaults.compute_dtype,
                        help="the products of a training step: float32, bfloat16 (under autocast; parameters, "
                        "optimizer and the loss stay float32) or auto (bfloat16 where the CPU computes it natively)")
+    eagle.add_argument("--init", default=None, help="go on from this trained head (name or folder) instead of a "
+                       "fresh one: fine-tune on new features, with a fresh optimizer and schedule (see --lr)")
     eagle.add_argument("--threads", type=int, default=None)
     eagle.add_argument("--export", default=None, help="also write the EAGLE-3 layout (vLLM, SGLang) here")
     add_sorted_arguments(sub)
