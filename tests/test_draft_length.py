@@ -253,9 +253,12 @@ def test_gamma_auto_keeps_the_target_distribution_and_the_negative_control_fails
     # first pass's outcome (3 from the prior on this curve, 1 or more after it)
     params = SamplingParams(**{**SETTINGS["T=1"].__dict__, "max_new_tokens": 8})
 
+    class FreeDraft(ModelDrafter):
+        draft_bytes = 0  # priced as free, so that the lengths follow acceptance alone
+
     def engine(**rule):
-        built = Engine(target, ModelDrafter(draft, target), SpecConfig("draft", None, lookup_first=0), **rule)
-        built.curve, built.draft_cost = VerifyCurve.flat(1.0 + 0.1 * n for n in range(9)), 0.0
+        built = Engine(target, FreeDraft(draft, target), SpecConfig("draft", None, lookup_first=0), **rule)
+        built.curve = VerifyCurve.flat(1.0 + 0.1 * n for n in range(9))
         return built
 
     assert engine().new_draft_length().next() == 3

@@ -224,6 +224,50 @@ def test_probe_rule_stops_where_the_probe_says_and_runs_the_head_once_per_token(
     assert len(heads) == 3 * sum(drafter.exit_counts)
 
 
+def test_cost_probe_rule_weighs_the_probe_against_the_layers_left(models):
+    """cost-probe:W stops at exit i when 1 - probe <= W x (the layers after exit i over the target's bytes): a sure
+    probe stops at the first exit, an unsure one runs to the last; output stays plain decoding's."""
+    from specdraft.drafters.sorted import cost_aware_rule
+
+    target, _, deep = models
+    params = SamplingParams(max_new_tokens=20)
+    plain = Engine(target).generate(PROMPT, params).token_ids
+    remaining = cost_aware_rule(deep.native, target, (1, 2, 4), 1.0, signal="probe").remaining_cost
+    assert remaining[0] > remaining[1] > remaining[2] == 0
+    # a weight that makes W x remaining < 1 at every exit: an unsure probe (1 - probe = 1) goes on
+    rule = cost_aware_rule(deep.native, target, (1, 2, 4), 0.5 / remaining[0], signal="probe")
+    assert rule.signal == "probe" and not rule.stop(0, 0.0) and rule.stop(0, 1.0)
+    for bias, expected_exit in (((50.0,), 0), ((-50.0, -50.0), 2)):
+        drafter = SortedDrafter(deep, target, (1, 2, 4), rule, with_probes(adapters_for(deep), bias), SMALL_VOCAB)
+        result = Engine(target, drafter, SpecConfig("sorted", 3)).generate(PROMPT, params)
+        assert result.token_ids == plain
+        assert drafter.exit_counts[expected_exit] == sum(drafter.exit_counts) > 0
+    with pytest.raises(SpecdraftError, match="exit probes"):  # the rule needs trained probes
+        build_drafter(SpecConfig("sorted", 3, exit_rule="cost-probe:1", sorted_draft="none"), target, deep)
+
+
+def test_a_sorted_draft_token_is_priced_by_the_exits_this_request_used(models):
+    """gamma auto reads draft_bytes every pass: for the sorted draft the mean bytes of this request's draft tokens
+    (the layers to each token's exit and the head rows it ran), the deepest exit standing in before the first."""
+    from specdraft.drafters.sorted import EXIT_COST_PRIOR
+
+    target, _, deep = models
+    drafter = SortedDrafter(deep, target, (1, 2, 4), ThresholdExit((0.5,), signal="probe"),
+                            with_probes(adapters_for(deep), (50.0,)), SMALL_VOCAB)  # every token leaves at exit 1
+    shallow, deepest = drafter.exit_bytes[0], drafter.exit_bytes[-1]
+    assert shallow < drafter.exit_bytes[1] < deepest and drafter.draft_bytes == deepest
+    result = Engine(target, drafter, SpecConfig("sorted", 3)).generate(PROMPT, SamplingParams(max_new_tokens=20))
+    drafted = result.stats.drafted
+    assert drafted > 0 and drafter.draft_bytes == pytest.approx(
+        (drafted * shallow + EXIT_COST_PRIOR * deepest) / (drafted + EXIT_COST_PRIOR))
+    drafter.begin([2, 3, 4])  # a new request starts from the prior again
+    assert drafter.draft_bytes == deepest
+    # the top-1 rules run the head at every exit they pass: a token at exit i pays i + 1 heads
+    top1 = SortedDrafter(deep, target, (1, 2, 4), ThresholdExit((0.5,)), adapters_for(deep), SMALL_VOCAB)
+    head_bytes = drafter.vocab.size * deep.native.lm_head[0].nbytes
+    assert [t - p for t, p in zip(top1.exit_bytes, drafter.exit_bytes)] == [0, head_bytes, 2 * head_bytes]
+
+
 def test_sampling_with_the_probe_rule_follows_the_target(models):
     target, draft, deep = models
     drafter = SortedDrafter(deep, target, (1, 2, 4), ThresholdExit((0.5,), signal="probe"),

@@ -164,7 +164,7 @@ class SpecConfig:
 
 def parse_exit_rule(text: str) -> tuple[str, tuple[float, ...]]:
     """"threshold:0.5,0.6" -> ("threshold", (0.5, 0.6)); "probe:0.6" -> ("probe", (0.6,));
-    "cost:1.0" -> ("cost", (1.0,))."""
+    "cost:1.0" -> ("cost", (1.0,)); "cost-probe:1.0" -> ("cost-probe", (1.0,))."""
     kind, _, values = text.partition(":")
     try:
         numbers = tuple(float(v) for v in values.split(",")) if values else ()
@@ -172,11 +172,11 @@ def parse_exit_rule(text: str) -> tuple[str, tuple[float, ...]]:
         numbers = None
     if kind in ("threshold", "probe") and numbers and all(0.0 <= v <= 1.0 for v in numbers):
         return kind, numbers
-    if kind == "cost" and numbers and len(numbers) == 1 and numbers[0] >= 0:
+    if kind in ("cost", "cost-probe") and numbers and len(numbers) == 1 and numbers[0] >= 0:
         return kind, numbers
     raise SpecdraftError(f"exit rule {text!r} not understood; use threshold:T1,T2,.. (top-1 probabilities in "
                          f"[0, 1], one per exit but the last), probe:T1,T2,.. (the trained exit probes' "
-                         f"probabilities) or cost:W (W >= 0)")
+                         f"probabilities), cost:W or cost-probe:W (W >= 0)")
 
 
 def parse_int_list(text: str, what: str) -> tuple[int, ...]:

@@ -154,7 +154,7 @@ class Engine:
 
             self.curve = verify_curve(target, self.spec.draft_len + 1)
             # decoding is bound by weight reads on a CPU: a draft token costs its weight bytes over the target's
-            target_bytes = weight_bytes(target.model)
+            self.target_bytes = target_bytes = weight_bytes(target.model)
             self.draft_cost = getattr(self.drafter, "draft_bytes", 0) / target_bytes
             self.source_costs = {source: n / target_bytes
                                  for source, n in getattr(self.drafter, "source_bytes", {}).items()}
@@ -163,7 +163,10 @@ class Engine:
         """The draft-length policy of one request (gamma auto keeps per-request acceptance)."""
         if self.curve is None:
             return FixedLength(self.spec.draft_len)
-        return AdaptiveLength(self.curve, self.draft_cost, self.source_costs)
+        drafter, target_bytes = self.drafter, self.target_bytes
+        # read every pass: a drafter's token cost may follow the request (the sorted draft's exits)
+        return AdaptiveLength(self.curve, self.draft_cost, self.source_costs,
+                              current_cost=lambda: getattr(drafter, "draft_bytes", 0) / target_bytes)
 
     def encode(self, prompt: str, chat: bool = True, system: str | None = None) -> list[int]:
         if not prompt or not prompt.strip():

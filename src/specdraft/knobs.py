@@ -65,8 +65,9 @@ def add_drafter_knob_args(parser: argparse.ArgumentParser) -> None:
                         "model and head drafters, off for ar and prompt lookup; exact either way)")
     parser.add_argument("--exit-rule", default=defaults.exit_rule, help="method sorted: threshold:T1,T2,.. (stop at "
                         "the first exit whose top-1 probability > Ti), probe:T1,T2,.. (stop where the trained "
-                        "exit probe's probability > Ti; the LM head runs once per token) or cost:W (weigh the "
-                        "remaining layers' cost)")
+                        "exit probe's probability > Ti; the LM head runs once per token), cost:W (stop where "
+                        "1 - top-1 <= W x the remaining layers' bytes over the target's) or cost-probe:W (the "
+                        "same on the probe's probability)")
 
 
 def drafter_knobs(args: argparse.Namespace) -> dict:

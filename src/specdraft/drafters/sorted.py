@@ -138,7 +138,8 @@ class CostAwareExit:
     """Stop at exit i when 1 - top1 (the chance this token is wrong and wastes the rest of the draft) is at most
     `weight` times the cost of the layers beyond exit i, measured as a fraction of one target pass (weight bytes
     read). Deep layers that are cheap next to the target are worth running unless the exit is nearly sure;
-    expensive ones only when it is unsure. remaining_cost[i]: the layers after exit i over the target's bytes."""
+    expensive ones only when it is unsure. remaining_cost[i]: the layers after exit i over the target's bytes.
+    signal "probe" (rule cost-probe:W) reads the trained exit probe's probability in place of the top-1."""
 
     remaining_cost: tuple[float, ...]
     weight: float = 1.0
@@ -154,14 +155,17 @@ def layer_bytes(native: NativeLlama, index: int) -> int:
                                                        layer.down))
 
 
-def cost_aware_rule(draft: NativeLlama, target: LoadedModel, exits: tuple[int, ...], weight: float) -> CostAwareExit:
+def cost_aware_rule(draft: NativeLlama, target: LoadedModel, exits: tuple[int, ...], weight: float,
+                    signal: str = "top1") -> CostAwareExit:
     target_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())
     per_layer = [layer_bytes(draft, i) for i in range(len(draft.layers))]
     remaining = tuple(sum(per_layer[e: exits[-1]]) / target_bytes for e in exits)
-    return CostAwareExit(remaining, weight)
+    return CostAwareExit(remaining, weight, signal)
 
 
 # ------------------------------------------------------------------------------------------------ drafter
+
+EXIT_COST_PRIOR = 4  # draft tokens at the deepest exit that stand in for a request's exits before it has drafted
 
 class SortedDrafter(HasDraftVocab):
     """Drafts a chain of gamma tokens; each token leaves at the first exit the rule accepts.
@@ -194,11 +198,23 @@ class SortedDrafter(HasDraftVocab):
         self.exit_norms = [native.final_norm if row is None else adapters.norm[row].detach().float().contiguous()
                            for row in self.adapter_rows]
         self.vocab = DraftVocab.for_model(native.lm_head, draft.tokenizer, draft_vocab) if draft_vocab else None
-        # read per draft token at most (gamma auto weighs draft lengths by it): the layers to the deepest exit
-        # and the head rows scored
-        head_rows = self.vocab.size if self.vocab is not None else native.lm_head.shape[0]
-        self.draft_bytes = (sum(layer_bytes(native, i) for i in range(self.exits[-1]))
-                            + head_rows * native.lm_head[0].nbytes)
+        # bytes a token leaving at exit i reads: the layers up to it, and the head rows once per exit that ran
+        # the head (a probe rule decides before the head, so only the exit it stops at runs it)
+        head_bytes = (self.vocab.size if self.vocab is not None else native.lm_head.shape[0]) * native.lm_head[0].nbytes
+        self.exit_bytes = tuple(sum(layer_bytes(native, layer) for layer in range(depth))
+                                + head_bytes * (1 if rule.signal == "probe" else i + 1)
+                                for i, depth in enumerate(self.exits))
+        self.request_exits = [0] * len(exits)  # this request's draft tokens per exit (gamma auto prices by them)
+
+    @property
+    def draft_bytes(self) -> float:
+        """Bytes a draft token reads, as this request has drafted so far: the mean over its tokens' exits, with
+        EXIT_COST_PRIOR tokens at the deepest exit standing in before any (gamma auto reads it every pass; it
+        had priced every token at the deepest exit, which on the draft's own parent as target is a whole target
+        pass)."""
+        tokens = sum(self.request_exits)
+        spent = sum(n * b for n, b in zip(self.request_exits, self.exit_bytes))
+        return (spent + EXIT_COST_PRIOR * self.exit_bytes[-1]) / (tokens + EXIT_COST_PRIOR)
 
     @classmethod
     def build(cls, draft: LoadedModel, target: LoadedModel, exits: tuple[int, ...], exit_rule: str,
@@ -221,8 +237,9 @@ class SortedDrafter(HasDraftVocab):
         draft_vocab = resolve_rows(draft_vocab, native)
         exits = exits or tuple(sorted({max(1, n_layers // 2), max(1, 3 * n_layers // 4), n_layers}))
         kind, numbers = parse_exit_rule(exit_rule)
-        if kind == "cost":
-            rule = cost_aware_rule(draft.native, target, exits, numbers[0])
+        if kind in ("cost", "cost-probe"):
+            rule = cost_aware_rule(draft.native, target, exits, numbers[0],
+                                   signal="probe" if kind == "cost-probe" else "top1")
         else:
             rule = ThresholdExit(numbers, signal="probe" if kind == "probe" else "top1")
         if rule.signal == "probe" and (adapters is None or not adapters.config.probes):
@@ -235,6 +252,7 @@ class SortedDrafter(HasDraftVocab):
         if self.vocab is not None:
             self.vocab.for_prompt(prompt_ids)
         self.state = LayeredState(self.native, capacity=len(prompt_ids) + 64)
+        self.request_exits = [0] * len(self.exits)
         if len(prompt_ids) > 1:  # the prompt runs to the deepest exit in one pass per layer
             self.state.append(prompt_ids[:-1])
             self.state.run_to(self.exits[-1])
@@ -258,6 +276,7 @@ class SortedDrafter(HasDraftVocab):
             token_ids.append(token)
             labels.append(f"exit {self.exits[exit_index]}")
             self.exit_counts[exit_index] += 1
+            self.request_exits[exit_index] += 1
             if i + 1 < k:
                 self.state.append([token])
         draft_probs = torch.stack(rows) if rows else None  # [k, V_draft]
