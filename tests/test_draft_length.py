@@ -49,7 +49,7 @@ def test_best_length_weighs_acceptance_against_cost(alpha, curve, draft_cost, ex
 
 
 def test_the_policy_lengthens_after_acceptances_and_shortens_after_rejections():
-    policy = AdaptiveLength(VerifyCurve.flat(1.0 + 0.1 * n for n in range(7)), draft_cost=0.0)  # T(n) grows 10 % a token
+    policy = AdaptiveLength(VerifyCurve.flat(1.0 + 0.1 * n for n in range(7)), {}, lambda: 0.0)  # T(n) grows 10 % a token
     assert policy.most == 6
     start = policy.next()
     for _ in range(6):  # every draft token kept
@@ -80,7 +80,7 @@ def test_the_curve_follows_the_context_length():
 
 def test_a_long_context_shortens_the_draft():
     """The same acceptance after a short and after a long context: extra rows cost more after a long one."""
-    policy = AdaptiveLength(VerifyCurve(short=FLAT, long=STEEP), draft_cost=0.0)
+    policy = AdaptiveLength(VerifyCurve(short=FLAT, long=STEEP), {}, lambda: 0.0)
     assert policy.next(None, 64) == policy.most
     assert policy.next(None, 512) == 1
     assert 1 <= policy.next(None, 120) <= policy.most
@@ -90,8 +90,8 @@ def test_the_policy_keeps_each_sources_acceptance_and_cost_apart():
     """Lookup first: copies (free, mostly kept) get long drafts while the model's guesses (costly, mostly
     rejected) get short ones in the same request; a source never seen starts from the prior."""
     curve = VerifyCurve.flat(1.0 + 0.02 * n for n in range(9))  # nearly flat up to 9 tokens
-    policy = AdaptiveLength(curve, draft_cost=0.3, source_costs={"lookup": 0.0})
-    fresh = AdaptiveLength(curve, draft_cost=0.3, source_costs={"lookup": 0.0})
+    policy = AdaptiveLength(curve, {"lookup": 0.0}, lambda: 0.3)
+    fresh = AdaptiveLength(curve, {"lookup": 0.0}, lambda: 0.3)
     assert policy.next("lookup") > policy.next(None)  # the same prior, but a copy costs nothing
     for _ in range(8):
         policy.observe(policy.next("lookup"), policy.next("lookup"), "lookup")
@@ -117,7 +117,7 @@ def test_lookup_first_names_the_source_of_its_next_proposal(tiny_models):
     assert drafter.next_source(ar.encode("abc abc ab", chat=False)) == LOOKUP_LABEL
     assert drafter.next_source(ar.encode("j. ihg", chat=False)) is None
     engine = Engine(target, drafter, SpecConfig("draft", None))
-    assert engine.source_costs == {LOOKUP_LABEL: 0.0} and engine.draft_cost > 0
+    assert engine.source_costs == {LOOKUP_LABEL: 0.0} and engine.draft_cost() > 0
     sources, step_sources = set(), set()
     for prompt in ["abc ab", "dead beef cafe. dead be", "j. ihg"]:
         ids = ar.encode(prompt, chat=False)
@@ -190,6 +190,16 @@ def test_the_curve_is_measured_once_and_kept_per_machine_setting(tiny_models, mo
     assert vc.verify_curve(target, 5) == ones and len(measured) == 8
 
 
+def test_the_draft_cost_is_read_before_every_pass():
+    """A drafter's price may follow the request (the sorted draft's exits): the policy reads it at every pass."""
+    price = [0.0]
+    policy = AdaptiveLength(VerifyCurve.flat(1.0 + 0.02 * n for n in range(9)), {"lookup": 0.0}, lambda: price[0])
+    free = policy.next()
+    price[0] = 0.5
+    assert policy.next() < free
+    assert policy.next("lookup") == free  # a source with its own cost keeps it (same prior acceptance)
+
+
 def test_the_curve_is_the_median_of_the_rounds_ratios():
     from specdraft.models.verify_curve import curve_from_rounds
 
@@ -253,12 +263,10 @@ def test_gamma_auto_keeps_the_target_distribution_and_the_negative_control_fails
     # first pass's outcome (3 from the prior on this curve, 1 or more after it)
     params = SamplingParams(**{**SETTINGS["T=1"].__dict__, "max_new_tokens": 8})
 
-    class FreeDraft(ModelDrafter):
-        draft_bytes = 0  # priced as free, so that the lengths follow acceptance alone
-
     def engine(**rule):
-        built = Engine(target, FreeDraft(draft, target), SpecConfig("draft", None, lookup_first=0), **rule)
+        built = Engine(target, ModelDrafter(draft, target), SpecConfig("draft", None, lookup_first=0), **rule)
         built.curve = VerifyCurve.flat(1.0 + 0.1 * n for n in range(9))
+        built.drafter.draft_bytes = 0  # priced as free, so that the lengths follow acceptance alone
         return built
 
     assert engine().new_draft_length().next() == 3

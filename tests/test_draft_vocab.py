@@ -267,6 +267,20 @@ def test_a_sorted_draft_token_is_priced_by_the_exits_this_request_used(models):
     head_bytes = drafter.vocab.size * deep.native.lm_head[0].nbytes
     assert [t - p for t, p in zip(top1.exit_bytes, drafter.exit_bytes)] == [0, head_bytes, 2 * head_bytes]
 
+    class CountedReads(SortedDrafter):
+        reads = 0
+
+        @property
+        def draft_bytes(self):
+            CountedReads.reads += 1
+            return super().draft_bytes
+
+    counted = CountedReads(deep, target, (1, 2, 4), ThresholdExit((0.5,), signal="probe"),
+                           with_probes(adapters_for(deep), (50.0,)), SMALL_VOCAB)
+    spec = SpecConfig("sorted", None, lookup_first=0)  # gamma auto reads the price before every pass
+    result = Engine(target, counted, spec).generate(PROMPT, SamplingParams(max_new_tokens=20))
+    assert CountedReads.reads >= result.stats.target_passes > 1
+
 
 def test_sampling_with_the_probe_rule_follows_the_target(models):
     target, draft, deep = models

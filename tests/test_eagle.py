@@ -257,7 +257,7 @@ def test_init_goes_on_from_a_trained_head_and_refuses_one_that_does_not_fit(tiny
     shutil.copytree(tmp_path / "trained", other, ignore=shutil.ignore_patterns("*.pt"))
     head_json = json.loads((other / "head.json").read_text())
     (other / "head.json").write_text(json.dumps({**head_json, "vocab_hash": "another tokenizer"}))
-    with pytest.raises(SpecdraftError, match="another vocabulary"):
+    with pytest.raises(SpecdraftError, match="a different tokenizer vocabulary"):
         Trainer(replace(config, out=str(tmp_path / "x"), init=str(other)), progress=False)
     with pytest.raises(SpecdraftError, match="no EAGLE head"):
         Trainer(replace(config, out=str(tmp_path / "y"), init=str(tmp_path / "absent")), progress=False)
@@ -273,7 +273,7 @@ def test_a_checkpoint_from_before_compute_dtype_resumes_as_float32(tiny_features
     Trainer(train_config(folder, tmp_path / "run", 6), progress=False).run(stop_after=3)
     path = tmp_path / "run" / CHECKPOINT
     ckpt = torch.load(path, weights_only=False)
-    del ckpt["train_config"]["compute_dtype"]
+    del ckpt["train_config"]["compute_dtype"], ckpt["train_config"]["init"]  # neither existed then
     torch.save(ckpt, path)
     assert Trainer(train_config(folder, tmp_path / "run", 6, "float32"), progress=False).step == 3
     with pytest.raises(SpecdraftError, match="other settings"):
@@ -603,7 +603,7 @@ def test_train_command_refuses_bad_settings_before_collecting(tiny_features, tmp
     assert main(argv) != 0
     assert "--compute-dtype" in capsys.readouterr().err
     assert not (tmp_path / "data").exists()
-    assert main(argv[:-2] + ["--init", "no-such-head"]) != 0
+    assert main(argv[:-2] + ["--init", "no-such-head"]) != 0  # a wrong name fails before the collection too
     assert "no EAGLE head 'no-such-head'" in capsys.readouterr().err
     assert not (tmp_path / "data").exists()
 

@@ -89,8 +89,9 @@ class SpecConfig:
     tree_branch: int = 2
     # method sorted (S2D, drafters/sorted.py): the draft's exits as layer counts, ascending (empty: a half, three
     # quarters and all of the draft's layers), and the rule that stops a token at an exit:
-    # "threshold:T1,T2,.." (stop at exit i when its top-1 probability > Ti; S2D's rule) or "cost:W" (stop when
-    # 1 - top-1 <= W x the cost of the remaining layers as a fraction of a target pass).
+    # "threshold:T1,T2,.." (stop at exit i when its top-1 probability > Ti; S2D's rule), "probe:T1,T2,.." (the
+    # same on the trained exit probes), "cost:W" (stop when 1 - top-1 <= W x the cost of the remaining layers as
+    # a fraction of a target pass) or "cost-probe:W" (the same on the probe).
     sorted_exits: tuple[int, ...] = ()
     exit_rule: str = "threshold:0.5"
     # method sorted: trained exit adapters (models/exit_adapters.py) by name or folder; "auto" uses the shipped

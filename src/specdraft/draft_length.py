@@ -125,11 +125,10 @@ class AdaptiveLength:
     (a prompt-lookup copy is accepted far more often than a model's guess, and costs nothing to draft)."""
 
     curve: VerifyCurve  # T(n) / T(1) for n = 1 .. max_len + 1, by context length
-    draft_cost: float  # a draft token's cost relative to T(1)
-    source_costs: dict[str, float] = field(default_factory=dict)  # sources whose draft token costs otherwise
-    # read before every pass in place of draft_cost where given: a drafter whose token cost follows the request
-    # (the sorted draft's exits)
-    current_cost: Callable[[], float] | None = None
+    source_costs: dict[str, float]  # a draft token's cost relative to T(1), for sources that cost otherwise
+    # the default source's, read before every pass (a drafter's token cost may follow the request: the sorted
+    # draft's exits)
+    draft_cost: Callable[[], float]
     prior_alpha: float = 0.6  # stands in for the first passes: worth `prior_weight` examined tokens
     prior_weight: float = 2.0
     decay: float = 0.75  # each pass multiplies the weight of the source's older ones by this (half-life 2.4)
@@ -144,9 +143,7 @@ class AdaptiveLength:
         return (tally.accepted + self.prior_alpha * self.prior_weight) / (tally.examined + self.prior_weight)
 
     def next(self, source: str | None = None, context_tokens: int = 0) -> int:
-        cost = self.source_costs.get(source)
-        if cost is None:
-            cost = self.current_cost() if self.current_cost is not None else self.draft_cost
+        cost = self.source_costs[source] if source in self.source_costs else self.draft_cost()
         return best_length(self.alpha(source), self.curve.at(context_tokens), cost)
 
     def observe(self, drafted: int, accepted: int, source: str | None = None) -> None:

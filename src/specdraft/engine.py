@@ -147,15 +147,15 @@ class Engine:
         if self.spec.draft_len == 0:
             self.drafter = NoDrafter()
         self.curve: VerifyCurve | None = None  # gamma auto: T(n) / T(1), n = 1 .. draft_len + 1, by context
-        self.draft_cost = 0.0  # gamma auto: a draft token's cost as a fraction of a one-token target pass
-        self.source_costs: dict[str, float] = {}  # gamma auto: the same for the drafter's other sources
+        self.target_bytes = 1  # gamma auto: a draft token costs its weight bytes over these (the target's)
+        self.source_costs: dict[str, float] = {}  # gamma auto: a draft token's cost, as a fraction of a one-token
+        # target pass, for the drafter's other sources
         if self.spec.adaptive_gamma:
             from .models.verify_curve import verify_curve
 
             self.curve = verify_curve(target, self.spec.draft_len + 1)
             # decoding is bound by weight reads on a CPU: a draft token costs its weight bytes over the target's
             self.target_bytes = target_bytes = weight_bytes(target.model)
-            self.draft_cost = getattr(self.drafter, "draft_bytes", 0) / target_bytes
             self.source_costs = {source: n / target_bytes
                                  for source, n in getattr(self.drafter, "source_bytes", {}).items()}
 
@@ -163,10 +163,13 @@ class Engine:
         """The draft-length policy of one request (gamma auto keeps per-request acceptance)."""
         if self.curve is None:
             return FixedLength(self.spec.draft_len)
-        drafter, target_bytes = self.drafter, self.target_bytes
-        # read every pass: a drafter's token cost may follow the request (the sorted draft's exits)
-        return AdaptiveLength(self.curve, self.draft_cost, self.source_costs,
-                              current_cost=lambda: getattr(drafter, "draft_bytes", 0) / target_bytes)
+        return AdaptiveLength(self.curve, self.source_costs, self.draft_cost)
+
+    def draft_cost(self) -> float:
+        """A draft token's cost as a fraction of a one-token target pass: its weight bytes over the target's
+        (decoding is bound by weight reads on a CPU). Read every pass: it may follow the request (the sorted
+        draft prices a token by the exits the request has used)."""
+        return getattr(self.drafter, "draft_bytes", 0) / self.target_bytes
 
     def encode(self, prompt: str, chat: bool = True, system: str | None = None) -> list[int]:
         if not prompt or not prompt.strip():

@@ -32,14 +32,12 @@ class ModelDrafter(HasDraftVocab):
                 raise SpecdraftError(f"a reduced draft vocabulary scores rows of the native backend's LM head; "
                                      f"{draft.name!r} is on transformers ({draft.backend_note}); drop --draft-vocab")
             self.vocab = DraftVocab.for_model(draft.native.lm_head, draft.tokenizer, draft_vocab)
-
-    @property
-    def draft_bytes(self) -> int:
-        """Weight bytes one draft token reads (gamma auto weighs draft lengths by it): the whole draft model,
-        less the head rows a reduced vocabulary skips."""
+        # weight bytes one draft token reads (gamma auto weighs draft lengths by it, every pass): the whole draft
+        # model, less the head rows a reduced vocabulary skips
         head = self.draft.model.get_output_embeddings().weight  # [V, D]
         skipped = 0 if self.vocab is None else (head.shape[0] - self.vocab.size) * head[0].nbytes
-        return weight_bytes(self.draft.model) - skipped
+        self.draft_bytes = weight_bytes(self.draft.model) - skipped
+
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
         self.state = self.draft.new_state()

@@ -167,6 +167,7 @@ def cost_aware_rule(draft: NativeLlama, target: LoadedModel, exits: tuple[int, .
 
 EXIT_COST_PRIOR = 4  # draft tokens at the deepest exit that stand in for a request's exits before it has drafted
 
+
 class SortedDrafter(HasDraftVocab):
     """Drafts a chain of gamma tokens; each token leaves at the first exit the rule accepts.
 
@@ -355,6 +356,7 @@ class SortedTreeDrafter(SortedDrafter):
         self.state.append(self.state.sync_for_next(context_ids))
         logits, exit_index = self._exit()  # [1, V_draft]: the pending token at the exit the rule picked
         self.exit_counts[exit_index] += 1
+        self.request_exits[exit_index] += 1
         self.state.node_layers = self.exits[exit_index]
 
         def expand(tokens: list[int], parents: list[int]) -> torch.Tensor:  # one pass of the exit's layers

@@ -332,19 +332,26 @@ def read_head(name_or_path: str) -> tuple[EagleHeadConfig, dict[str, torch.Tenso
     return read_eagle3(folder)
 
 
+def target_mismatches(config: EagleHeadConfig, hidden_size: int, vocab_size: int, tokenizer_hash: str) -> list[str]:
+    """What keeps a head from serving a target of these shapes and tokenizer vocabulary (an EAGLE-3 export holds
+    no vocabulary hash: its width must match)."""
+    problems = []
+    if config.target_hidden_size != hidden_size:
+        problems.append(f"hidden size {config.target_hidden_size} vs the target's {hidden_size}")
+    if config.vocab_size != vocab_size:
+        problems.append(f"vocabulary of {config.vocab_size} vs the target's {vocab_size}")
+    elif config.vocab_hash and config.vocab_hash != tokenizer_hash:
+        problems.append("a different tokenizer vocabulary")
+    return problems
+
+
 def load_head(name_or_path: str, target) -> EagleHead:
     """Load a head (ours, or an EAGLE-3 export) for `target` (a LoadedModel); refuses a head trained for
     another target (hidden size, vocabulary)."""
     from ..train.eagle_data import vocab_hash
 
     config, tensors = read_head(name_or_path)
-    problems = []
-    if config.target_hidden_size != target.hidden_size:
-        problems.append(f"hidden size {config.target_hidden_size} vs the target's {target.hidden_size}")
-    if config.vocab_size != target.vocab_size:
-        problems.append(f"vocabulary of {config.vocab_size} vs the target's {target.vocab_size}")
-    elif config.vocab_hash and config.vocab_hash != vocab_hash(target.tokenizer):
-        problems.append("a different tokenizer vocabulary")
+    problems = target_mismatches(config, target.hidden_size, target.vocab_size, vocab_hash(target.tokenizer))
     if max(config.target_layers) > target.n_layers:
         problems.append(f"taps at layers {config.target_layers} but the target has {target.n_layers}")
     if problems:

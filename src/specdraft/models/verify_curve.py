@@ -7,7 +7,7 @@ a longer context makes the extra rows dearer (session 12 on the 1.5B target: T(6
 and extrapolates past the long one (attention's cost grows linearly with the context).
 
 The curve depends on the model's shape, the dtype, the backend and kernel build, the thread count and the CPU:
-all of them name the cache file (~/.cache/specdraft/verify-curves/MODEL-KEY.json). Measuring takes a few seconds for
+all of them name the cache file (~/.cache/specdraft/verify-curves/MODEL-KEY.json). Measuring takes about 30 s for
 the 1.5B target (scripts/verify_cost.py has the long form, with a breakdown by kernel).
 """
 
@@ -33,7 +33,8 @@ LONG_PREFIX_TOKENS = 512  # the second curve's: a long prompt (summarization, ra
 # of 3 passes per length and got T(4) / T(1) = 1.11 and 1.25 in two measurements back to back: one lucky or
 # unlucky T(1) pass moved the whole curve.
 ROUNDS = 9
-ESTIMATOR = f"median of {ROUNDS} rounds' ratios"  # stored beside the curve: files from another estimator are measured again
+# stored beside the curve: files from another estimator are measured again
+ESTIMATOR = f"median of {ROUNDS} rounds' ratios"
 
 
 def curves_root() -> Path:
@@ -89,7 +90,7 @@ def measure(target: LoadedModel, max_tokens: int, prefix: int = PREFIX_TOKENS) -
     vocab = min(target.vocab_size, len(target.tokenizer))
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (prefix + max_tokens + 1,), generator=generator).tolist()
-    state = target.new_state(capacity=prefix + (ROUNDS + 1) * max_tokens + 8)
+    state = target.new_state(capacity=prefix + max_tokens + 8)
     rounds = []
     with torch.inference_mode():
         state.forward(ids[:prefix], 1)
@@ -100,7 +101,8 @@ def measure(target: LoadedModel, max_tokens: int, prefix: int = PREFIX_TOKENS) -
                 started = time.perf_counter()
                 state.verify(ids[prefix], draft)
                 times.append(time.perf_counter() - started)
-                state.keep_verified([])  # the cache grows by the pending token only
+                state.keep_verified([])
+                state.truncate(prefix)  # every pass sees the same `prefix` cached tokens
             if round_index:
                 rounds.append(times)
     return curve_from_rounds(rounds)
@@ -108,7 +110,7 @@ def measure(target: LoadedModel, max_tokens: int, prefix: int = PREFIX_TOKENS) -
 
 def long_prefix(target: LoadedModel, max_tokens: int) -> int:
     """LONG_PREFIX_TOKENS, or less where the model's positions end sooner (the timed passes need room too)."""
-    room = (target.max_positions or LONG_PREFIX_TOKENS * 2) - (ROUNDS + 1) * max_tokens - 8
+    room = (target.max_positions or LONG_PREFIX_TOKENS * 2) - max_tokens - 8
     return max(PREFIX_TOKENS, min(LONG_PREFIX_TOKENS, room))
 
 

@@ -38,7 +38,9 @@ from ..models.eagle_head import (
     heads_root,
     new_head,
     read_head,
+    resolve_head_path,
     save_head,
+    target_mismatches,
 )
 from .common import CHECKPOINT, LOG, output_folder, warmup_cosine_lr, write_checkpoint
 from .config import TrainConfig
@@ -168,7 +170,8 @@ class Trainer:
         ckpt_path = self.folder / CHECKPOINT
         if ckpt_path.is_file():
             ckpt = torch.load(ckpt_path, weights_only=False)
-            stored = {"compute_dtype": "float32", **ckpt["train_config"]}  # runs before session 15 were fp32
+            # runs before session 15 were fp32, before session 16 none went on from a head
+            stored = {"compute_dtype": "float32", "init": None, **ckpt["train_config"]}
             if stored != self._identity():
                 raise SpecdraftError(f"{self.folder} holds a run with other settings; choose another --out or "
                                      f"delete {ckpt_path}")
@@ -210,24 +213,21 @@ class Trainer:
         """`--init NAME`: a trained head to go on from, checked against these features' target; it keeps its own
         shapes and draft vocabulary (the settings that would choose them must agree), with a fresh optimizer and
         learning-rate schedule."""
-        meta, config = self.store.meta, self.config
+        meta, config, hf_config = self.store.meta, self.config, self.target.hf_config
         head_config, tensors = read_head(name)
-        problems = []
-        if head_config.vocab_hash != meta["vocab_hash"] or head_config.vocab_size != meta["vocab_size"]:
-            problems.append("another vocabulary")
+        problems = target_mismatches(head_config, hf_config.hidden_size, meta["vocab_size"], meta["vocab_hash"])
         if list(head_config.target_layers) != list(meta["layers"]):
             problems.append(f"taps at layers {head_config.target_layers}, the features' at {meta['layers']}")
-        if head_config.target_hidden_size != self.target.hf_config.hidden_size:
-            problems.append(f"hidden size {head_config.target_hidden_size}")
         if problems:
             raise SpecdraftError(f"--init {name}: that head was trained for {head_config.target!r}, not for these "
                                  f"features of {meta['target']!r} ({'; '.join(problems)})")
         wanted = {"--draft-vocab": (config.draft_vocab, head_config.draft_vocab_size),
-                  "--intermediate-size": (config.intermediate_size, head_config.intermediate_size)}
+                  "--intermediate-size": (config.intermediate_size or hf_config.intermediate_size,
+                                          head_config.intermediate_size)}
         for option, (asked, has) in wanted.items():
-            if asked is not None and asked != has:
-                raise SpecdraftError(f"--init {name} has {option.removeprefix('--')} {has}, not {asked}: pass "
-                                     f"{option} {has} with it")
+            if asked != has:  # the command line leaves these to the head; the API must agree with it
+                raise SpecdraftError(f"--init {name} has {option.removeprefix('--')} {has}, not {asked}: leave "
+                                     f"{option} out")
         head_config.extra = {"init": name, "init_extra": head_config.extra,  # the starting head's provenance
                              "data": "+".join(str(store.folder) for store in self.store.stores),
                              "data_tokens": self.store.n_tokens, "train": asdict(config)}
@@ -253,6 +253,11 @@ class Trainer:
         d.pop("steps")
         d.pop("checkpoint_every")
         d["data"] = "+".join(str(Path(folder).expanduser().resolve()) for folder in split_folders(d["data"]))
+        if d["init"]:  # a name or a path to the same head is the same run
+            try:
+                d["init"] = str(resolve_head_path(d["init"]).resolve())
+            except SpecdraftError:
+                pass  # gone since: the checkpoint holds the head, compare as given
         return d
 
     def _optimizer(self) -> torch.optim.Optimizer:
@@ -359,7 +364,7 @@ class Trainer:
 
 def cmd_train(args) -> int:
     from ..models.adapter import load_model, set_threads
-    from ..models.eagle_head import export_eagle3, load_head, resolve_head_path
+    from ..models.eagle_head import export_eagle3, load_head
     from .eagle_data import CollectConfig, collect
 
     if args.train_command == "eagle-export":
@@ -371,13 +376,18 @@ def cmd_train(args) -> int:
     if args.corpus != "packages":  # one feature folder per corpus
         folder += "-" + args.corpus.replace(":", "-").replace("+", "_").replace("/", "_")
     data = args.data or str(Path("~/.cache/specdraft/eagle-data").expanduser() / folder)
+    # the head's shapes: as given, else an --init head's own (a wrong name fails here, before the collection),
+    # else the defaults
+    shapes = {name: value for name in ("draft_vocab", "intermediate_size")
+              if (value := getattr(args, name)) is not None}
+    if args.init:
+        init_config = read_head(args.init)[0]
+        shapes = {"draft_vocab": init_config.draft_vocab_size, "intermediate_size": init_config.intermediate_size,
+                  **shapes}
     # the training settings are checked before a collection that may take an hour
     config = TrainConfig(data=data, out=args.out, steps=args.steps, epochs=args.epochs, ttt_steps=args.ttt_steps,
-                         window=args.window, draft_vocab=args.draft_vocab, intermediate_size=args.intermediate_size,
-                         lr=args.lr, checkpoint_every=args.checkpoint_every, seed=args.seed,
-                         compute_dtype=args.compute_dtype, init=args.init)
-    if args.init:
-        resolve_head_path(args.init)  # a wrong name fails before the collection
+                         window=args.window, lr=args.lr, checkpoint_every=args.checkpoint_every, seed=args.seed,
+                         compute_dtype=args.compute_dtype, init=args.init, **shapes)
     if len(split_folders(data)) > 1:  # several folders: collected already (each by its own --corpus run)
         print(f"training on the collected folders {data} (nothing is collected with several --data folders)")
     else:

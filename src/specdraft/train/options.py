@@ -31,8 +31,11 @@ def add_train_arguments(parser) -> None:
     eagle.add_argument("--epochs", type=float, default=defaults.epochs)
     eagle.add_argument("--ttt-steps", type=int, default=defaults.ttt_steps, help="unrolled draft steps")
     eagle.add_argument("--window", type=int, default=defaults.window, help="tokens per training step")
-    eagle.add_argument("--draft-vocab", type=int, default=defaults.draft_vocab)
-    eagle.add_argument("--intermediate-size", type=int, default=defaults.intermediate_size)
+    eagle.add_argument("--draft-vocab", type=int, default=None,
+                       help=f"rows of the head's reduced vocabulary (default {defaults.draft_vocab}; with --init the "
+                       f"head's own)")
+    eagle.add_argument("--intermediate-size", type=int, default=None,
+                       help=f"the head's MLP width (default {defaults.intermediate_size}; with --init the head's own)")
     eagle.add_argument("--lr", type=float, default=defaults.lr)
     eagle.add_argument("--checkpoint-every", type=int, default=defaults.checkpoint_every)
     eagle.add_argument("--seed", type=int, default=0)
