@@ -49,7 +49,8 @@ def test_best_length_weighs_acceptance_against_cost(alpha, curve, draft_cost, ex
 
 
 def test_the_policy_lengthens_after_acceptances_and_shortens_after_rejections():
-    policy = AdaptiveLength(VerifyCurve.flat(1.0 + 0.1 * n for n in range(7)), {}, lambda: 0.0)  # T(n) grows 10 % a token
+    # T(n) grows 10 % a token
+    policy = AdaptiveLength(VerifyCurve.flat(1.0 + 0.1 * n for n in range(7)), {}, lambda: 0.0)
     assert policy.most == 6
     start = policy.next()
     for _ in range(6):  # every draft token kept
