@@ -170,7 +170,8 @@ EXIT_COST_PRIOR = 4  # draft tokens at the deepest exit that stand in for a requ
 # it is accepted more often than it costs (each accepted token saves about one target pass), and such a token
 # would need to be accepted more than half the time. When the deepest usable exit is not the draft's own deepest
 # and its rule says no as well, the draft ends there. On the 1.5B target every exit of the 0.5B draft is usable
-# (reaching its last layer costs 0.25 of a pass); serving the 0.5B itself, exits 8 and 12 are (0.30, 0.42).
+# (reaching its last layer costs 0.22 of a pass); serving the 0.5B itself, exits 8, 12 and 16 are (0.24, 0.33,
+# 0.43 with a probe rule; the top-1 rules run the head at every exit they pass and keep 8 and 12).
 MAX_EXIT_COST = SpecConfig.max_exit_cost
 
 
