@@ -264,7 +264,7 @@ def test_a_method_can_carry_its_own_drafter_settings(tiny_models, tiny_dirs, tmp
 
 def test_every_drafter_knob_of_the_command_line_reaches_the_bench_and_its_methods():
     """The bench takes the drafter knobs `generate` and `serve` take (a knob missing from BenchSettings was a
-    traceback in session 16), run-wide and per method."""
+    traceback in session 16, since removed with its knob), run-wide and per method."""
     import argparse
     import dataclasses
 
@@ -274,12 +274,12 @@ def test_every_drafter_knob_of_the_command_line_reaches_the_bench_and_its_method
 
     parser = argparse.ArgumentParser()
     add_bench_arguments(parser)
-    args = parser.parse_args(["--methods", "sorted,sorted[max_exit_cost=2]", "--max-exit-cost", "0.7"])
+    args = parser.parse_args(["--methods", "sorted,sorted[exit_rule=probe:0.9]", "--exit-rule", "cost-probe:2"])
     settings = settings_from_args(args)
     fields = {f.name for f in dataclasses.fields(BenchSettings)}
     assert set(drafter_knobs(args)) <= fields
-    costs = {label: spec.max_exit_cost for label, _, _, spec in plan_variants(settings)}
-    assert costs == {"sorted": 0.7, "sorted[max_exit_cost=2]": 2.0}
+    rules = {label: spec.exit_rule for label, _, _, spec in plan_variants(settings)}
+    assert rules == {"sorted": "cost-probe:2", "sorted[exit_rule=probe:0.9]": "probe:0.9"}
 
 
 def test_lookup_first_is_auto_per_method_and_a_run_wide_value_applies_where_there_is_a_drafter():

@@ -206,7 +206,7 @@ def test_probe_rule_stops_where_the_probe_says_and_runs_the_head_once_per_token(
     plain = Engine(target).generate(PROMPT, params).token_ids
     for bias, expected_exit in (((50.0,), 0), ((-50.0, -50.0), 2)):  # always stop at exit 1; never before the last
         drafter = SortedDrafter(deep, target, (1, 2, 4), ThresholdExit((0.5,), signal="probe"),
-                                with_probes(adapters_for(deep), bias), SMALL_VOCAB, max_exit_cost=math.inf)
+                                with_probes(adapters_for(deep), bias), SMALL_VOCAB)
         heads = []
         original = drafter.head_logits
         monkeypatch.setattr(drafter, "head_logits", lambda hidden: heads.append(1) or original(hidden))
@@ -216,8 +216,7 @@ def test_probe_rule_stops_where_the_probe_says_and_runs_the_head_once_per_token(
         assert drafter.exit_counts[expected_exit] == drafted > 0
         assert len(heads) == drafted  # one head per draft token, wherever it stops
     # control: the top-1 rule passing exits runs the head at each of them, so the count above can fail
-    drafter = SortedDrafter(deep, target, (1, 2, 4), ThresholdExit((1.0,)), adapters_for(deep), SMALL_VOCAB,
-                            max_exit_cost=math.inf)
+    drafter = SortedDrafter(deep, target, (1, 2, 4), ThresholdExit((1.0,)), adapters_for(deep), SMALL_VOCAB)
     heads = []
     original = drafter.head_logits
     monkeypatch.setattr(drafter, "head_logits", lambda hidden: heads.append(1) or original(hidden))
@@ -239,41 +238,12 @@ def test_cost_probe_rule_weighs_the_probe_against_the_layers_left(models):
     rule = cost_aware_rule(deep.native, target, (1, 2, 4), 0.5 / remaining[0], signal="probe")
     assert rule.signal == "probe" and not rule.stop(0, 0.0) and rule.stop(0, 1.0)
     for bias, expected_exit in (((50.0,), 0), ((-50.0, -50.0), 2)):
-        drafter = SortedDrafter(deep, target, (1, 2, 4), rule, with_probes(adapters_for(deep), bias), SMALL_VOCAB,
-                                max_exit_cost=math.inf)  # every exit run (the tiny draft outweighs the target)
+        drafter = SortedDrafter(deep, target, (1, 2, 4), rule, with_probes(adapters_for(deep), bias), SMALL_VOCAB)
         result = Engine(target, drafter, SpecConfig("sorted", 3)).generate(PROMPT, params)
         assert result.token_ids == plain
         assert drafter.exit_counts[expected_exit] == sum(drafter.exit_counts) > 0
     with pytest.raises(SpecdraftError, match="exit probes"):  # the rule needs trained probes
         build_drafter(SpecConfig("sorted", 3, exit_rule="cost-probe:1", sorted_draft="none"), target, deep)
-
-
-def test_exits_that_cost_too_much_are_not_run_and_an_unsure_token_ends_the_draft(models):
-    """max_exit_cost: exits costing more than that fraction of a target pass to reach are left out; where the
-    deepest one left is not the draft's deepest and the rule says no there, the draft ends (the target takes the
-    token); output stays plain decoding's. With every exit left, an unsure token still goes to the last one."""
-    from specdraft.models.adapter import weight_bytes
-
-    target, _, deep = models
-    params = SamplingParams(max_new_tokens=20)
-    plain = Engine(target).generate(PROMPT, params).token_ids
-    rule = ThresholdExit((0.5,), signal="probe")
-    reach = [b / weight_bytes(target.model) for b in SortedDrafter(deep, target, (1, 2, 4), rule).exit_bytes]
-    for cap, usable in ((reach[0], 1), ((reach[1] + reach[2]) / 2, 2), (math.inf, 3), (reach[0] / 2, 1)):
-        assert SortedDrafter(deep, target, (1, 2, 4), rule, max_exit_cost=cap).usable_exits == usable
-    for bias, drafts in (((50.0,), True), ((-50.0, -50.0), False)):  # sure at exit 1; never sure before the last
-        drafter = SortedDrafter(deep, target, (1, 2, 4), rule, with_probes(adapters_for(deep), bias), SMALL_VOCAB,
-                                max_exit_cost=reach[1])  # exits 1 and 2
-        result = Engine(target, drafter, SpecConfig("sorted", 3, lookup_first=0)).generate(PROMPT, params)
-        assert result.token_ids == plain
-        assert (result.stats.drafted > 0) == drafts and drafter.exit_counts[2] == 0
-        assert drafter.exit_counts[0] == result.stats.drafted
-    spec = SpecConfig("sorted-tree", 3, sorted_exits=(1, 2, 4), exit_rule="threshold:1.0", sorted_draft="none",
-                      max_exit_cost=reach[0], lookup_first=0)
-    result = Engine(target, build_drafter(spec, target, deep), spec).generate(PROMPT, params)
-    assert result.token_ids == plain and result.stats.drafted == 0  # top-1 is never > 1: no tree is grown
-    with pytest.raises(SpecdraftError, match="max exit cost"):
-        SpecConfig("sorted", max_exit_cost=0)
 
 
 def test_a_sorted_draft_token_is_priced_by_the_exits_this_request_used(models):

@@ -94,9 +94,6 @@ class SpecConfig:
     # a fraction of a target pass) or "cost-probe:W" (the same on the probe).
     sorted_exits: tuple[int, ...] = ()
     exit_rule: str = "threshold:0.5"
-    # method sorted: exits that cost more than this fraction of a target pass to reach are not run; where the
-    # deepest one left is not the draft's deepest and its rule says no, the draft ends (drafters/sorted.py)
-    max_exit_cost: float = 0.5
     # method sorted: trained exit adapters (models/exit_adapters.py) by name or folder; "auto" uses the shipped
     # ones trained for the draft model when there are any, "none" the bare exits (the final norm and LM head)
     sorted_draft: str = "auto"
@@ -131,8 +128,6 @@ class SpecConfig:
         if self.tree_branch < 1:
             raise SpecdraftError(f"tree branch (children per expanded node) must be >= 1, got {self.tree_branch}")
         parse_exit_rule(self.exit_rule)  # raises on a malformed rule
-        if not self.max_exit_cost > 0:
-            raise SpecdraftError(f"max exit cost (a fraction of a target pass) must be > 0, got {self.max_exit_cost}")
         if self.draft_vocab is not None and self.draft_vocab < 0:
             raise SpecdraftError(f"draft vocabulary size must be >= 1 (0: the whole vocabulary, auto: chosen by "
                                  f"backend), got {self.draft_vocab}")

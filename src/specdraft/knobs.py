@@ -68,14 +68,10 @@ def add_drafter_knob_args(parser: argparse.ArgumentParser) -> None:
                         "exit probe's probability > Ti; the LM head runs once per token), cost:W (stop where "
                         "1 - top-1 <= W x the remaining layers' bytes over the target's) or cost-probe:W (the "
                         "same on the probe's probability)")
-    parser.add_argument("--max-exit-cost", type=float, default=defaults.max_exit_cost, help="method sorted: exits "
-                        "costing more than this fraction of a target pass are not run, and a token no cheaper exit "
-                        "is sure of ends the draft (serving the 0.5B draft's own parent, exits 8, 12 and 16 of 24 are left)")
 
 
 def drafter_knobs(args: argparse.Namespace) -> dict:
     """The parsed knobs as SpecConfig keyword arguments."""
     return dict(tree_budget=args.tree_budget, tree_depth=args.tree_depth, tree_branch=args.tree_branch,
                 sorted_exits=parse_int_list(args.exits, "--exits"), exit_rule=args.exit_rule,
-                sorted_draft=args.sorted_draft, draft_vocab=args.draft_vocab, lookup_first=args.lookup_first,
-                max_exit_cost=args.max_exit_cost)
+                sorted_draft=args.sorted_draft, draft_vocab=args.draft_vocab, lookup_first=args.lookup_first)

@@ -28,7 +28,6 @@ class BenchSettings:
     tree_branch: int = SpecConfig.tree_branch
     sorted_exits: tuple[int, ...] = ()  # method sorted: the draft's exits (layer counts) and its exit rule
     exit_rule: str = SpecConfig.exit_rule
-    max_exit_cost: float = SpecConfig.max_exit_cost
     sorted_draft: str = SpecConfig.sorted_draft
     draft_vocab: int | None = SpecConfig.draft_vocab  # methods draft and sorted: head rows (0: all, None: auto)
     lookup_first: int | None = SpecConfig.lookup_first  # model and head drafters: prompt lookup first (0: off, None: auto)

@@ -53,8 +53,7 @@ def tree_knobs(settings: BenchSettings) -> dict:
     """The drafters' own knobs (trees, sorted exits) as SpecConfig fields."""
     return dict(tree_budget=settings.tree_budget, tree_depth=settings.tree_depth, tree_branch=settings.tree_branch,
                 sorted_exits=settings.sorted_exits, exit_rule=settings.exit_rule, sorted_draft=settings.sorted_draft,
-                draft_vocab=settings.draft_vocab, lookup_first=settings.lookup_first,
-                max_exit_cost=settings.max_exit_cost)
+                draft_vocab=settings.draft_vocab, lookup_first=settings.lookup_first)
 
 
 def check_methods(settings: BenchSettings) -> list[tuple[str, Method, dict]]:
@@ -266,8 +265,7 @@ def complete_records(records: list[dict], prompts: list[dict], labels: list[str]
 
 
 # settings whose default changed after they were added: what a run made before the setting existed used
-# off until the auto default (session 9); no exit cap before session 16
-RAN_BEFORE_SETTING = {"lookup_first": 0, "max_exit_cost": float("inf")}
+RAN_BEFORE_SETTING = {"lookup_first": 0}  # off until the auto default (session 9)
 
 
 def open_run(settings: BenchSettings, prompts: list[dict], labels: list[str]) -> tuple[list[dict], set[str], dict]:

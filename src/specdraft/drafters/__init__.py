@@ -28,12 +28,11 @@ DRAFTERS: dict[str, Callable[[SpecConfig, LoadedModel, LoadedModel | None], Draf
     "eagle": lambda spec, target, draft: EagleDrafter.load(_require_head(spec), target),
     "eagle-tree": lambda spec, target, draft: EagleTreeDrafter.load_tree(
         _require_head(spec), target, spec.tree_budget, spec.tree_depth, spec.tree_branch),
-    "sorted": lambda spec, target, draft: SortedDrafter.build(
-        _require(draft, "sorted"), target, spec.sorted_exits, spec.exit_rule, spec.sorted_draft, spec.draft_vocab,
-        max_exit_cost=spec.max_exit_cost),
+    "sorted": lambda spec, target, draft: SortedDrafter.build(_require(draft, "sorted"), target, spec.sorted_exits,
+                                                              spec.exit_rule, spec.sorted_draft, spec.draft_vocab),
     "sorted-tree": lambda spec, target, draft: SortedTreeDrafter.build(
         _require(draft, "sorted-tree"), target, spec.sorted_exits, spec.exit_rule, spec.sorted_draft, spec.draft_vocab,
-        max_exit_cost=spec.max_exit_cost, budget=spec.tree_budget, depth=spec.tree_depth, branch=spec.tree_branch),
+        budget=spec.tree_budget, depth=spec.tree_depth, branch=spec.tree_branch),
 }
 
 NEEDS_DRAFT_MODEL = {"draft", "draft-tree", "sorted", "sorted-tree"}

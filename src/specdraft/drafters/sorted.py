@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import SamplingParams, SpecConfig, parse_exit_rule
+from ..config import SamplingParams, parse_exit_rule
 from ..errors import SpecdraftError
-from ..models.adapter import LoadedModel, SequenceState, weight_bytes
+from ..models.adapter import LoadedModel, SequenceState
 from ..models.exit_adapters import ExitAdapters, find_shipped, load_adapters
 from ..models.native.llama import NativeLlama
 from ..sampling import processed_probs, sample
@@ -166,13 +166,6 @@ def cost_aware_rule(draft: NativeLlama, target: LoadedModel, exits: tuple[int, .
 # ------------------------------------------------------------------------------------------------ drafter
 
 EXIT_COST_PRIOR = 4  # draft tokens at the deepest exit that stand in for a request's exits before it has drafted
-# Exits that cost more than this fraction of a target pass to reach are not used: a draft token pays only where
-# it is accepted more often than it costs (each accepted token saves about one target pass), and such a token
-# would need to be accepted more than half the time. When the deepest usable exit is not the draft's own deepest
-# and its rule says no as well, the draft ends there. On the 1.5B target every exit of the 0.5B draft is usable
-# (reaching its last layer costs 0.22 of a pass); serving the 0.5B itself, exits 8, 12 and 16 are (0.24, 0.33,
-# 0.43 with a probe rule; the top-1 rules run the head at every exit they pass and keep 8 and 12).
-MAX_EXIT_COST = SpecConfig.max_exit_cost
 
 
 class SortedDrafter(HasDraftVocab):
@@ -188,7 +181,7 @@ class SortedDrafter(HasDraftVocab):
     backend = "native"
 
     def __init__(self, draft: LoadedModel, target: LoadedModel, exits: tuple[int, ...], rule,
-                 adapters: ExitAdapters | None = None, draft_vocab: int = 0, max_exit_cost: float = MAX_EXIT_COST):
+                 adapters: ExitAdapters | None = None, draft_vocab: int = 0):
         check_compatible_vocab(draft, target)
         native = _require_native(draft)
         n_layers = len(native.layers)
@@ -213,9 +206,6 @@ class SortedDrafter(HasDraftVocab):
                                 + head_bytes * (1 if rule.signal == "probe" else i + 1)
                                 for i, depth in enumerate(self.exits))
         self.request_exits = [0] * len(exits)  # this request's draft tokens per exit (gamma auto prices by them)
-        # exits worth running for this target (at least the first); past the last of them a token is not drafted
-        target_bytes = weight_bytes(target.model)
-        self.usable_exits = max(1, sum(b / target_bytes <= max_exit_cost for b in self.exit_bytes))
 
     @property
     def draft_bytes(self) -> float:
@@ -229,8 +219,7 @@ class SortedDrafter(HasDraftVocab):
 
     @classmethod
     def build(cls, draft: LoadedModel, target: LoadedModel, exits: tuple[int, ...], exit_rule: str,
-              sorted_draft: str = "auto", draft_vocab: int | None = None, max_exit_cost: float = MAX_EXIT_COST,
-              **tree_knobs) -> SortedDrafter:
+              sorted_draft: str = "auto", draft_vocab: int | None = None, **tree_knobs) -> SortedDrafter:
         """From the shared config. sorted_draft: trained adapters by name or folder, "auto" (the shipped ones for
         this draft, if any) or "none". exits () means the adapters' exits, or else half, three quarters and all of
         the draft's layers. draft_vocab 0 or None (auto) means the adapters' training vocabulary; without adapters
@@ -258,7 +247,7 @@ class SortedDrafter(HasDraftVocab):
             raise SpecdraftError(f"exit rule {exit_rule!r} needs a sorted draft trained with exit probes; "
                                  f"{'there is none' if adapters is None else repr(adapters.config.draft) + ' has none'}"
                                  f" (train one with `specdraft train sorted`, or use threshold:T)")
-        return cls(draft, target, exits, rule, adapters, draft_vocab, max_exit_cost=max_exit_cost, **tree_knobs)
+        return cls(draft, target, exits, rule, adapters, draft_vocab, **tree_knobs)
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
         if self.vocab is not None:
@@ -277,10 +266,7 @@ class SortedDrafter(HasDraftVocab):
         rows: list[torch.Tensor] = []
         labels: list[str] = []
         for i in range(k):
-            stopped = self._exit()
-            if stopped is None:  # not confident at any exit worth its cost: the target takes it from here
-                break
-            logits, exit_index = stopped  # [1, V_draft]
+            logits, exit_index = self._exit()  # [1, V_draft]
             if params.greedy:
                 index = int(logits[0].argmax())
             else:
@@ -318,11 +304,10 @@ class SortedDrafter(HasDraftVocab):
         """The last position's logits at exit `exit_index`: [1, V_draft]."""
         return self.head_logits(self.exit_hidden(exit_index))
 
-    def _exit(self) -> tuple[torch.Tensor, int] | None:
-        """Run the last position exit by exit until the rule stops it: (its logits [1, V_draft], the exit index);
-        None where no usable exit would stop it (the draft ends there)."""
+    def _exit(self) -> tuple[torch.Tensor, int]:
+        """Run the last position exit by exit until the rule stops it: (its logits [1, V_draft], the exit index)."""
         last = len(self.exits) - 1
-        for exit_index, depth in enumerate(self.exits[: self.usable_exits]):
+        for exit_index, depth in enumerate(self.exits):
             self.state.run_to(depth)
             hidden = self.exit_hidden(exit_index)  # [1, D]
             if exit_index == last:
@@ -335,7 +320,7 @@ class SortedDrafter(HasDraftVocab):
             logits = self.head_logits(hidden)  # [1, V_draft]
             if self.rule.stop(exit_index, float(logits[0].softmax(-1).max())):
                 return logits, exit_index
-        return None
+        raise AssertionError("unreachable: the last exit always stops")
 
     def on_accept(self, context_ids: list[int], features=None) -> None:
         self.state.sync(context_ids)  # drop rejected draft positions; the new token is fed at the next propose
@@ -356,8 +341,8 @@ class SortedTreeDrafter(SortedDrafter):
 
     def __init__(self, draft: LoadedModel, target: LoadedModel, exits: tuple[int, ...], rule,
                  adapters: ExitAdapters | None = None, draft_vocab: int = 0, budget: int = 5, depth: int = 4,
-                 branch: int = 2, max_exit_cost: float = MAX_EXIT_COST):
-        super().__init__(draft, target, exits, rule, adapters, draft_vocab, max_exit_cost)
+                 branch: int = 2):
+        super().__init__(draft, target, exits, rule, adapters, draft_vocab)
         if budget < 1 or depth < 1 or branch < 1:
             raise SpecdraftError(f"tree budget, depth and branch must be >= 1 (got {budget}, {depth}, {branch})")
         self.budget, self.depth, self.branch = budget, depth, branch
@@ -369,10 +354,7 @@ class SortedTreeDrafter(SortedDrafter):
             return Draft(torch.empty(0, dtype=torch.long))
         keep_accepted_path(self.state, context_ids)
         self.state.append(self.state.sync_for_next(context_ids))
-        stopped = self._exit()
-        if stopped is None:  # no exit worth its cost is confident: no tree this pass
-            return Draft(torch.empty(0, dtype=torch.long))
-        logits, exit_index = stopped  # [1, V_draft]: the pending token at the exit the rule picked
+        logits, exit_index = self._exit()  # [1, V_draft]: the pending token at the exit the rule picked
         self.exit_counts[exit_index] += 1
         self.request_exits[exit_index] += 1
         self.state.node_layers = self.exits[exit_index]
