@@ -358,12 +358,19 @@ def load_head(name_or_path: str, target) -> EagleHead:
         raise SpecdraftError(f"EAGLE head {name_or_path!r} was trained for {config.target!r}, not for "
                              f"{target.name!r} ({'; '.join(problems)}); train a head for this target")
     embed = target.model.get_input_embeddings().weight.detach()  # the target's own tensor, no copy
+    head = head_from_tensors(config, tensors, embed, f"EAGLE head {name_or_path!r}")
+    head.eval()
+    return head
+
+
+def head_from_tensors(config: EagleHeadConfig, tensors: dict[str, torch.Tensor], embed: torch.Tensor,
+                      what: str) -> EagleHead:
+    """The head `read_head` gave, on the target's input embedding [V, D]; `what` names it in the error."""
     head = EagleHead(config, embed)
     missing, unexpected = head.load_state_dict(tensors, strict=False)
     if missing or unexpected:
-        raise SpecdraftError(f"EAGLE head {name_or_path!r} is incomplete or not a head (missing {missing[:3]}, "
-                             f"unexpected {unexpected[:3]})")
-    head.eval()
+        raise SpecdraftError(f"{what} is incomplete or not a head (missing {missing[:3]}, unexpected "
+                             f"{unexpected[:3]})")
     return head
 
 

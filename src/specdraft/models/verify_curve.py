@@ -101,8 +101,7 @@ def measure(target: LoadedModel, max_tokens: int, prefix: int = PREFIX_TOKENS) -
                 started = time.perf_counter()
                 state.verify(ids[prefix], draft)
                 times.append(time.perf_counter() - started)
-                state.keep_verified([])
-                state.truncate(prefix)  # every pass sees the same `prefix` cached tokens
+                state.truncate(prefix)  # drops the pass's tokens: every pass sees the same `prefix` cached tokens
             if round_index:
                 rounds.append(times)
     return curve_from_rounds(rounds)

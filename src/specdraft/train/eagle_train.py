@@ -35,6 +35,7 @@ from ..models.eagle_head import (
     EagleHead,
     EagleHeadConfig,
     head_config_for,
+    head_from_tensors,
     heads_root,
     new_head,
     read_head,
@@ -231,12 +232,7 @@ class Trainer:
         head_config.extra = {"init": name, "init_extra": head_config.extra,  # the starting head's provenance
                              "data": "+".join(str(store.folder) for store in self.store.stores),
                              "data_tokens": self.store.n_tokens, "train": asdict(config)}
-        head = EagleHead(head_config, self.target.embed)
-        missing, unexpected = head.load_state_dict(tensors, strict=False)
-        if missing or unexpected:
-            raise SpecdraftError(f"--init {name} is incomplete or not a head (missing {missing[:3]}, unexpected "
-                                 f"{unexpected[:3]})")
-        return head
+        return head_from_tensors(head_config, tensors, self.target.embed, f"--init {name}")
 
     def _windows(self, sequences: list[int]) -> list[tuple[int, int, int]]:
         out = []
