@@ -256,3 +256,80 @@ def test_sorted_tree_negative_control_fails_the_same_test(sorted_models):
     pvalue = sorted_tree_pvalue(target, draft, SETTINGS["T=1"], tree_rule=no_residual_update)
     assert pvalue < P_THRESHOLD, f"the wrong rule passed: p-value {pvalue:.2e} at N={N_SAMPLES}"
 
+
+
+# ------------------------------------------------------------------------------- self-speculation: shared K/V
+
+class RecordingSortedDrafter(SortedDrafter):
+    """Keeps every proposal's tokens and q rows, to compare runs bit for bit."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.proposals: list[tuple[list[int], torch.Tensor | None]] = []
+
+    def propose(self, context_ids, k, params, generator):
+        draft = super().propose(context_ids, k, params, generator)
+        self.proposals.append((draft.token_ids.tolist(), draft.draft_probs))
+        return draft
+
+
+def sampled_proposals(target, draft, share: bool, seed: int = 3):
+    """One sampled generation (T=1) with exits (1, 2, 4) on `target`; the drafter reads the target's cache only
+    when `share` (forced on whatever the weights, for the negative control)."""
+    drafter = RecordingSortedDrafter(draft, target, (1, 2, 4), ThresholdExit((0.4, 0.6)))
+    drafter.shares_target = share
+    params = SamplingParams(temperature=1.0, max_new_tokens=40, seed=seed)
+    result = Engine(target, drafter, SpecConfig("sorted", 3)).generate(PROMPT * 5, params)
+    return result.token_ids, drafter.proposals
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_draft_on_its_own_parent_drafts_the_same_from_the_adopted_cache_bit_for_bit(sorted_models, dtype):
+    _, draft = sorted_models[dtype]
+    assert SortedDrafter(draft, draft, (1, 2, 4), ThresholdExit()).shares_target
+    shared_tokens, shared = sampled_proposals(draft, draft, share=True)
+    own_tokens, own = sampled_proposals(draft, draft, share=False)
+    assert shared_tokens == own_tokens and len(shared) == len(own) > 5
+    for (tokens_a, probs_a), (tokens_b, probs_b) in zip(shared, own):
+        assert tokens_a == tokens_b and torch.equal(probs_a, probs_b)
+
+
+def test_negative_control_adopting_another_models_cache_changes_the_draft(sorted_models, tmp_path):
+    _, draft = sorted_models["float32"]
+    other = load_model(str(build_model(tmp_path / "other", seed=23, chars="abcde", init_range=0.5, layers=4)),
+                       "float32", backend="native")
+    assert not SortedDrafter(draft, other, (1, 2, 4), ThresholdExit()).shares_target
+    _, adopted = sampled_proposals(other, draft, share=True)
+    _, own = sampled_proposals(other, draft, share=False)
+    assert any(a[0] != b[0] or not torch.equal(a[1], b[1]) for a, b in zip(adopted, own))
+
+
+def test_the_shared_prompt_runs_no_draft_layer_and_lands_at_the_deepest_exit(sorted_models, monkeypatch):
+    _, draft = sorted_models["float32"]
+    runs = []
+    layer_forward = draft.native.layer_forward
+    monkeypatch.setattr(draft.native, "layer_forward", lambda *a, **k: runs.append(a[0]) or layer_forward(*a, **k))
+    spec = SpecConfig("sorted", 3, sorted_exits=(1, 2, 4), sorted_draft="none", lookup_first=2)
+    drafter = build_drafter(spec, draft, draft)  # lookup first wraps it and passes the target's state on
+    engine = Engine(draft, drafter, spec)
+    prompt = PROMPT * 5
+    with torch.inference_mode():
+        state = draft.new_state(64)
+        drafter.use_target_state(state)
+        state.forward(prompt[:-1], 1)
+        target_runs = len(runs)
+        drafter.begin(prompt)
+    inner = drafter.inner
+    assert len(runs) == target_runs  # the drafter ran no layer of its own
+    assert inner.state.layer_length == [len(prompt) - 1] * 4
+    assert torch.equal(inner.state.cache.keys[:, :, : len(prompt) - 1], state.cache.keys[:, :, : len(prompt) - 1])
+    plain = Engine(draft).generate(prompt, SamplingParams(max_new_tokens=24)).token_ids
+    assert engine.generate(prompt, SamplingParams(max_new_tokens=24)).token_ids == plain
+
+
+def test_same_first_layers_compares_weights_not_names(sorted_models):
+    target, draft = sorted_models["float32"]
+    again = load_model(draft.path, "float32", backend="native")  # loaded twice: equal tensors, not the same ones
+    assert draft.native.same_first_layers(again.native, 4)
+    assert not draft.native.same_first_layers(target.native, 1)  # another model
+    assert not draft.native.same_first_layers(sorted_models["bfloat16"][1].native, 4)  # another dtype

@@ -20,6 +20,8 @@ def load_engine(models: ModelConfig, spec: SpecConfig, progress: bool = True,
     """Load what `spec` needs (models already loaded may be passed in and are reused)."""
     set_threads(models.threads)
     target = target or load_model(models.target, models.dtype, models.cache_dir, progress, models.backend)
-    if spec.method in NEEDS_DRAFT_MODEL and draft is None and models.draft:
+    if spec.method in NEEDS_DRAFT_MODEL and draft is None and models.draft == models.target:
+        draft = target  # self-speculation: one copy of the weights
+    elif spec.method in NEEDS_DRAFT_MODEL and draft is None and models.draft:
         draft = load_model(models.draft, models.dtype, models.cache_dir, progress, models.backend)
     return Engine(target, build_drafter(spec, target, draft), spec)

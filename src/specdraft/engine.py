@@ -55,6 +55,10 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
     # a drafter that reads the target's hidden states (EAGLE) names the layers; every pass then keeps them
     target_state = target.new_state(capacity=len(prompt_ids) + params.max_new_tokens + draft_length.most + 1,
                                     feature_layers=getattr(drafter, "feature_layers", ()))
+    # a drafter whose layers are the target's own (self-speculation) takes their K/V from the target's cache
+    use_target_state = getattr(drafter, "use_target_state", None)
+    if use_target_state is not None:
+        use_target_state(target_state)
     if len(prompt_ids) > 1:
         target_state.forward(prompt_ids[:-1], 1)
     drafter.begin(prompt_ids, target_state.features)  # features: [n_prompt - 1, n_taps, D] or None

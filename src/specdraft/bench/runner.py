@@ -392,8 +392,9 @@ def run_bench(settings: BenchSettings, progress: bool = True, models: BenchModel
         startup["target_load_s"] = time.perf_counter() - started
         needs_draft = any(method.needs_draft for _, method, _, _ in plan)
         started = time.perf_counter()
-        draft = (load_model(config.draft, config.dtype, config.cache_dir, progress, config.backend)
-                 if needs_draft else None)
+        # a draft named as the target is the target (self-speculation: sorted exits on the target's own layers)
+        draft = None if not needs_draft else target if config.draft == config.target else load_model(
+            config.draft, config.dtype, config.cache_dir, progress, config.backend)
         if draft is not None:
             startup["draft_load_s"] = time.perf_counter() - started
         models = BenchModels(config, target, draft)

@@ -75,6 +75,12 @@ class LookupFirstDrafter:
     def vocab_rows(self) -> int:
         return getattr(self.inner, "vocab_rows", 0)
 
+    def use_target_state(self, target_state) -> None:
+        """Passed on to the wrapped drafter, if it reads the target's cache (drafters/base.py)."""
+        use = getattr(self.inner, "use_target_state", None)
+        if use is not None:
+            use(target_state)
+
     def begin(self, prompt_ids: list[int], features: torch.Tensor | None = None) -> None:
         self._found = None
         self.inner.begin(prompt_ids, features)

@@ -24,7 +24,7 @@ from ..config import SamplingParams, parse_exit_rule
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel, SequenceState
 from ..models.exit_adapters import ExitAdapters, find_shipped, load_adapters
-from ..models.native.llama import NativeLlama
+from ..models.native.llama import NativeCache, NativeLlama
 from ..sampling import processed_probs, sample
 from ..types import Draft
 from .model import check_compatible_vocab
@@ -76,6 +76,21 @@ class LayeredState(SequenceState):
             rows = self.residual[start:n]  # [T, D]
             self.residual[start:n] = self.native.layer_forward(index, rows, self.cache, start)
             self.layer_length[index] = n
+        self.cache.length = self.layer_length[0]
+
+    def adopt(self, source: NativeCache, length: int, depth: int) -> None:
+        """Fill layers 0 .. depth - 1 of positions 0 .. length - 1 with the K/V another model cached for the same
+        tokens (the target, when its first `depth` layers are the draft's own: SortedDrafter checks), running
+        nothing. The adopted rows' residuals go stale; that is sound while nothing runs deeper than `depth`, as
+        a residual row is read only to run a layer its position is missing."""
+        if length > len(self.token_ids) or length > source.length:
+            raise AssertionError(f"cannot adopt {length} positions: {len(self.token_ids)} here, {source.length} there")
+        start = self.layer_length[depth - 1]  # the shallowest fill among these layers (depths never increase)
+        if start >= length:
+            return
+        self.cache.keys[:depth, :, start:length] = source.keys[:depth, :, start:length]
+        self.cache.values[:depth, :, start:length] = source.values[:depth, :, start:length]
+        self.layer_length[:depth] = [max(filled, length) for filled in self.layer_length[:depth]]
         self.cache.length = self.layer_length[0]
 
     def last_residual(self) -> torch.Tensor:
@@ -206,6 +221,10 @@ class SortedDrafter(HasDraftVocab):
                                 + head_bytes * (1 if rule.signal == "probe" else i + 1)
                                 for i, depth in enumerate(self.exits))
         self.request_exits = [0] * len(exits)  # this request's draft tokens per exit (gamma auto prices by them)
+        # self-speculation: when the target's first layers are the draft's own through the deepest exit, the draft
+        # takes the K/V the target cached (the prompt, every accepted token) instead of computing them again
+        self.shares_target = target.native is not None and native.same_first_layers(target.native, self.exits[-1])
+        self.target_state: SequenceState | None = None
 
     @property
     def draft_bytes(self) -> float:
@@ -249,14 +268,24 @@ class SortedDrafter(HasDraftVocab):
                                  f" (train one with `specdraft train sorted`, or use threshold:T)")
         return cls(draft, target, exits, rule, adapters, draft_vocab, **tree_knobs)
 
+    def use_target_state(self, target_state: SequenceState) -> None:
+        """The engine hands over the target's sequence of the request about to begin (optional protocol member);
+        it is read only when the target's layers are the draft's own (`shares_target`)."""
+        self.target_state = target_state if self.shares_target else None
+
     def begin(self, prompt_ids: list[int], features=None) -> None:
         if self.vocab is not None:
             self.vocab.for_prompt(prompt_ids)
         self.state = LayeredState(self.native, capacity=len(prompt_ids) + 64)
         self.request_exits = [0] * len(self.exits)
-        if len(prompt_ids) > 1:  # the prompt runs to the deepest exit in one pass per layer
+        if self.target_state is not None and self.target_state.token_ids != prompt_ids[:-1]:
+            self.target_state = None  # handed over for another request: compute as an independent draft does
+        if len(prompt_ids) > 1:  # the prompt goes to the deepest exit: adopted, or one pass per layer
             self.state.append(prompt_ids[:-1])
-            self.state.run_to(self.exits[-1])
+            if self.target_state is not None:
+                self.state.adopt(self.target_state.cache, len(prompt_ids) - 1, self.exits[-1])
+            else:
+                self.state.run_to(self.exits[-1])
 
     def propose(self, context_ids: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Draft:
@@ -324,6 +353,16 @@ class SortedDrafter(HasDraftVocab):
 
     def on_accept(self, context_ids: list[int], features=None) -> None:
         self.state.sync(context_ids)  # drop rejected draft positions; the new token is fed at the next propose
+        self._adopt_accepted(context_ids)
+
+    def _adopt_accepted(self, context_ids: list[int]) -> None:
+        """A shared target has just cached every token but the new pending one: take their K/V at every depth
+        (the accepted drafts stopped at shallow exits; the last accepted one the draft never ran)."""
+        cached = len(context_ids) - 1
+        if self.target_state is None or self.target_state.token_ids[cached - 1:] != context_ids[cached - 1: cached]:
+            return  # no shared target, or not this sequence's: deeper layers fill when a token needs them
+        self.state.append(context_ids[len(self.state):cached])
+        self.state.adopt(self.target_state.cache, cached, self.exits[-1])
 
 
 class SortedTreeDrafter(SortedDrafter):
@@ -375,6 +414,7 @@ class SortedTreeDrafter(SortedDrafter):
 
     def on_accept(self, context_ids: list[int], features=None) -> None:
         keep_accepted_path(self.state, context_ids)
+        self._adopt_accepted(context_ids)
 
 
 def _require_native(draft: LoadedModel) -> NativeLlama:

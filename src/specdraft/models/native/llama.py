@@ -13,6 +13,7 @@ rolling back is a change of length.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -115,6 +116,26 @@ class NativeLlama:
         table = torch.cat([angles, angles], dim=-1)  # [P, Dh]
         scaling = float(getattr(rotary, "attention_scaling", 1.0))
         self.cos, self.sin = table.cos() * scaling, table.sin() * scaling
+
+    def same_first_layers(self, other: "NativeLlama", depth: int) -> bool:
+        """Whether `other` computes exactly what this model computes through its first `depth` layers: the same
+        embedding, rotary tables and layer weights (the same tensors, or equal ones of the same dtype). Then the
+        K/V one of them caches for a sequence are the other's too (self-speculation on a draft's parent)."""
+        if other is self:
+            return True
+        shape = (self.n_heads, self.n_kv_heads, self.head_dim, self.eps)
+        if shape != (other.n_heads, other.n_kv_heads, other.head_dim, other.eps) or len(other.layers) < depth:
+            return False
+
+        def same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+            if a is None or b is None:
+                return a is b
+            return a is b or (a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b))
+
+        return (same(self.embed, other.embed) and same(self.cos, other.cos) and same(self.sin, other.sin)
+                and all(same(getattr(mine, field.name), getattr(theirs, field.name))
+                        for mine, theirs in zip(self.layers[:depth], other.layers[:depth])
+                        for field in dataclasses.fields(_Layer)))
 
     def new_cache(self, capacity: int = 256) -> "NativeCache":
         return NativeCache(len(self.layers), self.n_kv_heads, self.head_dim, capacity)
