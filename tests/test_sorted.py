@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from specdraft import Engine, SamplingParams, SpecConfig, load_model
+from specdraft import Engine, ModelConfig, SamplingParams, SpecConfig, load_engine, load_model
 from specdraft.config import parse_exit_rule
 from specdraft.drafters import SortedDrafter, SortedTreeDrafter, build_drafter
 from specdraft.drafters.sorted import CostAwareExit, LayeredState, ThresholdExit
@@ -333,3 +333,13 @@ def test_same_first_layers_compares_weights_not_names(sorted_models):
     assert draft.native.same_first_layers(again.native, 4)
     assert not draft.native.same_first_layers(target.native, 1)  # another model
     assert not draft.native.same_first_layers(sorted_models["bfloat16"][1].native, 4)  # another dtype
+
+
+def test_a_draft_named_as_the_target_is_loaded_once_and_shares_its_cache(sorted_models):
+    _, draft = sorted_models["float32"]
+    spec = SpecConfig("sorted", 3, sorted_exits=(1, 2, 4), sorted_draft="none", lookup_first=0)
+    engine = load_engine(ModelConfig(target=draft.path, draft=draft.path, dtype="float32", backend="native"), spec,
+                         progress=False)
+    assert engine.drafter.shares_target and engine.drafter.native is engine.target.native
+    plain = Engine(engine.target).generate(PROMPT * 5, SamplingParams(max_new_tokens=24)).token_ids
+    assert engine.generate(PROMPT * 5, SamplingParams(max_new_tokens=24)).token_ids == plain

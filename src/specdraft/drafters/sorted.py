@@ -10,6 +10,13 @@ kept at its own depth (LayerSkip's "fill the skipped layers", done lazily). Each
 K/V that running its sub-model alone over the whole sequence would produce: the native kernels are batch
 invariant, so it is bit for bit the same (tests/test_sorted.py checks this against a truncated model).
 
+Self-speculation. When the target is the draft's own parent (its first layers through the deepest exit are the
+same weights), the draft computes no K/V the target has: after the target's prefill and after every verify pass
+it copies the target's K/V of the prompt and of every accepted token, at every depth (`LayeredState.adopt`), and
+runs only its own draft tokens. Without this, the prompt ran through the draft's layers a second time, doubling
+the prefill of a long prompt. The engine hands the target's state over through the optional drafter member
+`use_target_state`.
+
 Bookkeeping. Filled depths never increase along the sequence (a token that goes deeper fills every earlier token
 first), so at any layer the positions still missing it are a suffix: one kernel call per layer fills them all.
 """
