@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 
 import pytest
@@ -257,7 +258,6 @@ def test_sorted_tree_negative_control_fails_the_same_test(sorted_models):
     assert pvalue < P_THRESHOLD, f"the wrong rule passed: p-value {pvalue:.2e} at N={N_SAMPLES}"
 
 
-
 # ------------------------------------------------------------------------------- self-speculation: shared K/V
 
 def recording(drafter_class):
@@ -290,7 +290,8 @@ def same_proposals(a, b) -> bool:
     def same(x, y):
         return x is y or (x is not None and y is not None and torch.equal(x, y))
 
-    return len(a) == len(b) and all(ta == tb and same(qa, qb) and same(pa, pb) for (ta, qa, pa), (tb, qb, pb) in zip(a, b))
+    return len(a) == len(b) and all(tokens_a == tokens_b and same(q_a, q_b) and same(parents_a, parents_b)
+                                    for (tokens_a, q_a, parents_a), (tokens_b, q_b, parents_b) in zip(a, b))
 
 
 @pytest.mark.parametrize("drafter_class", [SortedDrafter, SortedTreeDrafter])
@@ -314,27 +315,102 @@ def test_negative_control_adopting_another_models_cache_changes_the_draft(sorted
     assert not same_proposals(adopted, own)
 
 
-def test_the_shared_prompt_runs_no_draft_layer_and_lands_at_the_deepest_exit(sorted_models, monkeypatch):
+def counted_layers(native, monkeypatch) -> list[int]:
+    """The layer index of every `layer_forward` call on `native` from now on."""
+    runs: list[int] = []
+    layer_forward = native.layer_forward
+    monkeypatch.setattr(native, "layer_forward", lambda *a, **k: runs.append(a[0]) or layer_forward(*a, **k))
+    return runs
+
+
+def begin_beside_target(drafter, model, prompt, handed_prompt=None):
+    """The engine's order: hand over the target's state, prefill the target (over `handed_prompt`, by default
+    the same prompt), begin the drafter. Returns the target's state."""
+    state = model.new_state(64)
+    drafter.use_target_state(state)
+    state.forward((handed_prompt or prompt)[:-1], 1)
+    drafter.begin(prompt)
+    return state
+
+
+def test_the_shared_prompt_runs_no_draft_layer(sorted_models, monkeypatch):
     _, draft = sorted_models["float32"]
-    runs = []
-    layer_forward = draft.native.layer_forward
-    monkeypatch.setattr(draft.native, "layer_forward", lambda *a, **k: runs.append(a[0]) or layer_forward(*a, **k))
     spec = SpecConfig("sorted", 3, sorted_exits=(1, 2, 4), sorted_draft="none", lookup_first=2)
     drafter = build_drafter(spec, draft, draft)  # lookup first wraps it and passes the target's state on
-    engine = Engine(draft, drafter, spec)
-    prompt = PROMPT * 5
+    runs = counted_layers(draft.native, monkeypatch)
     with torch.inference_mode():
-        state = draft.new_state(64)
-        drafter.use_target_state(state)
-        state.forward(prompt[:-1], 1)
-        target_runs = len(runs)
-        drafter.begin(prompt)
-    inner = drafter.inner
-    assert len(runs) == target_runs  # the drafter ran no layer of its own
-    assert inner.state.layer_length == [len(prompt) - 1] * 4
-    assert torch.equal(inner.state.cache.keys[:, :, : len(prompt) - 1], state.cache.keys[:, :, : len(prompt) - 1])
-    plain = Engine(draft).generate(prompt, SamplingParams(max_new_tokens=24)).token_ids
-    assert engine.generate(prompt, SamplingParams(max_new_tokens=24)).token_ids == plain
+        state = begin_beside_target(drafter, draft, PROMPT * 5)
+    assert runs == [0, 1, 2, 3]  # the target's prefill, and no layer of the draft's own
+    assert drafter.inner.state.layer_length == [14] * 4
+    assert torch.equal(drafter.inner.state.cache.keys[:, :, :14], state.cache.keys[:, :, :14])
+
+
+def test_a_state_handed_over_for_another_prompt_is_not_adopted(sorted_models, monkeypatch):
+    _, draft = sorted_models["float32"]
+    drafter = SortedDrafter(draft, draft, (1, 2, 4), ThresholdExit())
+    runs = counted_layers(draft.native, monkeypatch)
+    with torch.inference_mode():
+        begin_beside_target(drafter, draft, PROMPT * 5, handed_prompt=[5, 6] + PROMPT * 4)
+    assert drafter.target_state is None and runs == [0, 1, 2, 3] * 2  # the target's prefill, then the draft's own
+    reference = draft.new_state(64)
+    with torch.inference_mode():
+        reference.forward((PROMPT * 5)[:-1], 1)
+    assert torch.equal(drafter.state.cache.keys[:, :, :14], reference.cache.keys[:, :, :14])
+
+
+def test_every_accepted_token_is_adopted_at_every_depth(sorted_models):
+    _, draft = sorted_models["float32"]
+    depths_after_each_pass = []
+
+    class Watching(SortedDrafter):
+        def on_accept(self, context_ids, features=None):
+            super().on_accept(context_ids, features)
+            depths_after_each_pass.append((list(self.state.layer_length), len(context_ids) - 1))
+
+    drafter = Watching(draft, draft, (1, 2, 4), ThresholdExit((0.4, 0.6)))
+    Engine(draft, drafter, SpecConfig("sorted", 3)).generate(PROMPT * 5, SamplingParams(max_new_tokens=24))
+    assert len(depths_after_each_pass) > 3 and drafter.target_state is None  # let go when the request ended
+    assert all(lengths == [cached] * 4 for lengths, cached in depths_after_each_pass)
+
+
+def test_exits_shallower_than_the_target_share_its_first_layers_bit_for_bit(sorted_models, monkeypatch):
+    """Exits (1, 2) of the 4-layer model serving the whole model: layers 0-1 adopted, 2-3 never run."""
+    _, draft = sorted_models["bfloat16"]
+    cut_model = copy.deepcopy(draft.model)  # its own tensors, equal to the draft's
+    cut_model.model.layers = cut_model.model.layers[:2]
+    cut_model.config.num_hidden_layers = 2
+    cut = dataclasses.replace(draft, model=cut_model, native=NativeLlama(cut_model))
+    assert cut.native.same_first_layers(draft.native, 2) and not cut.native.same_first_layers(draft.native, 4)
+
+    def proposals(share: bool):
+        drafter = recording(SortedDrafter)(cut, draft, (1, 2), ThresholdExit((0.5,)))
+        assert drafter.shares_target
+        drafter.shares_target = share
+        params = SamplingParams(temperature=1.0, max_new_tokens=40, seed=5)
+        Engine(draft, drafter, SpecConfig("sorted", 3)).generate(PROMPT * 5, params)
+        return drafter.proposals
+
+    assert same_proposals(proposals(True), proposals(False))
+
+
+def test_nothing_runs_deeper_than_the_adopted_layers_over_adopted_positions(sorted_models):
+    _, draft = sorted_models["float32"]
+    target = draft.new_state(64)
+    state = LayeredState(draft.native)
+    with torch.inference_mode():
+        target.forward(PROMPT * 3, 1)
+        state.append(PROMPT * 3)
+        state.adopt(target.cache, 9, 2)  # residual rows of positions 0-8 are now stale past layer 2
+        with pytest.raises(AssertionError, match="stale"):
+            state.run_to(4)
+
+
+def test_shared_drafting_stays_token_identical_to_plain_decoding(sorted_models):
+    _, draft = sorted_models["float32"]
+    spec = SpecConfig("sorted", 3, sorted_exits=(1, 2, 4), sorted_draft="none", lookup_first=2)
+    plain = Engine(draft).generate(PROMPT * 5, SamplingParams(max_new_tokens=24)).token_ids
+    shared = Engine(draft, build_drafter(spec, draft, draft), spec)
+    assert shared.generate(PROMPT * 5, SamplingParams(max_new_tokens=24)).token_ids == plain
 
 
 def test_same_first_layers_compares_weights_not_names(sorted_models):

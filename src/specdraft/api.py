@@ -20,8 +20,16 @@ def load_engine(models: ModelConfig, spec: SpecConfig, progress: bool = True,
     """Load what `spec` needs (models already loaded may be passed in and are reused)."""
     set_threads(models.threads)
     target = target or load_model(models.target, models.dtype, models.cache_dir, progress, models.backend)
-    if spec.method in NEEDS_DRAFT_MODEL and draft is None and models.draft == models.target:
-        draft = target  # self-speculation: one copy of the weights
-    elif spec.method in NEEDS_DRAFT_MODEL and draft is None and models.draft:
-        draft = load_model(models.draft, models.dtype, models.cache_dir, progress, models.backend)
+    if spec.method in NEEDS_DRAFT_MODEL and draft is None:
+        draft = load_draft(models, target, progress)
     return Engine(target, build_drafter(spec, target, draft), spec)
+
+
+def load_draft(models: ModelConfig, target: LoadedModel, progress: bool = True) -> LoadedModel | None:
+    """The draft model `models` names (None when it names none). A draft named as the target is the target itself,
+    one copy of the weights (self-speculation: the sorted draft's exits on the target's own layers)."""
+    if not models.draft:
+        return None
+    if models.draft == models.target:
+        return target
+    return load_model(models.draft, models.dtype, models.cache_dir, progress, models.backend)

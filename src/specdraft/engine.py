@@ -66,33 +66,39 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
     context = list(prompt_ids)
     budget = params.max_new_tokens
     next_source = getattr(drafter, "next_source", lambda context_ids: None)
-    while budget > 0:
-        # propose: never draft past the token budget (the last token of a pass is the target's own)
-        t0 = time.perf_counter()
-        source = next_source(context)  # who drafts this pass, when the drafter has several sources
-        draft = drafter.propose(context, min(draft_length.next(source, len(context)), budget - 1), params, generator)
-        t1 = time.perf_counter()
-        # verify: one target pass over the pending token and the k draft nodes (a tree: with a tree mask)
-        target_logits = target_state.verify(context[-1], draft)  # [k + 1, V]
-        # accept: greedy or sampling, chain or tree (a chain is a tree without branches)
-        result: Acceptance = accept_draft(draft, target_logits, params, generator, sampling_rule, tree_sampling_rule)
-        # rollback: keep the pending token and the accepted path (moved to consecutive positions in a tree);
-        # the new last token becomes pending
-        target_state.keep_verified(result.accepted_nodes)
-        context.extend(result.tokens)
-        kept_features = None if target_state.features is None else target_state.features[: result.n_accepted + 1]
-        # the taps of the pending token and the accepted drafts (keep_verified put a tree's path in order)
-        drafter.on_accept(context, kept_features)
-        t2 = time.perf_counter()
-        stats.time_draft_s += t1 - t0
-        stats.time_verify_s += t2 - t1
-        stats.record(draft.k, result.n_accepted, None if draft.parents is None else draft.depth)
-        if draft.k and draft.parents is None:
-            stats.record_steps(source or DRAFTER_SOURCE, draft.k, result.n_accepted)
-        draft_length.observe(draft.k, result.n_accepted, source)
-        stats.record_labels(draft.labels, result.accepted_nodes)
-        budget -= len(result.tokens)
-        yield result.tokens
+    try:
+        while budget > 0:
+            # propose: never draft past the token budget (the last token of a pass is the target's own)
+            t0 = time.perf_counter()
+            source = next_source(context)  # who drafts this pass, when the drafter has several sources
+            to_draft = min(draft_length.next(source, len(context)), budget - 1)
+            draft = drafter.propose(context, to_draft, params, generator)
+            t1 = time.perf_counter()
+            # verify: one target pass over the pending token and the k draft nodes (a tree: with a tree mask)
+            target_logits = target_state.verify(context[-1], draft)  # [k + 1, V]
+            # accept: greedy or sampling, chain or tree (a chain is a tree without branches)
+            result: Acceptance = accept_draft(draft, target_logits, params, generator, sampling_rule,
+                                              tree_sampling_rule)
+            # rollback: keep the pending token and the accepted path (moved to consecutive positions in a tree);
+            # the new last token becomes pending
+            target_state.keep_verified(result.accepted_nodes)
+            context.extend(result.tokens)
+            kept_features = None if target_state.features is None else target_state.features[: result.n_accepted + 1]
+            # the taps of the pending token and the accepted drafts (keep_verified put a tree's path in order)
+            drafter.on_accept(context, kept_features)
+            t2 = time.perf_counter()
+            stats.time_draft_s += t1 - t0
+            stats.time_verify_s += t2 - t1
+            stats.record(draft.k, result.n_accepted, None if draft.parents is None else draft.depth)
+            if draft.k and draft.parents is None:
+                stats.record_steps(source or DRAFTER_SOURCE, draft.k, result.n_accepted)
+            draft_length.observe(draft.k, result.n_accepted, source)
+            stats.record_labels(draft.labels, result.accepted_nodes)
+            budget -= len(result.tokens)
+            yield result.tokens
+    finally:  # the request ended (or was abandoned): the drafter lets go of the target's cache
+        if use_target_state is not None:
+            use_target_state(None)
 
 
 class StopChecker:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from ..api import load_draft
 from ..config import METHODS as SPEC_METHODS
 from ..config import NO_LOOKUP_FIRST, SpecConfig
 from ..engine import Engine
@@ -392,9 +393,7 @@ def run_bench(settings: BenchSettings, progress: bool = True, models: BenchModel
         startup["target_load_s"] = time.perf_counter() - started
         needs_draft = any(method.needs_draft for _, method, _, _ in plan)
         started = time.perf_counter()
-        # a draft named as the target is the target (self-speculation: sorted exits on the target's own layers)
-        draft = None if not needs_draft else target if config.draft == config.target else load_model(
-            config.draft, config.dtype, config.cache_dir, progress, config.backend)
+        draft = load_draft(config, target, progress) if needs_draft else None
         if draft is not None:
             startup["draft_load_s"] = time.perf_counter() - started
         models = BenchModels(config, target, draft)

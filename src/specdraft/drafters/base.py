@@ -20,8 +20,10 @@ class Drafter(Protocol):
     -> str | None`, naming the source of its next proposal from the context alone (None: the default one), and
     `source_bytes: dict[str, int]`, the weight bytes of a draft token of the named sources; gamma auto then keeps
     each source's acceptance and cost apart. Optional `use_target_state(state)`: called with the target's
-    SequenceState of each request before `begin`; a drafter whose first layers are the target's (S2D exits on the
-    target itself) reads the K/V the target cached rather than computing them again. It must not change it."""
+    SequenceState of each request before the target's prefill (so it is still empty: read it from `begin` and
+    `on_accept` on), and with None when the request ends; a drafter whose first layers are the target's (S2D
+    exits on the target itself) reads the K/V the target cached rather than computing them again. It must not
+    change the target's state."""
 
     name: str
 

@@ -53,6 +53,9 @@ class LayeredState(SequenceState):
         self.cache = native.new_cache(capacity)
         self.layer_length = [0] * len(native.layers)
         self.residual = torch.zeros(capacity, native.embed.shape[1])  # [capacity, D] float32
+        # positions 0 .. adopted_length - 1 took their K/V through layer adopted_depth - 1 from another model
+        # (`adopt`): their residual rows are stale, so no layer past those may run over them
+        self.adopted_length, self.adopted_depth = 0, len(native.layers)
         self.node_layers = len(native.layers)  # layers `forward` runs tree nodes through (set per tree)
 
     def depth(self, position: int) -> int:
@@ -80,6 +83,8 @@ class LayeredState(SequenceState):
             start = self.layer_length[index]
             if start >= n:
                 continue
+            if index >= self.adopted_depth and start < self.adopted_length:
+                raise AssertionError(f"layer {index} over adopted positions from {start}: their residuals are stale")
             rows = self.residual[start:n]  # [T, D]
             self.residual[start:n] = self.native.layer_forward(index, rows, self.cache, start)
             self.layer_length[index] = n
@@ -88,8 +93,8 @@ class LayeredState(SequenceState):
     def adopt(self, source: NativeCache, length: int, depth: int) -> None:
         """Fill layers 0 .. depth - 1 of positions 0 .. length - 1 with the K/V another model cached for the same
         tokens (the target, when its first `depth` layers are the draft's own: SortedDrafter checks), running
-        nothing. The adopted rows' residuals go stale; that is sound while nothing runs deeper than `depth`, as
-        a residual row is read only to run a layer its position is missing."""
+        nothing. The adopted rows' residuals go stale; that is sound while nothing runs deeper than `depth` (a
+        residual row is read only to run a layer its position is missing), and `run_to` refuses to."""
         if length > len(self.token_ids) or length > source.length:
             raise AssertionError(f"cannot adopt {length} positions: {len(self.token_ids)} here, {source.length} there")
         start = self.layer_length[depth - 1]  # the shallowest fill among these layers (depths never increase)
@@ -99,6 +104,7 @@ class LayeredState(SequenceState):
         self.cache.values[:depth, :, start:length] = source.values[:depth, :, start:length]
         self.layer_length[:depth] = [max(filled, length) for filled in self.layer_length[:depth]]
         self.cache.length = self.layer_length[0]
+        self.adopted_length, self.adopted_depth = max(self.adopted_length, length), min(self.adopted_depth, depth)
 
     def last_residual(self) -> torch.Tensor:
         """The last position's residual stream at its current depth: [1, D]."""
@@ -109,6 +115,7 @@ class LayeredState(SequenceState):
         length = len(self.token_ids) - n
         self.layer_length = [min(filled, length) for filled in self.layer_length]
         self.cache.length = self.layer_length[0]
+        self.adopted_length = min(self.adopted_length, length)
 
     # token trees (method sorted-tree): SequenceState.forward_tree builds the mask and positions and calls forward
 
@@ -366,8 +373,9 @@ class SortedDrafter(HasDraftVocab):
         """A shared target has just cached every token but the new pending one: take their K/V at every depth
         (the accepted drafts stopped at shallow exits; the last accepted one the draft never ran)."""
         cached = len(context_ids) - 1
-        if self.target_state is None or self.target_state.token_ids[cached - 1:] != context_ids[cached - 1: cached]:
-            return  # no shared target, or not this sequence's: deeper layers fill when a token needs them
+        target = self.target_state
+        if target is None or len(target) != cached or target.token_ids[-1:] != context_ids[cached - 1: cached]:
+            return  # no shared target, or it does not hold this context: deeper layers fill when a token needs them
         self.state.append(context_ids[len(self.state):cached])
         self.state.adopt(self.target_state.cache, cached, self.exits[-1])
 

@@ -7,6 +7,7 @@ from types import FrameType
 
 import uvicorn
 
+from ..api import load_draft
 from ..config import ModelConfig, SpecConfig
 from ..models.adapter import load_model, set_threads
 from .app import create_app
@@ -40,8 +41,7 @@ def serve(models: ModelConfig, spec: SpecConfig, config: ServerConfig, progress:
     """Load the target (and the draft, when one is named: any request may then ask for method 'draft')."""
     set_threads(models.threads)
     target = load_model(models.target, models.dtype, models.cache_dir, progress, models.backend)
-    draft = (None if not models.draft else target if models.draft == models.target  # self-speculation: one copy
-             else load_model(models.draft, models.dtype, models.cache_dir, progress, models.backend))
+    draft = load_draft(models, target, progress)
     app = create_app(config, spec, target, draft)
     server = build_server(app, config)
     print(f"specdraft: serving {app.state.server.model_name!r} ({spec.method}, gamma {spec.gamma_shown}) on "

@@ -13,8 +13,7 @@ rolling back is a change of length.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -120,11 +119,14 @@ class NativeLlama:
     def same_first_layers(self, other: "NativeLlama", depth: int) -> bool:
         """Whether `other` computes exactly what this model computes through its first `depth` layers: the same
         embedding, rotary tables and layer weights (the same tensors, or equal ones of the same dtype). Then the
-        K/V one of them caches for a sequence are the other's too (self-speculation on a draft's parent)."""
+        K/V one of them caches for a sequence are the other's too (self-speculation on a draft's parent). Models
+        loaded apart are compared tensor by tensor: a read of their weights, once per drafter built."""
         if other is self:
             return True
         shape = (self.n_heads, self.n_kv_heads, self.head_dim, self.eps)
-        if shape != (other.n_heads, other.n_kv_heads, other.head_dim, other.eps) or len(other.layers) < depth:
+        if shape != (other.n_heads, other.n_kv_heads, other.head_dim, other.eps):
+            return False
+        if len(self.layers) < depth or len(other.layers) < depth:
             return False
 
         def same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
@@ -135,7 +137,7 @@ class NativeLlama:
         return (same(self.embed, other.embed) and same(self.cos, other.cos) and same(self.sin, other.sin)
                 and all(same(getattr(mine, field.name), getattr(theirs, field.name))
                         for mine, theirs in zip(self.layers[:depth], other.layers[:depth])
-                        for field in dataclasses.fields(_Layer)))
+                        for field in fields(_Layer)))
 
     def new_cache(self, capacity: int = 256) -> "NativeCache":
         return NativeCache(len(self.layers), self.n_kv_heads, self.head_dim, capacity)
