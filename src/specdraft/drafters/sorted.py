@@ -282,9 +282,10 @@ class SortedDrafter(HasDraftVocab):
                                  f" (train one with `specdraft train sorted`, or use threshold:T)")
         return cls(draft, target, exits, rule, adapters, draft_vocab, **tree_knobs)
 
-    def use_target_state(self, target_state: SequenceState) -> None:
-        """The engine hands over the target's sequence of the request about to begin (optional protocol member);
-        it is read only when the target's layers are the draft's own (`shares_target`)."""
+    def use_target_state(self, target_state: SequenceState | None) -> None:
+        """The engine hands over the target's sequence of the request about to begin, and None when it ends
+        (optional protocol member); it is read only when the target's layers are the draft's own
+        (`shares_target`)."""
         self.target_state = target_state if self.shares_target else None
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
@@ -377,7 +378,7 @@ class SortedDrafter(HasDraftVocab):
         if target is None or len(target) != cached or target.token_ids[-1:] != context_ids[cached - 1: cached]:
             return  # no shared target, or it does not hold this context: deeper layers fill when a token needs them
         self.state.append(context_ids[len(self.state):cached])
-        self.state.adopt(self.target_state.cache, cached, self.exits[-1])
+        self.state.adopt(target.cache, cached, self.exits[-1])
 
 
 class SortedTreeDrafter(SortedDrafter):
