@@ -293,14 +293,19 @@ class SortedDrafter(HasDraftVocab):
             self.vocab.for_prompt(prompt_ids)
         self.state = LayeredState(self.native, capacity=len(prompt_ids) + 64)
         self.request_exits = [0] * len(self.exits)
-        if self.target_state is not None and self.target_state.token_ids != prompt_ids[:-1]:
-            self.target_state = None  # handed over for another request: compute as an independent draft does
+        # a state handed over for another request is dropped: the draft then computes as an independent one does
+        self.target_state = self._target_holding(prompt_ids[:-1])
         if len(prompt_ids) > 1:  # the prompt goes to the deepest exit: adopted, or one pass per layer
             self.state.append(prompt_ids[:-1])
             if self.target_state is not None:
                 self.state.adopt(self.target_state.cache, len(prompt_ids) - 1, self.exits[-1])
             else:
                 self.state.run_to(self.exits[-1])
+
+    def _target_holding(self, cached_ids: list[int]) -> SequenceState | None:
+        """The shared target's state if it caches exactly `cached_ids`, else None."""
+        target = self.target_state
+        return target if target is not None and target.token_ids == cached_ids else None
 
     def propose(self, context_ids: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Draft:
@@ -374,8 +379,8 @@ class SortedDrafter(HasDraftVocab):
         """A shared target has just cached every token but the new pending one: take their K/V at every depth
         (the accepted drafts stopped at shallow exits; the last accepted one the draft never ran)."""
         cached = len(context_ids) - 1
-        target = self.target_state
-        if target is None or len(target) != cached or target.token_ids[-1:] != context_ids[cached - 1: cached]:
+        target = self._target_holding(context_ids[:cached])
+        if target is None:
             return  # no shared target, or it does not hold this context: deeper layers fill when a token needs them
         self.state.append(context_ids[len(self.state):cached])
         self.state.adopt(target.cache, cached, self.exits[-1])
