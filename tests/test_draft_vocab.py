@@ -61,6 +61,19 @@ def test_rows_are_the_lowest_ids_the_special_tokens_and_the_prompt():
     assert vocab.target_id(10) == 12
 
 
+def test_each_request_gets_its_own_rows_and_a_long_prompt_grows_the_room():
+    """The fixed rows are copied once and a request writes its extra rows after them: a later request with other
+    (or more) extra tokens than the room holds must see exactly its own rows, and the fixed rows unchanged."""
+    head = torch.randn(1000, 8)
+    vocab = DraftVocab(head, size=10, always=(999,))
+    vocab.for_prompt(list(range(10, 600)))  # 590 extra rows: more than the room the buffer started with
+    assert vocab.ids.tolist() == list(range(600)) + [999]
+    assert torch.equal(vocab.weight, head[vocab.ids]) and vocab.weight.is_contiguous()
+    vocab.for_prompt([5, 700, 12])
+    assert vocab.ids.tolist() == list(range(10)) + [12, 700, 999]
+    assert torch.equal(vocab.weight, head[vocab.ids]) and vocab.weight.is_contiguous()
+
+
 def test_greedy_with_a_small_draft_vocabulary_is_token_identical(models):
     target, draft, _ = models
     params = SamplingParams(max_new_tokens=24)

@@ -11,7 +11,7 @@ merges, i.e. the most frequent pieces of the tokenizer's training text (measured
 the lowest 32,768 ids cover the target's benchmark outputs as well as the 32,768 most frequent ids of our
 pinned-package corpus, 92 % both; docs/s2d.md), plus the tokenizer's special and added tokens (end of turn),
 plus every token of the request's prompt (names and numbers the answer copies from it, the long tail that the
-fixed rows miss). The rows are gathered once per request.
+fixed rows miss). The fixed rows are copied once; a request gathers only its extra rows.
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ class DraftVocab:
         self.full_size = lm_head.shape[0]
         self.size = min(size, self.full_size)
         self.always = sorted({i for i in always if 0 <= i < self.full_size})
+        # the fixed rows are copied once into a buffer with room after them; a request writes only its extra rows
+        # there (gathering all rows again took 33 ms a request for the 0.5B's 32,768 rows)
+        self._rows = lm_head.new_empty(self.size + max(256, len(self.always)), lm_head.shape[1])  # [size + room, D]
+        self._rows[: self.size] = lm_head[: self.size]
         self.ids = torch.empty(0, dtype=torch.long)
         self.weight = lm_head[:0]
         self.for_prompt([])
@@ -54,8 +58,16 @@ class DraftVocab:
         """Rows for one request: the fixed ones and the prompt's tokens."""
         extra = {i for i in prompt_ids if self.size <= i < self.full_size}
         extra.update(i for i in self.always if i >= self.size)
-        self.ids = torch.cat([torch.arange(self.size), torch.tensor(sorted(extra), dtype=torch.long)])
-        self.weight = self.lm_head[self.ids].contiguous()  # [V_draft, D]
+        extra_ids = torch.tensor(sorted(extra), dtype=torch.long)  # [n_extra]
+        rows = self.size + len(extra_ids)
+        if rows > self._rows.shape[0]:  # a prompt with more new tokens than the room: grow, keeping the fixed rows
+            grown = self._rows.new_empty(rows + 256, self._rows.shape[1])
+            grown[: self.size] = self._rows[: self.size]
+            self._rows = grown
+        self._rows[self.size: rows] = self.lm_head[extra_ids]
+        self.ids = torch.cat([torch.arange(self.size), extra_ids])
+        # [V_draft, D]: valid until the next request's for_prompt rewrites the extra rows
+        self.weight = self._rows[:rows]
 
     def target_id(self, draft_index: int) -> int:
         return int(self.ids[draft_index])
