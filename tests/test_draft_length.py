@@ -36,16 +36,43 @@ def test_expected_tokens_is_the_geometric_chain():
 @pytest.mark.parametrize("alpha, curve, draft_cost, expected", [
     (0.9, FLAT, 0.0, 8),     # free verification, free drafts: draft as far as allowed
     (0.2, FLAT, 0.0, 8),     # still free: a longer draft never loses
-    (0.2, STEEP, 0.0, 1),    # unlikely tokens that cost half a pass each: one
+    (0.6, STEEP, 0.0, 1),    # tokens that cost half a pass each, kept 60 % of the time: one
+    (0.2, STEEP, 0.0, 0),    # ... kept 20 % of the time: none, a plain pass (1.2 tokens for 1.5 passes loses)
     (0.9, STEEP, 0.0, 3),    # likely ones: several, until their cost outruns alpha^k
     (0.9, FLAT, 0.4, 4),     # a draft model's own steps cost: fewer than with free drafts (8)
     (0.5, FLAT, 0.4, 1),
+    (0.5, FLAT, 0.6, 0),     # a costly drafter at even odds: its step costs more than the half token it brings
+    (0.96, FLAT, 0.8, 2),    # nearly always right at 0.8 of a pass (self-speculation's deepest exit): still drafts
 ])
 def test_best_length_weighs_acceptance_against_cost(alpha, curve, draft_cost, expected):
     assert best_length(alpha, curve, draft_cost) == expected
-    # the choice is the argmax of tokens per unit of time: no other length does better
+    # the choice is the argmax of tokens per unit of time (k = 0: one token per pass): no other length does better
     rate = lambda k: expected_tokens(alpha, k) / (curve[k] + k * draft_cost)  # noqa: E731
-    assert all(rate(expected) >= rate(k) for k in range(1, len(curve)))
+    assert all(rate(expected) >= rate(k) for k in range(0, len(curve)))
+
+
+def test_a_resting_source_is_forgotten_pass_by_pass_until_it_drafts_again():
+    """A costly drafter that keeps missing stops drafting (k = 0); the passes without a draft decay its tally,
+    so its estimate drifts back toward the prior and it tries again. A source that merely found nothing to
+    draft (no prompt-lookup match) keeps its tally: that pass was not the policy's choice."""
+    curve = VerifyCurve.flat(1.0 + 0.02 * n for n in range(9))
+    policy = AdaptiveLength(curve, {"lookup": 0.0}, lambda: 0.5)
+    assert policy.next() == 1  # the prior (0.6) pays for one token at half a pass
+    for _ in range(4):
+        policy.observe(policy.next() or 1, 0)
+    assert policy.next() == 0 and policy.alpha() < 0.3
+    low = policy.alpha()
+    idle = 0
+    while policy.next() == 0:
+        policy.observe(0, 0)
+        idle += 1
+        assert idle < 20, "a resting source must try again"
+    assert policy.alpha() > low and 1 <= idle <= 10  # 8 here: the prior (0.6) is barely above the 0.52 it needs
+    # lookup found no match: no evidence, no forgetting (it was never told to rest)
+    policy.observe(3, 0, "lookup")
+    before = policy.alpha("lookup")
+    policy.observe(0, 0, "lookup")
+    assert policy.alpha("lookup") == before
 
 
 def test_the_policy_lengthens_after_acceptances_and_shortens_after_rejections():
@@ -97,14 +124,20 @@ def test_the_policy_keeps_each_sources_acceptance_and_cost_apart():
     for _ in range(8):
         policy.observe(policy.next("lookup"), policy.next("lookup"), "lookup")
         policy.observe(policy.next(None), 0, None)
-    assert policy.next("lookup") == policy.most and policy.next(None) == 1
+    # a guess never kept does not pay for 0.3 of a pass: the model rests (plain passes) while copies run long
+    assert policy.next("lookup") == policy.most and policy.next(None) == 0
     assert policy.alpha("lookup") > 0.9 > 0.3 > policy.alpha(None)
     assert policy.alpha("other") == fresh.alpha(None) == 0.6
 
 
-def test_lookup_first_names_the_source_of_its_next_proposal(tiny_models):
+def test_lookup_first_names_the_source_of_its_next_proposal(tiny_models, monkeypatch):
     """next_source says, from the context alone, whether the coming proposal is a copy: it agrees with the
     labels of what propose returns, and greedy output with gamma auto per source equals plain decoding."""
+    from specdraft.models import verify_curve as vc
+
+    # a curve of this machine's shape, not a tiny model's timing noise (a noisy T(2) can make every draft lose)
+    flat = tuple(1 + 0.08 * n for n in range(AUTO_GAMMA_MAX + 1))
+    monkeypatch.setattr(vc, "verify_curve", lambda target, n: VerifyCurve(flat[:n], flat[:n]))
     target = tiny_models["target"]
     drafter = LookupFirstDrafter(ModelDrafter(tiny_models["draft"], target), max_ngram=3, min_ngram=2)
     ar = Engine(target)
@@ -119,6 +152,9 @@ def test_lookup_first_names_the_source_of_its_next_proposal(tiny_models):
     assert drafter.next_source(ar.encode("j. ihg", chat=False)) is None
     engine = Engine(target, drafter, SpecConfig("draft", None))
     assert engine.source_costs == {LOOKUP_LABEL: 0.0} and engine.draft_cost() > 0
+    # the tiny draft weighs nearly what the tiny target does, and would rarely pay for its steps: priced as a real
+    # draft is (the 0.5B reads about 0.3 of the 1.5B), so that both sources draft
+    drafter.inner.draft_bytes = 0.3 * engine.target_bytes
     sources, step_sources = set(), set()
     for prompt in ["abc ab", "dead beef cafe. dead be", "j. ihg"]:
         ids = ar.encode(prompt, chat=False)
@@ -264,16 +300,24 @@ def test_gamma_auto_keeps_the_target_distribution_and_the_negative_control_fails
     # first pass's outcome (3 from the prior on this curve, 1 or more after it)
     params = SamplingParams(**{**SETTINGS["T=1"].__dict__, "max_new_tokens": 8})
 
-    def engine(**rule):
+    def engine(price: float = 0.0, **rule):
         built = Engine(target, ModelDrafter(draft, target), SpecConfig("draft", None, lookup_first=0), **rule)
         built.curve = VerifyCurve.flat(1.0 + 0.1 * n for n in range(9))
-        built.drafter.draft_bytes = 0  # priced as free, so that the lengths follow acceptance alone
+        # priced as free, so that the lengths follow acceptance alone; or at `price` of a target pass
+        built.drafter.draft_bytes = price * built.target_bytes
         return built
 
     assert engine().new_draft_length().next() == 3
-
     assert engine_chi_square_pvalue(engine(), target, params, N_SAMPLES) > P_THRESHOLD
     assert engine_chi_square_pvalue(engine(sampling_rule=always_accept), target, params, N_SAMPLES) < P_THRESHOLD
+    # priced at 0.45 of a pass: one token from the prior, then none after a rejection (k = 0 chosen from the past)
+    policy = engine(0.45).new_draft_length()
+    assert policy.next() == 1
+    policy.observe(1, 0)
+    assert policy.next() == 0
+    assert engine_chi_square_pvalue(engine(0.45), target, params, N_SAMPLES) > P_THRESHOLD
+    assert engine_chi_square_pvalue(engine(0.45, sampling_rule=always_accept), target, params,
+                                    N_SAMPLES) < P_THRESHOLD
 
 
 def test_gamma_parses_auto_and_refuses_nonsense():

@@ -5,6 +5,9 @@ The choice maximises expected tokens per unit of time,
 
     tau(alpha, k) / (T(k + 1) / T(1) + k * c),      tau(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha),
 
+over k = 0 .. most: k = 0, a plain target pass, wins where drafting costs more than it saves (a costly drafter on
+text it guesses badly); the policy then forgets that source's acceptance pass by pass until it tries again.
+
 where T(n) is one target pass over n tokens after the request's context so far (models/verify_curve.py measures
 it once per machine and model, after a short and a long context, and `VerifyCurve.at` interpolates), c a
 draft token's cost as a fraction of T(1), and alpha the per-token acceptance estimated from this request's passes
@@ -42,11 +45,12 @@ def expected_tokens_over_passes(alpha: float, passes: int, drafted_per_position:
 
 
 def best_length(alpha: float, pass_cost: Sequence[float], draft_cost: float) -> int:
-    """The k in 1..len(pass_cost) - 1 with the most expected tokens per unit of time.
+    """The k in 0..len(pass_cost) - 1 with the most expected tokens per unit of time; 0 (a plain target pass,
+    one token per T(1)) when no draft pays for its own steps and its extra verified rows.
 
     pass_cost[n - 1]: T(n) / T(1), a target pass over n tokens relative to one (pass_cost[0] == 1).
     draft_cost: one draft token's cost relative to T(1)."""
-    candidates = range(1, len(pass_cost))
+    candidates = range(0, len(pass_cost))
     return max(candidates, key=lambda k: (expected_tokens(alpha, k) / (pass_cost[k] + k * draft_cost), -k))
 
 
@@ -133,6 +137,9 @@ class AdaptiveLength:
     prior_weight: float = 2.0
     decay: float = 0.75  # each pass multiplies the weight of the source's older ones by this (half-life 2.4)
     tallies: dict[str | None, Tally] = field(default_factory=dict)
+    # sources whose last `next` chose not to draft: their passes bring no evidence, so each such pass forgets
+    # (decays) their tally instead, and the estimate drifts back to the prior until a draft is tried again
+    resting: set[str | None] = field(default_factory=set)
 
     @property
     def most(self) -> int:
@@ -144,10 +151,15 @@ class AdaptiveLength:
 
     def next(self, source: str | None = None, context_tokens: int = 0) -> int:
         cost = self.source_costs[source] if source in self.source_costs else self.draft_cost()
-        return best_length(self.alpha(source), self.curve.at(context_tokens), cost)
+        length = best_length(self.alpha(source), self.curve.at(context_tokens), cost)
+        (self.resting.add if length == 0 else self.resting.discard)(source)
+        return length
 
     def observe(self, drafted: int, accepted: int, source: str | None = None) -> None:
-        if drafted == 0:  # nothing was drafted (e.g. prompt lookup found no match): no evidence either way
+        if drafted == 0:  # nothing was drafted: no evidence either way (e.g. prompt lookup found no match)
+            if source in self.resting and source in self.tallies:  # ... or this policy chose not to draft
+                tally = self.tallies[source]
+                tally.accepted, tally.examined = self.decay * tally.accepted, self.decay * tally.examined
             return
         tally = self.tallies.setdefault(source, Tally())
         tally.accepted = self.decay * tally.accepted + accepted
