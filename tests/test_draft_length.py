@@ -67,7 +67,13 @@ def test_a_resting_source_is_forgotten_pass_by_pass_until_it_drafts_again():
         policy.observe(0, 0)
         idle += 1
         assert idle < 20, "a resting source must try again"
-    assert policy.alpha() > low and 1 <= idle <= 10  # 8 here: the prior (0.6) is barely above the 0.52 it needs
+    # 10 here: its evidence (2.7 examined tokens) fades below one token; its estimate alone would take 21
+    assert policy.alpha() > low and 1 <= idle <= 12
+    # a source never rests on the prior alone: priced above what the prior pays for, it still tries one token
+    costly = AdaptiveLength(curve, {}, lambda: 0.9)
+    assert best_length(costly.alpha(), curve.at(0), 0.9) == 0 and costly.next() == 1
+    costly.observe(1, 1)  # kept: evidence now, but a 0.9 step does not pay at 0.73
+    assert costly.next() == 0
     # lookup found no match: no evidence, no forgetting (it was never told to rest)
     policy.observe(3, 0, "lookup")
     before = policy.alpha("lookup")

@@ -6,7 +6,8 @@ The choice maximises expected tokens per unit of time,
     tau(alpha, k) / (T(k + 1) / T(1) + k * c),      tau(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha),
 
 over k = 0 .. most: k = 0, a plain target pass, wins where drafting costs more than it saves (a costly drafter on
-text it guesses badly); the policy then forgets that source's acceptance pass by pass until it tries again.
+text it guesses badly). A source rests only on evidence, never on the prior alone, and forgets that evidence
+pass by pass while it rests, so it tries again (one token) once the evidence has faded.
 
 where T(n) is one target pass over n tokens after the request's context so far (models/verify_curve.py measures
 it once per machine and model, after a short and a long context, and `VerifyCurve.at` interpolates), c a
@@ -138,8 +139,12 @@ class AdaptiveLength:
     decay: float = 0.75  # each pass multiplies the weight of the source's older ones by this (half-life 2.4)
     tallies: dict[str | None, Tally] = field(default_factory=dict)
     # sources whose last `next` chose not to draft: their passes bring no evidence, so each such pass forgets
-    # (decays) their tally instead, and the estimate drifts back to the prior until a draft is tried again
+    # (decays by rest_decay) their tally instead, and the estimate drifts back to the prior until a draft is tried
+    # again. A source rests only on evidence (rest_evidence examined tokens or more): on the prior alone, or once
+    # its evidence has faded, it drafts one token to find out
     resting: set[str | None] = field(default_factory=set)
+    rest_decay: float = 0.9
+    rest_evidence: float = 1.0
 
     @property
     def most(self) -> int:
@@ -154,6 +159,8 @@ class AdaptiveLength:
 
     def next(self, source: str | None = None, context_tokens: int = 0) -> int:
         length = best_length(self.alpha(source), self.curve.at(context_tokens), self._cost(source))
+        if length == 0 and self.tallies.get(source, Tally()).examined < self.rest_evidence:
+            length = 1  # too little evidence to rest on: one token finds out
         (self.resting.add if length == 0 else self.resting.discard)(source)
         return length
 
@@ -168,7 +175,7 @@ class AdaptiveLength:
         if drafted == 0:  # nothing was drafted: no evidence either way (e.g. prompt lookup found no match)
             if source in self.resting and source in self.tallies:  # ... or this policy chose not to draft
                 tally = self.tallies[source]
-                tally.accepted, tally.examined = self.decay * tally.accepted, self.decay * tally.examined
+                tally.accepted, tally.examined = self.rest_decay * tally.accepted, self.rest_decay * tally.examined
             return
         tally = self.tallies.setdefault(source, Tally())
         tally.accepted = self.decay * tally.accepted + accepted
