@@ -22,13 +22,12 @@ from specdraft.drafters import (
     TreeDrafter,
     build_drafter,
 )
-from specdraft.drafters.lookup_first import SHORT_LABEL, with_copy_branch
-from specdraft.draft_length import AdaptiveLength, FixedLength, VerifyCurve
+from specdraft.drafters.lookup_first import with_copy_branch
 from specdraft.types import Draft
 from specdraft.errors import SpecdraftError
 from test_draft_vocab import models  # noqa: F401  (fixture: a tiny target, a 1-layer and a 4-layer draft)
 from test_eagle import tiny_head
-from test_exactness import N_SAMPLES, P_THRESHOLD, SETTINGS, engine_chi_square_pvalue, engine_pvalue
+from test_exactness import N_SAMPLES, P_THRESHOLD, SETTINGS, engine_pvalue
 
 GREEDY = SamplingParams(max_new_tokens=40)
 
@@ -69,106 +68,6 @@ def test_lookup_first_drafts_a_copy_only_for_long_enough_matches(models):
     drafter.begin([2, 3, 4, 5, 6, 3])
     own = drafter.propose([2, 3, 4, 5, 6, 3], 2, GREEDY, None)  # only "3" repeats, shorter than min_ngram 2
     assert own.labels == ["draft"] * own.k and own.k == 2
-
-
-class RatedPolicy:
-    """A draft-length policy stand-in that rates sources as told."""
-
-    def __init__(self, rates):
-        self.rates = rates
-
-    def rate(self, source=None, context_tokens=0):
-        return self.rates[source]
-
-
-def test_a_short_copy_is_taken_only_where_the_policy_rates_it_above_the_drafter(models):
-    """No match of min_ngram tokens, but the last token occurred before: a copy of what followed it competes with
-    the drafter by the policy's rates. A long enough match is copied whatever the rates; without a policy that
-    rates (fixed gamma), with short copies off, or for a tree drafter, nothing changes."""
-    target, draft, deep = models
-    context = [2, 3, 4, 5, 6, 3]  # only "3" repeats: a short copy would be [4, 5, 6, 3]
-    drafter = LookupFirstDrafter(ModelDrafter(draft, target), max_ngram=3, min_ngram=2, short_copies=True)
-    assert drafter.source_bytes == {"lookup": 0, SHORT_LABEL: 0}
-    for rates, source in [({SHORT_LABEL: 1.4, None: 1.2}, SHORT_LABEL), ({SHORT_LABEL: 1.1, None: 1.2}, None)]:
-        drafter.use_draft_length(RatedPolicy(rates))
-        drafter.begin(context)
-        assert drafter.next_source(context) == source
-        proposed = drafter.propose(context, 2, GREEDY, None)
-        if source == SHORT_LABEL:
-            assert proposed.token_ids.tolist() == [4, 5] and proposed.labels == [SHORT_LABEL] * 2
-            assert proposed.draft_probs is None
-        else:
-            assert proposed.labels == ["draft"] * proposed.k
-    long_match = [2, 3, 4, 5, 2, 3]
-    drafter.begin(long_match)
-    assert drafter.next_source(long_match) == "lookup"  # rated below the drafter, but a pair repeats
-    drafter.use_draft_length(None)  # the request ended
-    drafter.begin(context)
-    assert drafter.next_source(context) is None
-    drafter.use_draft_length(FixedLength(3))  # a fixed gamma does not rate sources
-    assert drafter.policy is None and drafter.next_source(context) is None
-    off = LookupFirstDrafter(ModelDrafter(draft, target), max_ngram=3, min_ngram=2)
-    off.use_draft_length(RatedPolicy({SHORT_LABEL: 9.0, None: 1.0}))
-    off.begin(context)
-    assert off.next_source(context) is None and off.source_bytes == {"lookup": 0}
-    tree = LookupFirstDrafter(TreeDrafter(draft, target, 6, 3, 2), max_ngram=3, min_ngram=2, short_copies=True)
-    assert not tree.short_copies
-
-
-def test_lookup_first_auto_weighs_short_copies_and_a_set_ngram_does_not(models):
-    target, draft, _ = models
-    assert build_drafter(SpecConfig("draft"), target, draft).short_copies
-    assert not build_drafter(SpecConfig("draft", lookup_first=2), target, draft).short_copies
-
-
-def _short_copy_engine(target, draft, drafter_class=LookupFirstDrafter, **rule):
-    """Gamma auto on a flat curve, the tiny draft priced as a real one (0.3 of the target): short copies (free,
-    never tried: the prior) rate above the drafter at first, below it after they miss, so which of the two drafts
-    the second token's pass follows from the first pass's outcome."""
-    drafter = drafter_class(ModelDrafter(draft, target), max_ngram=3, min_ngram=2, short_copies=True)
-    engine = Engine(target, drafter, SpecConfig("draft", None), **rule)
-    engine.curve = VerifyCurve.flat(1.0 + 0.08 * n for n in range(9))
-    drafter.inner.draft_bytes = 0.3 * engine.target_bytes
-    return engine
-
-
-def test_greedy_with_short_copies_equals_autoregressive_and_takes_them(models):
-    target, draft, _ = models
-    engine = _short_copy_engine(target, draft)
-    assert isinstance(engine.new_draft_length(), AdaptiveLength)
-    taken = 0
-    for prompt in ["abcabdabcab", "dcba edcba", "aebcd"]:
-        ids = target.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        got = engine.generate(ids, GREEDY)
-        assert got.token_ids == Engine(target).generate(ids, GREEDY).token_ids, prompt
-        taken += got.stats.drafted_by.get(SHORT_LABEL, 0)
-    assert taken > 0
-    assert engine.drafter.policy is None  # let go when each request ended
-
-
-@pytest.mark.parametrize("name", ["T=1"])
-def test_sampling_with_short_copies_follows_the_target(models, name):
-    """The statistical suite's test with short copies weighed pass by pass (the prompt "abc": the second pass
-    may copy after a repeated single token); a copy sent with the drafter's q must fail it."""
-    target, draft, _ = models
-    engine = _short_copy_engine(target, draft)
-    params = SamplingParams(**{**SETTINGS[name].__dict__, "max_new_tokens": 6})
-    assert engine_chi_square_pvalue(engine, target, params, N_SAMPLES) > P_THRESHOLD
-    wrong = _short_copy_engine(target, draft, ShortBorrowedProbsDrafter)
-    assert engine_chi_square_pvalue(wrong, target, params, N_SAMPLES) < P_THRESHOLD
-
-
-class ShortBorrowedProbsDrafter(LookupFirstDrafter):
-    """Deliberately wrong: a short copy is sent with the inner drafter's q, as if the model had sampled it."""
-
-    def propose(self, context_ids, k, params, generator):
-        draft = super().propose(context_ids, k, params, generator)
-        if draft.labels and draft.labels[0] == SHORT_LABEL:
-            own = self.inner.propose(context_ids, k, params, generator)
-            n = min(draft.k, own.k)
-            if own.draft_probs is not None and n:
-                draft = replace(draft, token_ids=draft.token_ids[:n], draft_probs=own.draft_probs[:n], labels=None)
-        return draft
 
 
 @pytest.mark.parametrize("name", ["T=1", "T=0.7,top-k=3"])

@@ -72,8 +72,7 @@ class SpecConfig:
     # any model or head drafter: draft by prompt lookup first when the context's last n-gram, n >= lookup_first
     # (up to lookup_max_ngram), occurred earlier, and by the drafter otherwise (drafters/lookup_first.py; 0: off).
     # None is auto: AUTO_LOOKUP_FIRST for model and head drafters, off for the methods in NO_LOOKUP_FIRST
-    # (see lookup_first_ngram); auto also drafts a copy after a single repeated token in a chain where gamma
-    # auto rates it above the drafter ("short copies", labelled lookup-1)
+    # (see lookup_first_ngram)
     lookup_first: int | None = None
     # method eagle: a trained EAGLE head, by name (~/.cache/specdraft/heads/NAME) or folder (ours or EAGLE-3 layout)
     eagle_head: str | None = None

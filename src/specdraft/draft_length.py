@@ -154,22 +154,13 @@ class AdaptiveLength:
         tally = self.tallies.get(source, Tally())
         return (tally.accepted + self.prior_alpha * self.prior_weight) / (tally.examined + self.prior_weight)
 
-    def _cost(self, source: str | None) -> float:
-        return self.source_costs[source] if source in self.source_costs else self.draft_cost()
-
     def next(self, source: str | None = None, context_tokens: int = 0) -> int:
-        length = best_length(self.alpha(source), self.curve.at(context_tokens), self._cost(source))
+        cost = self.source_costs[source] if source in self.source_costs else self.draft_cost()
+        length = best_length(self.alpha(source), self.curve.at(context_tokens), cost)
         if length == 0 and self.tallies.get(source, Tally()).examined < self.rest_evidence:
             length = 1  # too little evidence to rest on: one token finds out
         (self.resting.add if length == 0 else self.resting.discard)(source)
         return length
-
-    def rate(self, source: str | None = None, context_tokens: int = 0) -> float:
-        """Expected tokens per one-token target pass at this source's best length (1.0: not worth drafting), to
-        weigh one source against another before a pass (lookup first's short copies)."""
-        alpha, curve, cost = self.alpha(source), self.curve.at(context_tokens), self._cost(source)
-        length = best_length(alpha, curve, cost)
-        return expected_tokens(alpha, length) / (curve[length] + length * cost)
 
     def observe(self, drafted: int, accepted: int, source: str | None = None) -> None:
         if drafted == 0:  # nothing was drafted: no evidence either way (e.g. prompt lookup found no match)

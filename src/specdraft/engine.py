@@ -59,10 +59,6 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
     use_target_state = getattr(drafter, "use_target_state", None)
     if use_target_state is not None:
         use_target_state(target_state)
-    # a drafter with several sources may weigh them by the request's draft-length policy (lookup first)
-    use_draft_length = getattr(drafter, "use_draft_length", None)
-    if use_draft_length is not None:
-        use_draft_length(draft_length)
     if len(prompt_ids) > 1:
         target_state.forward(prompt_ids[:-1], 1)
     drafter.begin(prompt_ids, target_state.features)  # features: [n_prompt - 1, n_taps, D] or None
@@ -100,11 +96,9 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
             stats.record_labels(draft.labels, result.accepted_nodes)
             budget -= len(result.tokens)
             yield result.tokens
-    finally:  # the request ended (or was abandoned): the drafter lets go of the target's cache and the policy
+    finally:  # the request ended (or was abandoned): the drafter lets go of the target's cache
         if use_target_state is not None:
             use_target_state(None)
-        if use_draft_length is not None:
-            use_draft_length(None)
 
 
 class StopChecker:

@@ -54,9 +54,7 @@ def _require_head(spec: SpecConfig) -> str:
 def build_drafter(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:
     drafter = DRAFTERS[spec.method](spec, target, draft)
     if spec.lookup_first_ngram:
-        # auto also weighs short copies (one repeated token) against the drafter; a set n-gram is exactly that
-        drafter = LookupFirstDrafter(drafter, spec.lookup_max_ngram, spec.lookup_first_ngram,
-                                     short_copies=spec.lookup_first is None)
+        drafter = LookupFirstDrafter(drafter, spec.lookup_max_ngram, spec.lookup_first_ngram)
     return drafter
 
 

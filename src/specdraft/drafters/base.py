@@ -23,10 +23,8 @@ class Drafter(Protocol):
     SequenceState of each request before the target's prefill (so it is still empty: read it from `begin` and
     `on_accept` on), and with None when the request ends; a drafter whose first layers are the target's (S2D
     exits on the target itself) reads the K/V the target cached rather than computing them again. It must not
-    change the target's state. Optional `use_draft_length(policy)`: called with the request's draft-length policy
-    before the prefill and with None when the request ends; a drafter with several sources may weigh them by the
-    policy's `rate(source, context_tokens)` (gamma auto), always from the context and earlier passes alone.
-    `propose` may be asked for k = 0 (gamma auto found that no draft pays); it then returns an empty draft."""
+    change the target's state. `propose` may be asked for k = 0 (gamma auto found that no draft pays); it then
+    returns an empty draft."""
 
     name: str
 

@@ -29,24 +29,16 @@ from .base import Drafter
 from .prompt_lookup import find_continuation
 
 LOOKUP_LABEL = "lookup"
-# a copy after a single repeated token (a "short copy"): taken where the request's draft-length policy expects more
-# tokens per unit of time from it than from the wrapped drafter
-SHORT_LABEL = "lookup-1"
 
 
 class LookupFirstDrafter:
     """`inner` with prompt lookup in front; drafts are labelled "lookup" or with the inner drafter's name, so the
     statistics tally how many tokens each proposed and had accepted."""
 
-    def __init__(self, inner: Drafter, max_ngram: int, min_ngram: int, short_copies: bool = False):
+    def __init__(self, inner: Drafter, max_ngram: int, min_ngram: int):
         self.inner = inner
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
-        # short copies: for a chain drafter under gamma auto, where no match of min_ngram tokens exists, a copy
-        # after a single repeated token competes with the drafter by the policy's expected rate (use_draft_length)
-        self.short_copies = short_copies and min_ngram > 1 and getattr(inner, "budget", None) is None
-        self.policy = None  # the request's draft-length policy, while short copies apply
-        self._short: tuple[int, list[int]] | None = None  # as _found, for the short copy (empty: not worth it)
         self.name = f"{inner.name}+lookup"
         self.feature_layers = getattr(inner, "feature_layers", ())  # the engine taps these for the inner drafter
         self.backend = getattr(inner, "backend", "")
@@ -62,34 +54,12 @@ class LookupFirstDrafter:
     @property
     def source_bytes(self) -> dict[str, int]:
         """Per source: a copy reads no weights (the wrapped drafter, the default source, reads draft_bytes)."""
-        return {LOOKUP_LABEL: 0, SHORT_LABEL: 0} if self.short_copies else {LOOKUP_LABEL: 0}
-
-    def use_draft_length(self, policy) -> None:
-        """The engine hands over the request's draft-length policy, and None when the request ends (optional
-        protocol member); only a policy that rates sources (gamma auto) enables short copies."""
-        self.policy = policy if self.short_copies and hasattr(policy, "rate") else None
-        self._short = None
+        return {LOOKUP_LABEL: 0}
 
     def next_source(self, context_ids: list[int]) -> str | None:
-        """LOOKUP_LABEL when the next proposal copies (for a chain drafter: the copy alone), SHORT_LABEL when it
-        is a short copy, None when the wrapped drafter proposes. A copy continues an earlier match whatever its
-        length, so asking for one token tells."""
-        if self._continuation(context_ids):
-            return LOOKUP_LABEL
-        return SHORT_LABEL if self._short_copy(context_ids) else None
-
-    def _short_copy(self, context_ids: list[int]) -> list[int]:
-        """The continuation after the last earlier occurrence of the last token, where the policy rates short
-        copies above the wrapped drafter; else []. Decided once per context (the policy changes only after a
-        pass), from the context and earlier passes alone, so the output keeps the target's distribution."""
-        if self.policy is None:
-            return []
-        if self._short is None or self._short[0] != len(context_ids):
-            found = find_continuation(context_ids, len(context_ids), 1, 1)
-            n = len(context_ids)
-            worth = bool(found) and self.policy.rate(SHORT_LABEL, n) > self.policy.rate(None, n)
-            self._short = (n, found if worth else [])
-        return self._short[1]
+        """LOOKUP_LABEL when the next proposal copies (for a chain drafter: the copy alone), None when the wrapped
+        drafter proposes. A copy continues an earlier match whatever its length, so asking for one token tells."""
+        return LOOKUP_LABEL if self._continuation(context_ids) else None
 
     def _continuation(self, context_ids: list[int]) -> list[int]:
         if self._found is None or self._found[0] != len(context_ids):
@@ -112,16 +82,13 @@ class LookupFirstDrafter:
             use(target_state)
 
     def begin(self, prompt_ids: list[int], features: torch.Tensor | None = None) -> None:
-        self._found = self._short = None
+        self._found = None
         self.inner.begin(prompt_ids, features)
 
     def propose(self, context_ids: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Draft:
-        copied, label = self._continuation(context_ids), LOOKUP_LABEL
-        if not copied:
-            copied, label = self._short_copy(context_ids), SHORT_LABEL
-        copied = copied[:k] if k else []
-        copy = Draft(torch.tensor(copied, dtype=torch.long), labels=[label] * len(copied))
+        copied = self._continuation(context_ids)[:k] if k else []
+        copy = Draft(torch.tensor(copied, dtype=torch.long), labels=[LOOKUP_LABEL] * len(copied))
         tree_budget = getattr(self.inner, "budget", None)
         if copied and tree_budget is None:
             return copy
@@ -133,7 +100,7 @@ class LookupFirstDrafter:
         return with_copy_branch(copy, draft, tree_budget) if draft.draft_probs is None else copy
 
     def on_accept(self, context_ids: list[int], features: torch.Tensor | None = None) -> None:
-        self._found = self._short = None
+        self._found = None
         self.inner.on_accept(context_ids, features)
 
 
