@@ -58,8 +58,8 @@ def test_a_resting_source_is_forgotten_pass_by_pass_until_it_drafts_again():
     curve = VerifyCurve.flat(1.0 + 0.02 * n for n in range(9))
     policy = AdaptiveLength(curve, {"lookup": 0.0}, lambda: 0.5)
     assert policy.next() == 1  # the prior (0.6) pays for one token at half a pass
-    for _ in range(4):
-        policy.observe(policy.next() or 1, 0)
+    for _ in range(4):  # four one-token drafts rejected (asked for one even where the policy has begun to rest)
+        policy.observe(1, 0)
     assert policy.next() == 0 and policy.alpha() < 0.3
     low = policy.alpha()
     idle = 0
@@ -291,6 +291,49 @@ def test_greedy_with_gamma_auto_equals_autoregressive_and_varies_its_length(tiny
         lengths |= {k for k in range(1, len(per_position)) if per_position[k - 1] > per_position[k]}
     if method == "prompt-lookup":  # copies of the repeating prompts are often right: lengths follow acceptance
         assert len(lengths) >= 2
+
+
+class Alternating:
+    """A draft-length policy stand-in: 0, 3, 0, 3, ... tokens a pass."""
+
+    most = 3
+
+    def __init__(self):
+        self.passes = 0
+
+    def next(self, source=None, context_tokens=0):
+        self.passes += 1
+        return 0 if self.passes % 2 else 3
+
+    def observe(self, drafted, accepted, source=None):
+        pass
+
+
+def test_passes_without_a_draft_leave_the_model_drafter_in_step(tiny_models, monkeypatch):
+    """After a k = 0 pass the draft model has not seen the newest tokens: its next proposal feeds them all at
+    once. Greedy output must stay the plain decoding's, and the drafting passes must still be accepted."""
+    target = tiny_models["target"]
+    engine = Engine(target, ModelDrafter(tiny_models["draft"], target), SpecConfig("draft", 3, lookup_first=0))
+    monkeypatch.setattr(engine, "new_draft_length", Alternating)
+    params = SamplingParams(max_new_tokens=30)
+    for prompt in ["abc ab", "dead beef cafe. dead be"]:
+        ids = Engine(target).encode(prompt, chat=False)
+        got = engine.generate(ids, params)
+        assert got.token_ids == Engine(target).generate(ids, params).token_ids, prompt
+        assert got.stats.drafted > 0 and got.stats.target_passes > got.stats.drafted_per_position[0]
+    # what a greedy draft proposes after skipped passes equals what a drafter that never skipped proposes
+    ids = Engine(target).encode("dead beef cafe. dead be", chat=False)
+    longer = ids + Engine(target).generate(ids, SamplingParams(max_new_tokens=6)).token_ids
+    skipping, steady = (ModelDrafter(tiny_models["draft"], target) for _ in range(2))
+    skipping.begin(ids)
+    steady.begin(ids)
+    assert skipping.propose(ids, 0, params, None).k == 0
+    steady.propose(ids, 2, params, None)
+    steady.on_accept(ids + longer[len(ids): len(ids) + 2])
+    for n in (4, 6):
+        skipping.on_accept(longer[:len(ids) + n])  # a plain pass's token, never fed to the skipping draft
+    assert skipping.propose(longer, 3, params, None).token_ids.tolist() == \
+        steady.propose(longer, 3, params, None).token_ids.tolist()
 
 
 def test_gamma_auto_keeps_the_target_distribution_and_the_negative_control_fails(tmp_path):

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--method", default="draft", help=f"one of {', '.join(METHODS)}")
     gen.add_argument("--gamma", type=parse_gamma, default=SpecConfig.gamma, metavar="N|auto",
                      help=f"draft tokens per target pass (1..{MAX_GAMMA}; auto, the default: each pass chooses "
-                     f"1..{AUTO_GAMMA_MAX} from the acceptance so far and this machine's measured verify cost)")
+                     f"0..{AUTO_GAMMA_MAX} from the acceptance so far and this machine's measured verify cost)")
     gen.add_argument("--draft-confidence", type=float, default=0.0,
                      help="stop drafting when the draft's top-1 probability is below this (0: always draft gamma)")
     add_drafter_knob_args(gen)

@@ -17,7 +17,7 @@ NO_LOOKUP_FIRST = ("ar", "prompt-lookup", "prompt-lookup-tree")
 # lookup_first "auto" for every other method: copies after a repeated pair of tokens. Measured on two prompts per
 # category, greedy, bf16 (docs/bench/s8-lookup-trees): eagle-tree 1.07x -> 1.39x our AR, draft 1.23x -> 1.31x
 AUTO_LOOKUP_FIRST = 2
-# gamma "auto" (None) on a chain method: each pass drafts 1..AUTO_GAMMA_MAX tokens, chosen from the request's
+# gamma "auto" (None) on a chain method: each pass drafts 0..AUTO_GAMMA_MAX tokens, chosen from the request's
 # acceptance so far and the target's measured verify-cost curve (draft_length.py)
 AUTO_GAMMA_MAX = 8
 DTYPES = ("auto", "bfloat16", "float32", "float16")

@@ -5,15 +5,14 @@ The choice maximises expected tokens per unit of time,
 
     tau(alpha, k) / (T(k + 1) / T(1) + k * c),      tau(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha),
 
-over k = 0 .. most: k = 0, a plain target pass, wins where drafting costs more than it saves (a costly drafter on
-text it guesses badly). A source rests only on evidence, never on the prior alone, and forgets that evidence
-pass by pass while it rests, so it tries again (one token) once the evidence has faded.
-
 where T(n) is one target pass over n tokens after the request's context so far (models/verify_curve.py measures
 it once per machine and model, after a short and a long context, and `VerifyCurve.at` interpolates), c a
 draft token's cost as a fraction of T(1), and alpha the per-token acceptance estimated from this request's passes
 so far (a geometric chain: each pass examines its accepted tokens plus the one it rejected, if any). Recent passes
-weigh more (`decay`), and a prior stands in for the first passes.
+weigh more (`decay`), and a prior stands in for the first passes. k ranges over 0 .. most: k = 0, a plain target
+pass, wins where drafting costs more than it saves (a costly drafter on text it guesses badly). A source rests
+only on evidence, never on the prior alone, and forgets that evidence pass by pass while it rests, so it tries
+again (one token) once the evidence has faded.
 
 Exactness: the length of a pass's draft depends only on the passes before it, never on the target's
 distribution at the positions being drafted, so the output keeps the target's distribution (greedy: the same
@@ -138,10 +137,8 @@ class AdaptiveLength:
     prior_weight: float = 2.0
     decay: float = 0.75  # each pass multiplies the weight of the source's older ones by this (half-life 2.4)
     tallies: dict[str | None, Tally] = field(default_factory=dict)
-    # sources whose last `next` chose not to draft: their passes bring no evidence, so each such pass forgets
-    # (decays by rest_decay) their tally instead, and the estimate drifts back to the prior until a draft is tried
-    # again. A source rests only on evidence (rest_evidence examined tokens or more): on the prior alone, or once
-    # its evidence has faded, it drafts one token to find out
+    # sources whose last `next` chose k = 0: each pass they rest decays their tally by rest_decay; a source rests
+    # only on rest_evidence examined tokens or more, and drafts one token to find out otherwise
     resting: set[str | None] = field(default_factory=set)
     rest_decay: float = 0.9
     rest_evidence: float = 1.0
@@ -159,7 +156,10 @@ class AdaptiveLength:
         length = best_length(self.alpha(source), self.curve.at(context_tokens), cost)
         if length == 0 and self.tallies.get(source, Tally()).examined < self.rest_evidence:
             length = 1  # too little evidence to rest on: one token finds out
-        (self.resting.add if length == 0 else self.resting.discard)(source)
+        if length == 0:
+            self.resting.add(source)
+        else:
+            self.resting.discard(source)
         return length
 
     def observe(self, drafted: int, accepted: int, source: str | None = None) -> None:

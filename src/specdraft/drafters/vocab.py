@@ -41,7 +41,8 @@ class DraftVocab:
         self.always = sorted({i for i in always if 0 <= i < self.full_size})
         # the fixed rows are copied once into a buffer with room after them; a request writes only its extra rows
         # there (gathering all rows again took 33 ms a request for the 0.5B's 32,768 rows)
-        self._rows = lm_head.new_empty(self.size + max(256, len(self.always)), lm_head.shape[1])  # [size + room, D]
+        room = 256 + sum(i >= self.size for i in self.always)
+        self._rows = lm_head.new_empty(self.size + room, lm_head.shape[1])  # [size + room, D]
         self._rows[: self.size] = lm_head[: self.size]
         self.ids = torch.empty(0, dtype=torch.long)
         self.weight = lm_head[:0]
@@ -59,15 +60,16 @@ class DraftVocab:
         extra = {i for i in prompt_ids if self.size <= i < self.full_size}
         extra.update(i for i in self.always if i >= self.size)
         extra_ids = torch.tensor(sorted(extra), dtype=torch.long)  # [n_extra]
-        rows = self.size + len(extra_ids)
-        if rows > self._rows.shape[0]:  # a prompt with more new tokens than the room: grow, keeping the fixed rows
-            grown = self._rows.new_empty(rows + 256, self._rows.shape[1])
-            grown[: self.size] = self._rows[: self.size]
+        n_rows = self.size + len(extra_ids)
+        if n_rows > self._rows.shape[0]:  # a prompt with more new tokens than the room: grow, keeping the fixed rows
+            with torch.inference_mode(False):  # a normal tensor, so later requests may write it in any mode
+                grown = self._rows.new_empty(n_rows + 256, self._rows.shape[1])
+                grown[: self.size] = self._rows[: self.size]
             self._rows = grown
-        self._rows[self.size: rows] = self.lm_head[extra_ids]
+        self._rows[self.size: n_rows] = self.lm_head[extra_ids]
         self.ids = torch.cat([torch.arange(self.size), extra_ids])
         # [V_draft, D]: valid until the next request's for_prompt rewrites the extra rows
-        self.weight = self._rows[:rows]
+        self.weight = self._rows[:n_rows]
 
     def target_id(self, draft_index: int) -> int:
         return int(self.ids[draft_index])
