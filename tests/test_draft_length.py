@@ -136,14 +136,19 @@ def test_the_policy_keeps_each_sources_acceptance_and_cost_apart():
     assert policy.alpha("other") == fresh.alpha(None) == 0.6
 
 
+def use_machine_shaped_curve(monkeypatch) -> None:
+    """gamma auto's verify curve fixed at this machine's shape, T(n) / T(1) = 1 + 0.08 (n - 1), in place of one
+    measured on a tiny model."""
+    from specdraft.models import verify_curve as vc
+
+    flat = tuple(1 + 0.08 * n for n in range(AUTO_GAMMA_MAX + 1))
+    monkeypatch.setattr(vc, "verify_curve", lambda target, n: VerifyCurve(flat[:n], flat[:n]))
+
+
 def test_lookup_first_names_the_source_of_its_next_proposal(tiny_models, monkeypatch):
     """next_source says, from the context alone, whether the coming proposal is a copy: it agrees with the
     labels of what propose returns, and greedy output with gamma auto per source equals plain decoding."""
-    from specdraft.models import verify_curve as vc
-
-    # a curve of this machine's shape, not a tiny model's timing noise (a noisy T(2) can make every draft lose)
-    flat = tuple(1 + 0.08 * n for n in range(AUTO_GAMMA_MAX + 1))
-    monkeypatch.setattr(vc, "verify_curve", lambda target, n: VerifyCurve(flat[:n], flat[:n]))
+    use_machine_shaped_curve(monkeypatch)  # a noisy tiny-model T(2) can make every draft lose
     target = tiny_models["target"]
     drafter = LookupFirstDrafter(ModelDrafter(tiny_models["draft"], target), max_ngram=3, min_ngram=2)
     ar = Engine(target)
@@ -267,12 +272,9 @@ def test_the_curve_is_the_median_of_the_rounds_ratios():
 
 @pytest.mark.parametrize("method", ["prompt-lookup", "draft"])
 def test_greedy_with_gamma_auto_equals_autoregressive_and_varies_its_length(tiny_models, method, monkeypatch):
-    from specdraft.models import verify_curve as vc
-
-    # a fixed curve of this machine's shape (T(n) / T(1) = 1 + 0.08 (n - 1)): the lengths chosen must follow
-    # acceptance, not the timing noise of a tiny model's passes on a loaded machine (CI failed on that once)
-    flat = tuple(1 + 0.08 * n for n in range(AUTO_GAMMA_MAX + 1))
-    monkeypatch.setattr(vc, "verify_curve", lambda target, n: VerifyCurve(flat[:n], flat[:n]))
+    # the lengths chosen must follow acceptance, not the timing noise of a tiny model's passes on a loaded machine
+    # (CI failed on that once)
+    use_machine_shaped_curve(monkeypatch)
     target = tiny_models["target"]
     drafter = (PromptLookupDrafter(3, 1) if method == "prompt-lookup"
                else ModelDrafter(tiny_models["draft"], target))

@@ -22,7 +22,7 @@ from .draft_length import AdaptiveLength, DraftLength, FixedLength, VerifyCurve
 from .drafters.base import Drafter, NoDrafter
 from .errors import SpecdraftError
 from .models.adapter import LoadedModel, weight_bytes
-from .types import DRAFTER_SOURCE, Acceptance, GenerationResult, SpecStats
+from .types import DRAFTER_SOURCE, Acceptance, Draft, GenerationResult, SpecStats
 
 
 # (draft_ids [k], draft_probs [k, V] | None, target_probs [k + 1, V], generator) -> Acceptance
@@ -72,7 +72,9 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
             t0 = time.perf_counter()
             source = next_source(context)  # who drafts this pass, when the drafter has several sources
             to_draft = min(draft_length.next(source, len(context)), budget - 1)
-            draft = drafter.propose(context, to_draft, params, generator)
+            # nothing to draft (gamma auto found no draft pays, or one token is left): a plain pass; the drafter
+            # catches up on the context at its next proposal
+            draft = drafter.propose(context, to_draft, params, generator) if to_draft else Draft(torch.empty(0, dtype=torch.long))
             t1 = time.perf_counter()
             # verify: one target pass over the pending token and the k draft nodes (a tree: with a tree mask)
             target_logits = target_state.verify(context[-1], draft)  # [k + 1, V]

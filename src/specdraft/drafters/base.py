@@ -23,8 +23,8 @@ class Drafter(Protocol):
     SequenceState of each request before the target's prefill (so it is still empty: read it from `begin` and
     `on_accept` on), and with None when the request ends; a drafter whose first layers are the target's (S2D
     exits on the target itself) reads the K/V the target cached rather than computing them again. It must not
-    change the target's state. `propose` may be asked for k = 0 (gamma auto found that no draft pays); it then
-    returns an empty draft."""
+    change the target's state. A pass with nothing to draft (gamma auto found that no draft pays, or one token
+    is left) does not call `propose`: the next proposal catches up on the context."""
 
     name: str
 

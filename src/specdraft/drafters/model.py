@@ -48,8 +48,6 @@ class ModelDrafter(HasDraftVocab):
             self.state.forward(prompt_ids[:-1], 1)
 
     def propose(self, context_ids, k, params: SamplingParams, generator) -> Draft:
-        if k == 0:  # a pass without a draft: the context is fed at the next proposal, all at once
-            return Draft(torch.empty(0, dtype=torch.long))
         to_feed = self.state.sync_for_next(context_ids)
         token_ids: list[int] = []
         rows: list[torch.Tensor] = []

@@ -20,8 +20,6 @@ class PromptLookupDrafter:
         pass
 
     def propose(self, context_ids, k, params, generator) -> Draft:
-        if k == 0:
-            return Draft(torch.empty(0, dtype=torch.long))
         return Draft(torch.tensor(find_continuation(context_ids, k, self.max_ngram, self.min_ngram),
                                   dtype=torch.long))
 
