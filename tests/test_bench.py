@@ -123,6 +123,9 @@ def test_report_and_figures_are_written(bench_run):
         assert (out / name).stat().st_size > 0, name
     report = (out / "report.md").read_text()
     assert "| draft-g4 |" in report and "Command: `test`" in report
+    assert "This run has 2 prompt(s) in its smallest category" in report  # the fixture has 2 per category
+    intervals = [summary["results"][label]["overall"]["speedup_interval"] for label in summary["results"]]
+    assert intervals.count(None) == 1 and all(low <= high for low, high in filter(None, intervals))
     assert summary["memory"]["target_weight_bytes"] > 0 and summary["memory"]["draft_kv_bytes_longest_turn"] > 0
 
 
@@ -406,3 +409,143 @@ def test_resuming_a_run_without_records_starts_afresh_under_the_new_settings(tin
     run = json.loads((tmp_path / "out" / "run.json").read_text())
     assert run["settings"]["max_new_tokens"] == 5 and len(run["segments"]) == 1
     assert summary["settings"]["max_new_tokens"] == 5
+
+
+# ------------------------------------------------------------------------------------------------ intervals
+
+def _speed_records(label: str, speeds: dict[str, float], categories: dict[str, str]) -> list[dict]:
+    """One single-turn record per prompt at the given tokens/s (100 tokens each)."""
+    return [{"label": label, "question_id": q, "category": categories[q], "new_tokens": 100, "wall_s": 100 / s}
+            for q, s in speeds.items()]
+
+
+SUITE_SPEEDS = {"multi_turn": 15.0, "translation": 20.0, "summarization": 10.0, "qa": 20.0, "math": 22.0,
+                "rag": 6.0, "code": 60.0}  # tokens/s per category, about those of the real suite on the 0.5B
+
+
+def _heterogeneous_prompts(n_per_category: int = 6, seed: int = 0):
+    """Prompts whose speeds differ tenfold between categories and 30 % within one (like the real suite)."""
+    import random
+
+    rng = random.Random(seed)
+    categories, base = {}, {}
+    for c, speed in SUITE_SPEEDS.items():
+        for i in range(n_per_category):
+            q = f"{c}-{i}"
+            categories[q] = c
+            base[q] = speed * rng.uniform(0.7, 1.3)
+    return categories, base, rng
+
+
+def test_a_paired_interval_resolves_a_steady_small_gain_that_prompt_spread_would_hide():
+    from specdraft.bench.report import speed_ratio_interval
+
+    categories, base, rng = _heterogeneous_prompts()
+    # 4 % faster on every prompt, with 1 % timing noise: pairing sees through the tenfold spread between prompts
+    faster = {q: s * 1.04 * rng.uniform(0.99, 1.01) for q, s in base.items()}
+    low, high = speed_ratio_interval(_speed_records("a", faster, categories), _speed_records("b", base, categories))
+    assert 1.02 < low < high < 1.06
+    # negative control: the same speeds with the pairing broken (each prompt compared with another prompt of its
+    # category) no longer resolve the gain
+    shuffled = {}
+    for c in SUITE_SPEEDS:
+        members = [q for q in faster if categories[q] == c]
+        rotated = members[1:] + members[:1]
+        shuffled.update({q: faster[r] for q, r in zip(members, rotated)})
+    low, high = speed_ratio_interval(_speed_records("a", shuffled, categories), _speed_records("b", base, categories))
+    assert low < 1.0 < high
+
+
+def _coverage(level: float, per_category: int = 6, suites: int = 200) -> float:
+    """How often the interval holds the true ratio 1 over simulated suites where both methods run at the same
+    speed with 3 % timing noise each."""
+    import random
+
+    from specdraft.bench.report import speed_ratio_interval
+
+    rng = random.Random(7)
+    held = 0
+    for suite in range(suites):
+        categories, base, _ = _heterogeneous_prompts(per_category, seed=100 + suite)
+        a = {q: s * rng.gauss(1.0, 0.03) for q, s in base.items()}
+        b = {q: s * rng.gauss(1.0, 0.03) for q, s in base.items()}
+        low, high = speed_ratio_interval(_speed_records("a", a, categories), _speed_records("b", b, categories),
+                                         level=level, resamples=1000, seed=suite)
+        held += low <= 1.0 <= high
+    return held / suites
+
+
+def test_the_interval_holds_the_true_ratio_about_as_often_as_it_claims():
+    assert 0.9 <= _coverage(0.95) <= 0.99
+    # two prompts per category: the rescaled draws keep it near its level (a plain bootstrap held the truth
+    # about 3 times in 4 there)
+    assert 0.83 <= _coverage(0.95, per_category=2)
+    # negative control: the same check on a 50 % interval fails, so the check can tell
+    assert not 0.9 <= _coverage(0.5) <= 0.99
+
+
+def test_a_real_loss_is_resolved_and_one_shared_prompt_gives_no_interval():
+    from specdraft.bench.report import speed_ratio_interval
+
+    categories, base, rng = _heterogeneous_prompts(seed=1)
+    slower = {q: s * 0.9 * rng.uniform(0.97, 1.03) for q, s in base.items()}
+    low, high = speed_ratio_interval(_speed_records("a", slower, categories), _speed_records("b", base, categories))
+    assert 0.85 < low < high < 1.0
+    # prompts only one side ran are left out; a single shared prompt gives no interval
+    one = {"rag-0": 5.0}
+    assert speed_ratio_interval(_speed_records("a", one, categories), _speed_records("b", base, categories)) is None
+
+
+def test_summary_and_report_carry_the_interval_and_the_versus_table():
+    from specdraft.bench.report import format_table, versus_section
+
+    categories, base, rng = _heterogeneous_prompts(seed=2)
+    records = (_speed_records("ar", base, categories)
+               + _speed_records("fast", {q: s * 1.2 for q, s in base.items()}, categories)
+               + _speed_records("same", {q: s * rng.uniform(0.97, 1.03) for q, s in base.items()}, categories))
+    for r in records:
+        r.update(target_passes=None, accepted=0, drafted=0, examined=0, identical_to_ar=None, method=r["label"],
+                 gamma=None, time_prefill_s=None)
+    summary = summarize(records, {}, versus=("same",))
+    fast = summary["results"]["fast"]["overall"]
+    assert fast["speedup"] == pytest.approx(1.2)
+    assert fast["speedup_interval"][0] == pytest.approx(1.2) and fast["speedup_interval"][1] == pytest.approx(1.2)
+    assert summary["results"]["ar"]["overall"]["speedup_interval"] is None  # the baseline itself
+    table = summary["versus"]["same"]
+    assert set(table) == {"ar", "fast"}
+    assert table["fast"]["interval"][0] > 1.1 and table["ar"]["interval"][0] < 1.0 < table["ar"]["interval"][1]
+    lines = versus_section(summary)
+    assert lines[0] == "## Paired comparison against `same`"
+    assert any(line.startswith("| fast | ") and line.endswith("| faster |") for line in lines)
+    assert any(line.startswith("| ar | ") and line.endswith("| not resolved |") for line in lines)
+    assert "| fast | - | " in format_table({**summary, "methods": {k: {"gamma": None} for k in ("ar", "fast", "same")}})
+    with pytest.raises(SpecdraftError, match="--versus 'nope': not a method of this run"):
+        summarize(records, {}, versus=("nope",))
+
+
+def test_report_rebuild_takes_versus_and_refuses_a_bad_folder_or_label(bench_run, tmp_path, capsys):
+    import shutil
+
+    from specdraft.bench.report import main as report_main
+
+    _, _, _, out = bench_run
+    copy_dir = tmp_path / "run"
+    shutil.copytree(out, copy_dir)
+    assert report_main([str(copy_dir), "--versus", "ar"]) == 0
+    summary = json.loads((copy_dir / "summary.json").read_text())
+    assert set(summary["versus"]["ar"]) == set(summary["results"]) - {"ar"}
+    assert "## Paired comparison against `ar`" in (copy_dir / "report.md").read_text()
+    assert report_main([str(copy_dir)]) == 0  # a rebuild keeps the comparisons the run asked for
+    assert "ar" in json.loads((copy_dir / "summary.json").read_text())["versus"]
+    capsys.readouterr()
+    assert report_main([str(copy_dir), "--versus", "nope"]) == 2
+    assert "not a method of this run" in capsys.readouterr().err
+    assert report_main([str(tmp_path / "empty")]) == 2
+    assert "holds no bench run" in capsys.readouterr().err
+
+
+def test_cli_bench_refuses_an_unknown_versus_label_before_loading_models(capsys):
+    from specdraft.cli import main
+
+    assert main(["bench", "--methods", "ar,prompt-lookup", "--versus", "draft", "--out", "/nonexistent/x"]) == 2
+    assert "--versus 'draft': not a method of this run" in capsys.readouterr().err

@@ -44,6 +44,7 @@ class BenchSettings:
     command: str = ""
     resume: bool = False  # continue the run in `out`: prompts with every record present are not run again
     overwrite: bool = False  # start afresh although `out` holds records of an earlier run
+    versus: tuple[str, ...] = ()  # method labels every method is compared with, paired, in the report
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(target=self.target, draft=self.draft, dtype=self.dtype, cache_dir=self.cache_dir,
@@ -145,6 +146,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     restart.add_argument("--resume", action="store_true", help="continue the run in --out (same settings): prompts "
                          "whose records are all there are kept and skipped, a prompt cut off midway runs again")
     restart.add_argument("--overwrite", action="store_true", help="replace the records already in --out")
+    parser.add_argument("--versus", action="append", default=[], metavar="LABEL",
+                        help="the report compares every method with this one (a label of --methods, e.g. "
+                        "'sorted[sorted_exits=24]'): the paired ratio of their speeds and a 95%% interval from a "
+                        "bootstrap over prompts; repeatable")
     parser.add_argument("--no-chat", action="store_true", help="raw prompts, no chat template")
     parser.add_argument("--warmup-tokens", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None)
@@ -174,4 +179,4 @@ def settings_from_args(args: argparse.Namespace, command: str = "") -> BenchSett
                          temperature=args.temperature, seed=args.seed,
                          out=args.out, chat=not args.no_chat, warmup_tokens=args.warmup_tokens,
                          threads=args.threads, cache_dir=args.cache_dir, command=command,
-                         resume=args.resume, overwrite=args.overwrite)
+                         resume=args.resume, overwrite=args.overwrite, versus=tuple(args.versus))

@@ -9,13 +9,17 @@
 - acceptance_rate: accepted / drafted; alpha: accepted / examined (a pass examines its accepted tokens and
   the one it rejected), the per-token estimate under which τ should follow (1 − α^(γ+1)) / (1 − α);
 - identical_to_ar: the fraction of turns whose greedy output equals the `ar` output token for token, length
-  included; first_divergence lists, for the others, the first position that differs.
+  included; first_divergence lists, for the others, the first position that differs;
+- speedup_interval: a 95 % interval of the overall speedup, from a paired bootstrap over prompts
+  (`speed_ratio_interval`); `versus` holds the same paired ratio and interval of every method against each
+  method named by --versus.
 
-    python -m specdraft.bench.report DIR     # rebuild summary.json's tables, report.md and figures from DIR
+    python -m specdraft.bench.report DIR [--versus LABEL ...]   # rebuild summary.json, report.md and figures
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections import defaultdict
@@ -23,9 +27,12 @@ from itertools import zip_longest
 from pathlib import Path
 
 from ..draft_length import expected_tokens, expected_tokens_over_passes
+from ..errors import SpecdraftError
 
 OVERALL = "overall"
 AUTO = "auto"  # a column whose passes chose their own draft lengths
+INTERVAL_LEVEL = 0.95
+RESAMPLES = 4000  # bootstrap draws; the interval's ends move by well under 0.01 between seeds at this count
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -50,12 +57,78 @@ def gamma_label(records: list[dict]) -> int | str | None:
     return records[0]["gamma"]
 
 
+def prompt_speeds(records: list[dict]) -> dict[str, float]:
+    """Per prompt (question_id): its new tokens over its wall time, all turns together (Spec-Bench's speed)."""
+    per_prompt: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        per_prompt[r["question_id"]].append(r)
+    return {qid: _ratio(sum(r["new_tokens"] for r in rs), sum(r["wall_s"] for r in rs)) or 0.0
+            for qid, rs in per_prompt.items()}
+
+
+def speed_ratio_interval(mine: list[dict], theirs: list[dict], level: float = INTERVAL_LEVEL,
+                         resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float] | None:
+    """An interval for (mean prompt speed of `mine`) / (mean prompt speed of `theirs`), the report's speedup.
+
+    Percentile bootstrap over the prompts both ran: each draw takes prompts with replacement within each category
+    (so every draw keeps the suite's mix), and the same prompts for both sides. Pairing cancels what the two
+    share: a prompt that is slow for every method, and machine drift, since the bench interleaves methods per
+    prompt. It measures how much the figure depends on which prompts were drawn (timing noise included, as each
+    prompt ran once per method); it says nothing about another machine. None when fewer than two prompts are
+    shared."""
+    import numpy as np
+
+    speeds_mine, speeds_theirs = prompt_speeds(mine), prompt_speeds(theirs)
+    category = {r["question_id"]: r["category"] for r in mine}
+    shared = sorted(set(speeds_mine) & set(speeds_theirs))
+    if len(shared) < 2:
+        return None
+    a = np.array([speeds_mine[q] for q in shared])  # [P]
+    b = np.array([speeds_theirs[q] for q in shared])  # [P]
+    by_category: dict[str, list[int]] = defaultdict(list)
+    for i, q in enumerate(shared):
+        by_category[category[q]].append(i)
+    rng = np.random.default_rng(seed)
+    sum_a, sum_b = np.zeros(resamples), np.zeros(resamples)
+    for members in by_category.values():
+        members = np.array(members)
+        n = len(members)
+        # a draw of n from n values spreads its mean by (n - 1) / n of the true variance: widen each category's
+        # values about their mean by sqrt(n / (n - 1)) (Rao and Wu's rescaled bootstrap), or two prompts per
+        # category would give a 95 % interval that holds the truth about 3 times in 4
+        scale = (n / (n - 1)) ** 0.5 if n > 1 else 1.0
+        a_cat = a[members].mean() + (a[members] - a[members].mean()) * scale  # [n]
+        b_cat = b[members].mean() + (b[members] - b[members].mean()) * scale  # [n]
+        drawn = rng.integers(0, n, size=(resamples, n))  # [R, n] positions within the category
+        sum_a += a_cat[drawn].sum(axis=1)
+        sum_b += b_cat[drawn].sum(axis=1)
+    ratios = sum_a / np.where(sum_b > 0, sum_b, np.nan)  # [R]
+    low, high = np.nanquantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
+
+
+def versus_table(records: list[dict], labels: list[str], reference: str) -> dict[str, dict]:
+    """Every other method's overall speed over `reference`'s, with its paired interval."""
+    theirs = [r for r in records if r["label"] == reference]
+    base_speeds = prompt_speeds(theirs)
+    base = sum(base_speeds.values()) / len(base_speeds)
+    table = {}
+    for label in labels:
+        if label == reference:
+            continue
+        mine = [r for r in records if r["label"] == label]
+        speeds = prompt_speeds(mine)
+        interval = speed_ratio_interval(mine, theirs)
+        table[label] = {"ratio": _ratio(sum(speeds.values()) / len(speeds), base),
+                        "interval": list(interval) if interval else None}
+    return table
+
+
 def group_stats(records: list[dict], gamma: int | str | None) -> dict:
     per_prompt: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         per_prompt[r["question_id"]].append(r)
-    speeds = [_ratio(sum(r["new_tokens"] for r in rs), sum(r["wall_s"] for r in rs)) or 0.0
-              for rs in per_prompt.values()]
+    speeds = list(prompt_speeds(records).values())
     # the same without the prompt's prefill, for our loop (which times it): at temperature 1 each method's answer
     # is another sample, and a long prompt's prefill over a short answer would otherwise dominate its speed
     timed = all(r.get("time_prefill_s") is not None for r in records)
@@ -71,6 +144,7 @@ def group_stats(records: list[dict], gamma: int | str | None) -> dict:
         "new_tokens": sum(r["new_tokens"] for r in records), "wall_s": sum(r["wall_s"] for r in records),
         "tokens_per_s": sum(speeds) / len(speeds),
         "speedup": None,  # filled in against the baseline
+        "speedup_interval": None,  # overall only: [low, high] of the paired bootstrap (speed_ratio_interval)
         "decode_tokens_per_s": sum(decode_speeds) / len(decode_speeds) if timed else None,
         "decode_speedup": None,  # filled in against our ar
         "target_passes": passes or None,
@@ -112,8 +186,17 @@ def step_tallies(records: list[dict]) -> dict | None:
     return sums or None
 
 
-def summarize(records: list[dict], info: dict) -> dict:
+def check_versus(versus: tuple[str, ...], labels: list[str]) -> None:
+    unknown = [v for v in versus if v not in labels]
+    if unknown:
+        raise SpecdraftError(f"--versus {', '.join(map(repr, unknown))}: not a method of this run; its methods "
+                             f"are {', '.join(labels)}")
+
+
+def summarize(records: list[dict], info: dict, versus: tuple[str, ...] = ()) -> dict:
+    """versus: labels to compare every method against, pair by pair, with intervals (summary["versus"])."""
     labels = list(dict.fromkeys(r["label"] for r in records))
+    check_versus(versus, labels)
     categories = list(dict.fromkeys(r["category"] for r in records))
     baseline = "hf-ar" if "hf-ar" in labels else "ar" if "ar" in labels else None
     results: dict[str, dict] = {}
@@ -130,12 +213,18 @@ def summarize(records: list[dict], info: dict) -> dict:
         for label in labels:
             for group, stats in results[label].items():
                 stats["speedup"] = _ratio(stats["tokens_per_s"], results[baseline][group]["tokens_per_s"])
+        base_records = [r for r in records if r["label"] == baseline]
+        for label in labels:
+            if label != baseline:
+                interval = speed_ratio_interval([r for r in records if r["label"] == label], base_records)
+                results[label][OVERALL]["speedup_interval"] = list(interval) if interval else None
     if "ar" in labels:
         for label in labels:
             for group, stats in results[label].items():
                 ours, base = stats["decode_tokens_per_s"], results["ar"][group]["decode_tokens_per_s"]
                 stats["decode_speedup"] = _ratio(ours, base) if ours is not None and base is not None else None
-    return {**info, "baseline": baseline, "categories": categories, "methods": methods, "results": results}
+    return {**info, "baseline": baseline, "categories": categories, "methods": methods, "results": results,
+            "versus": {reference: versus_table(records, labels, reference) for reference in versus}}
 
 
 # ------------------------------------------------------------------------------------------------ tables
@@ -166,14 +255,50 @@ def format_table(summary: dict) -> str:
               "|---" * (len(cats) + 2) + "|"]
     for label, groups in res.items():
         lines.append(f"| {label} | " + " | ".join(_fmt(groups[c]["tokens_per_s"]) for c in cats + [OVERALL]) + " |")
-    lines += ["", "| method | γ | tok/s | speedup | τ (mean accepted) | predicted τ | acceptance rate | α "
-                  "| identical to ar |", "|---" * 9 + "|"]
+    lines += ["", f"| method | γ | tok/s | speedup | {INTERVAL_LEVEL:.0%} interval | τ (mean accepted) | predicted τ "
+                  "| acceptance rate | α | identical to ar |", "|---" * 10 + "|"]
     for label, groups in res.items():
         o = groups[OVERALL]
         lines.append(f"| {label} | {_fmt(summary['methods'][label]['gamma'], '')} | {_fmt(o['tokens_per_s'])} | "
-                     f"{_fmt(o['speedup'], '.2f', 'x')} | {_fmt(o['mean_accepted'])} | {_fmt(o['predicted_tau'])} | "
+                     f"{_fmt(o['speedup'], '.2f', 'x')} | {_interval(o.get('speedup_interval'))} | "
+                     f"{_fmt(o['mean_accepted'])} | {_fmt(o['predicted_tau'])} | "
                      f"{_fmt(o['acceptance_rate'])} | {_fmt(o['alpha'])} | {o['identical_turns'] or '-'} |")
     return "\n".join(lines)
+
+
+def _interval(interval) -> str:
+    return "-" if not interval else f"{interval[0]:.2f}–{interval[1]:.2f}"
+
+
+def versus_section(summary: dict) -> list[str]:
+    """Per reference named by --versus: every method's speed over the reference's, the paired interval, and
+    whether the interval excludes 1 (a difference this set of prompts resolves)."""
+    lines = []
+    for reference, table in (summary.get("versus") or {}).items():
+        lines += [f"## Paired comparison against `{reference}`", "",
+                  f"Overall tokens/s over `{reference}`'s on the same prompts, with a {INTERVAL_LEVEL:.0%} interval "
+                  "from a bootstrap over prompts drawn within each category, the same prompts for both sides.", "",
+                  f"| method | ratio | {INTERVAL_LEVEL:.0%} interval | verdict |", "|---|---|---|---|"]
+        for label, row in table.items():
+            interval = row["interval"]
+            verdict = ("-" if not interval else "faster" if interval[0] > 1 else "slower" if interval[1] < 1
+                       else "not resolved")
+            lines.append(f"| {label} | {_fmt(row['ratio'], '.3f')} | {_interval(interval)} | {verdict} |")
+        lines.append("")
+    return lines
+
+
+FEW_PROMPTS = 4  # per category; below it the intervals run narrow
+
+
+def _few_prompts(summary: dict) -> str:
+    fewest = min((groups[c]["prompts"] for groups in summary["results"].values() for c in summary["categories"]),
+                 default=0)
+    if fewest >= FEW_PROMPTS:
+        return ""
+    return (f" This run has {fewest} prompt(s) in its smallest category: below {FEW_PROMPTS} the intervals run "
+            "narrow (in simulation, a 95 % interval from 2 prompts per category held the truth 88 % of the time), "
+            "and with 1 there is nothing to draw.")
 
 
 def _backend(summary: dict, role: str) -> str:
@@ -216,6 +341,9 @@ def format_report(summary: dict, figures: list[str]) -> str:
         f"draft {_backend(summary, 'draft')} (transformers' methods always run the model's own forward).",
         f"Command: `{s['command']}`", *_segments(summary), "",
         format_table(summary), "",
+        f"The interval is a {INTERVAL_LEVEL:.0%} paired bootstrap over prompts (drawn within each category) of the "
+        "overall speedup: it shows how much the figure rests on which prompts were drawn." + _few_prompts(summary), "",
+        *versus_section(summary),
         "τ counts the tokens each target pass produced (accepted + 1); α = accepted / examined; predicted τ = "
         "(1 − α^(γ+1)) / (1 − α) at the configured γ, or for γ auto averaged over the lengths the passes drafted "
         "(prompt lookup drafts fewer than γ when nothing matches, so its prediction at a fixed γ is an upper "
@@ -425,16 +553,26 @@ def write_report(summary: dict, records: list[dict], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print(__doc__, file=sys.stderr)
+    parser = argparse.ArgumentParser(prog="python -m specdraft.bench.report",
+                                     description="Rebuild a bench folder's summary.json, report.md and figures from "
+                                     "its records.jsonl.")
+    parser.add_argument("folder")
+    parser.add_argument("--versus", action="append", default=[], metavar="LABEL",
+                        help="compare every method with this one, paired, with an interval (repeatable)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    out = Path(args.folder)
+    if not (out / "records.jsonl").is_file() or not (out / "summary.json").is_file():
+        print(f"error: {out} holds no bench run (records.jsonl and summary.json)", file=sys.stderr)
         return 2
-    out = Path(argv[0])
     lines = (out / "records.jsonl").read_text(encoding="utf-8").splitlines()
     records = [json.loads(line) for line in lines if line.strip()]
     old = json.loads((out / "summary.json").read_text())
-    info = {k: v for k, v in old.items() if k not in ("baseline", "categories", "methods", "results")}
-    summary = summarize(records, info)
+    info = {k: v for k, v in old.items() if k not in ("baseline", "categories", "methods", "results", "versus")}
+    try:
+        summary = summarize(records, info, tuple(args.versus) or tuple(old.get("versus") or ()))
+    except SpecdraftError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     (out / "summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
     write_report(summary, records, out)
     print(format_table(summary))

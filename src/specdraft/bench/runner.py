@@ -225,7 +225,7 @@ def run_prompts(settings: BenchSettings, variants: list[Variant], target: Loaded
 # ------------------------------------------------------------------------------------------------ resume
 
 # Settings that do not change what a record measures: where files go, which prompts this call selects.
-NOT_RUN_IDENTITY = ("out", "command", "resume", "overwrite", "limit", "categories", "cache_dir")
+NOT_RUN_IDENTITY = ("out", "command", "resume", "overwrite", "limit", "categories", "cache_dir", "versus")
 
 
 def run_identity(settings: BenchSettings) -> dict:
@@ -377,11 +377,12 @@ def run_info(settings: BenchSettings, models: BenchModels) -> dict:
 
 def run_bench(settings: BenchSettings, progress: bool = True, models: BenchModels | None = None) -> dict:
     """Run the benchmark described by `settings`; write records, summary and report into settings.out."""
-    from .report import summarize, write_report
+    from .report import check_versus, summarize, write_report
 
     prompts = load_prompts(settings.prompts, list(settings.categories) or None, settings.limit)
     plan = plan_variants(settings)  # fail before loading gigabytes
     labels = [label for label, *_ in plan]
+    check_versus(settings.versus, labels)  # before loading gigabytes
     out = Path(settings.out)
     kept, done, run = open_run(settings, prompts, labels)
     startup: dict = {}  # one-off costs, paid once per process and kept out of every timing
@@ -433,7 +434,7 @@ def run_bench(settings: BenchSettings, progress: bool = True, models: BenchModel
     info["startup"] = startup
     info["memory"] = memory_info(models, variants, records)
     info["machine"]["load_average_at_end"] = os.getloadavg()  # other processes distort timings: say so
-    summary = summarize(records, info)
+    summary = summarize(records, info, settings.versus)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
     write_report(summary, records, out)
     return summary
