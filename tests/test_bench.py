@@ -123,9 +123,14 @@ def test_report_and_figures_are_written(bench_run):
         assert (out / name).stat().st_size > 0, name
     report = (out / "report.md").read_text()
     assert "| draft-g4 |" in report and "Command: `test`" in report
-    assert "This run has 2 prompt(s) in its smallest category" in report  # the fixture has 2 per category
-    intervals = [summary["results"][label]["overall"]["speedup_interval"] for label in summary["results"]]
-    assert intervals.count(None) == 1 and all(low <= high for low, high in filter(None, intervals))
+    assert "This run has 2 prompts in its smallest category" in report  # the fixture has 2 per category
+    for label, groups in summary["results"].items():
+        overall = groups["overall"]
+        if label == summary["baseline"]:
+            assert overall["speedup_interval"] is None
+        else:  # every method ran every prompt here, so the point lies inside its own interval
+            low, high = overall["speedup_interval"]
+            assert low < overall["speedup"] < high
     assert summary["memory"]["target_weight_bytes"] > 0 and summary["memory"]["draft_kv_bytes_longest_turn"] > 0
 
 
@@ -414,9 +419,9 @@ def test_resuming_a_run_without_records_starts_afresh_under_the_new_settings(tin
 # ------------------------------------------------------------------------------------------------ intervals
 
 def _speed_records(label: str, speeds: dict[str, float], categories: dict[str, str]) -> list[dict]:
-    """One single-turn record per prompt at the given tokens/s (100 tokens each)."""
-    return [{"label": label, "question_id": q, "category": categories[q], "new_tokens": 100, "wall_s": 100 / s}
-            for q, s in speeds.items()]
+    """One single-turn record per prompt at the given tokens/s (100 tokens each; none in 1 s at speed 0)."""
+    return [{"label": label, "question_id": q, "category": categories[q], "new_tokens": 100 if s else 0,
+             "wall_s": 100 / s if s else 1.0} for q, s in speeds.items()]
 
 
 SUITE_SPEEDS = {"multi_turn": 15.0, "translation": 20.0, "summarization": 10.0, "qa": 20.0, "math": 22.0,
@@ -438,12 +443,13 @@ def _heterogeneous_prompts(n_per_category: int = 6, seed: int = 0):
 
 
 def test_a_paired_interval_resolves_a_steady_small_gain_that_prompt_spread_would_hide():
-    from specdraft.bench.report import speed_ratio_interval
+    from specdraft.bench.report import paired_speed_ratio
 
     categories, base, rng = _heterogeneous_prompts()
     # 4 % faster on every prompt, with 1 % timing noise: pairing sees through the tenfold spread between prompts
     faster = {q: s * 1.04 * rng.uniform(0.99, 1.01) for q, s in base.items()}
-    low, high = speed_ratio_interval(_speed_records("a", faster, categories), _speed_records("b", base, categories))
+    low, high = paired_speed_ratio(_speed_records("a", faster, categories),
+                                   _speed_records("b", base, categories))["interval"]
     assert 1.02 < low < high < 1.06
     # negative control: the same speeds with the pairing broken (each prompt compared with another prompt of its
     # category) no longer resolve the gain
@@ -452,7 +458,8 @@ def test_a_paired_interval_resolves_a_steady_small_gain_that_prompt_spread_would
         members = [q for q in faster if categories[q] == c]
         rotated = members[1:] + members[:1]
         shuffled.update({q: faster[r] for q, r in zip(members, rotated)})
-    low, high = speed_ratio_interval(_speed_records("a", shuffled, categories), _speed_records("b", base, categories))
+    low, high = paired_speed_ratio(_speed_records("a", shuffled, categories),
+                                   _speed_records("b", base, categories))["interval"]
     assert low < 1.0 < high
 
 
@@ -461,7 +468,7 @@ def _coverage(level: float, per_category: int = 6, suites: int = 200) -> float:
     speed with 3 % timing noise each."""
     import random
 
-    from specdraft.bench.report import speed_ratio_interval
+    from specdraft.bench.report import paired_speed_ratio
 
     rng = random.Random(7)
     held = 0
@@ -469,8 +476,8 @@ def _coverage(level: float, per_category: int = 6, suites: int = 200) -> float:
         categories, base, _ = _heterogeneous_prompts(per_category, seed=100 + suite)
         a = {q: s * rng.gauss(1.0, 0.03) for q, s in base.items()}
         b = {q: s * rng.gauss(1.0, 0.03) for q, s in base.items()}
-        low, high = speed_ratio_interval(_speed_records("a", a, categories), _speed_records("b", b, categories),
-                                         level=level, resamples=1000, seed=suite)
+        low, high = paired_speed_ratio(_speed_records("a", a, categories), _speed_records("b", b, categories),
+                                       level=level, resamples=1000, seed=suite)["interval"]
         held += low <= 1.0 <= high
     return held / suites
 
@@ -484,25 +491,43 @@ def test_the_interval_holds_the_true_ratio_about_as_often_as_it_claims():
     assert not 0.9 <= _coverage(0.5) <= 0.99
 
 
-def test_a_real_loss_is_resolved_and_one_shared_prompt_gives_no_interval():
-    from specdraft.bench.report import speed_ratio_interval
+def test_a_real_loss_is_resolved_and_thin_or_partial_data_is_handled():
+    from specdraft.bench.report import paired_speed_ratio
 
     categories, base, rng = _heterogeneous_prompts(seed=1)
     slower = {q: s * 0.9 * rng.uniform(0.97, 1.03) for q, s in base.items()}
-    low, high = speed_ratio_interval(_speed_records("a", slower, categories), _speed_records("b", base, categories))
-    assert 0.85 < low < high < 1.0
-    # prompts only one side ran are left out; a single shared prompt gives no interval
+    paired = paired_speed_ratio(_speed_records("a", slower, categories), _speed_records("b", base, categories))
+    assert 0.85 < paired["interval"][0] < paired["ratio"] < paired["interval"][1] < 1.0
+    # prompts only one side ran are left out of the ratio and the interval alike
+    extra = {**slower, "rag-99": 1000.0}
+    assert paired_speed_ratio(_speed_records("a", extra, {**categories, "rag-99": "rag"}),
+                              _speed_records("b", base, categories)) == paired
+    # a single shared prompt: nothing; one prompt per category (--limit 1): drawn as one group, not a point
     one = {"rag-0": 5.0}
-    assert speed_ratio_interval(_speed_records("a", one, categories), _speed_records("b", base, categories)) is None
+    assert paired_speed_ratio(_speed_records("a", one, categories), _speed_records("b", base, categories)) is None
+    firsts = {q: s for q, s in base.items() if q.endswith("-0")}
+    noisy = {q: s * rng.uniform(0.9, 1.1) for q, s in firsts.items()}
+    low, high = paired_speed_ratio(_speed_records("a", noisy, categories),
+                                   _speed_records("b", firsts, categories))["interval"]
+    assert high - low > 0.02
+    # a reference that produced nothing, or a prompt with no tokens: no ratio, never a negative or NaN one
+    zeros = {q: 0.0 for q in base}
+    assert paired_speed_ratio(_speed_records("a", base, categories), _speed_records("b", zeros, categories)) is None
+    some_zero = {**base, "code-0": 0.0, "code-1": 0.0}
+    paired = paired_speed_ratio(_speed_records("a", some_zero, categories), _speed_records("b", base, categories))
+    assert 0 < paired["interval"][0] < paired["ratio"] < paired["interval"][1] <= 1.0
 
 
 def test_summary_and_report_carry_the_interval_and_the_versus_table():
     from specdraft.bench.report import format_table, versus_section
 
-    categories, base, rng = _heterogeneous_prompts(seed=2)
+    categories, base, _ = _heterogeneous_prompts(seed=2)
+    # "same" runs each prompt 3 % faster or slower than ar, in pairs of prompts of equal speed: the same overall
+    base = {q: base[q[:-1] + str(int(q[-1]) // 2 * 2)] for q in base}
+    same = {q: s * (1.03 if int(q[-1]) % 2 else 1 / 1.03) for q, s in base.items()}
     records = (_speed_records("ar", base, categories)
                + _speed_records("fast", {q: s * 1.2 for q, s in base.items()}, categories)
-               + _speed_records("same", {q: s * rng.uniform(0.97, 1.03) for q, s in base.items()}, categories))
+               + _speed_records("same", same, categories))
     for r in records:
         r.update(target_passes=None, accepted=0, drafted=0, examined=0, identical_to_ar=None, method=r["label"],
                  gamma=None, time_prefill_s=None)
@@ -512,12 +537,12 @@ def test_summary_and_report_carry_the_interval_and_the_versus_table():
     assert fast["speedup_interval"][0] == pytest.approx(1.2) and fast["speedup_interval"][1] == pytest.approx(1.2)
     assert summary["results"]["ar"]["overall"]["speedup_interval"] is None  # the baseline itself
     table = summary["versus"]["same"]
-    assert set(table) == {"ar", "fast"}
+    assert set(table) == {"ar", "fast"} and table["fast"]["prompts"] == 42
     assert table["fast"]["interval"][0] > 1.1 and table["ar"]["interval"][0] < 1.0 < table["ar"]["interval"][1]
     lines = versus_section(summary)
     assert lines[0] == "## Paired comparison against `same`"
-    assert any(line.startswith("| fast | ") and line.endswith("| faster |") for line in lines)
-    assert any(line.startswith("| ar | ") and line.endswith("| not resolved |") for line in lines)
+    assert any(line.startswith("| fast | 42 | ") and line.endswith("| faster |") for line in lines)
+    assert any(line.startswith("| ar | 42 | ") and line.endswith("| not resolved |") for line in lines)
     assert "| fast | - | " in format_table({**summary, "methods": {k: {"gamma": None} for k in ("ar", "fast", "same")}})
     with pytest.raises(SpecdraftError, match="--versus 'nope': not a method of this run"):
         summarize(records, {}, versus=("nope",))
@@ -535,13 +560,18 @@ def test_report_rebuild_takes_versus_and_refuses_a_bad_folder_or_label(bench_run
     summary = json.loads((copy_dir / "summary.json").read_text())
     assert set(summary["versus"]["ar"]) == set(summary["results"]) - {"ar"}
     assert "## Paired comparison against `ar`" in (copy_dir / "report.md").read_text()
-    assert report_main([str(copy_dir)]) == 0  # a rebuild keeps the comparisons the run asked for
-    assert "ar" in json.loads((copy_dir / "summary.json").read_text())["versus"]
+    assert report_main([str(copy_dir), "--versus", "draft-g2"]) == 0  # added to the comparisons already asked for
+    assert list(json.loads((copy_dir / "summary.json").read_text())["versus"]) == ["ar", "draft-g2"]
     capsys.readouterr()
     assert report_main([str(copy_dir), "--versus", "nope"]) == 2
     assert "not a method of this run" in capsys.readouterr().err
     assert report_main([str(tmp_path / "empty")]) == 2
-    assert "holds no bench run" in capsys.readouterr().err
+    assert "holds no bench records" in capsys.readouterr().err
+    (copy_dir / "summary.json").unlink()  # a run cut off before its end
+    with open(copy_dir / "records.jsonl", "a") as f:
+        f.write('{"question_id": "cut off mid-wri')
+    assert report_main([str(copy_dir)]) == 2
+    assert "the run has not finished" in capsys.readouterr().err
 
 
 def test_cli_bench_refuses_an_unknown_versus_label_before_loading_models(capsys):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ..config import ModelConfig, SamplingParams, SpecConfig, normalize_backend, normalize_dtype
 from ..errors import SpecdraftError
 from ..knobs import AUTO_KNOBS, add_drafter_knob_args, drafter_knobs, parse_gamma
+from .report import VERSUS_HELP
 
 DEFAULT_METHODS = ("ar", "hf-ar", "hf-assisted", "hf-prompt-lookup", "draft", "prompt-lookup")
 
@@ -146,10 +147,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     restart.add_argument("--resume", action="store_true", help="continue the run in --out (same settings): prompts "
                          "whose records are all there are kept and skipped, a prompt cut off midway runs again")
     restart.add_argument("--overwrite", action="store_true", help="replace the records already in --out")
-    parser.add_argument("--versus", action="append", default=[], metavar="LABEL",
-                        help="the report compares every method with this one (a label of --methods, e.g. "
-                        "'sorted[sorted_exits=24]'): the paired ratio of their speeds and a 95%% interval from a "
-                        "bootstrap over prompts; repeatable")
+    parser.add_argument("--versus", action="append", default=[], metavar="LABEL", help="the report: " + VERSUS_HELP)
     parser.add_argument("--no-chat", action="store_true", help="raw prompts, no chat template")
     parser.add_argument("--warmup-tokens", type=int, default=8)
     parser.add_argument("--threads", type=int, default=None)

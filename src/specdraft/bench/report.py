@@ -11,7 +11,7 @@
 - identical_to_ar: the fraction of turns whose greedy output equals the `ar` output token for token, length
   included; first_divergence lists, for the others, the first position that differs;
 - speedup_interval: a 95 % interval of the overall speedup, from a paired bootstrap over prompts
-  (`speed_ratio_interval`); `versus` holds the same paired ratio and interval of every method against each
+  (`paired_speed_ratio`); `versus` holds the same paired ratio and interval of every method against each
   method named by --versus.
 
     python -m specdraft.bench.report DIR [--versus LABEL ...]   # rebuild summary.json, report.md and figures
@@ -32,7 +32,11 @@ from ..errors import SpecdraftError
 OVERALL = "overall"
 AUTO = "auto"  # a column whose passes chose their own draft lengths
 INTERVAL_LEVEL = 0.95
-RESAMPLES = 4000  # bootstrap draws; the interval's ends move by well under 0.01 between seeds at this count
+RESAMPLES = 4000  # bootstrap draws: the ends' Monte Carlo spread is a few hundredths of the ratio's standard error
+FEW_PROMPTS = 4  # per category; below it the intervals run narrow (see _few_prompts)
+VERSUS_HELP = ("compare every method with this one (a label of --methods, e.g. 'sorted[sorted_exits=24]'): the "
+               "ratio of their speeds over the prompts both ran, a 95%% interval from a paired bootstrap over "
+               "prompts, and a verdict; repeatable")
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -66,62 +70,67 @@ def prompt_speeds(records: list[dict]) -> dict[str, float]:
             for qid, rs in per_prompt.items()}
 
 
-def speed_ratio_interval(mine: list[dict], theirs: list[dict], level: float = INTERVAL_LEVEL,
-                         resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float] | None:
-    """An interval for (mean prompt speed of `mine`) / (mean prompt speed of `theirs`), the report's speedup.
+def paired_speed_ratio(mine: list[dict], theirs: list[dict], level: float = INTERVAL_LEVEL,
+                       resamples: int = RESAMPLES, seed: int = 0) -> dict | None:
+    """(mean prompt speed of `mine`) / (mean prompt speed of `theirs`) over the prompts both ran, the report's
+    speedup when both ran the same prompts, with an interval: {"ratio", "interval": [low, high], "prompts"}.
 
-    Percentile bootstrap over the prompts both ran: each draw takes prompts with replacement within each category
-    (so every draw keeps the suite's mix), and the same prompts for both sides. Pairing cancels what the two
-    share: a prompt that is slow for every method, and machine drift, since the bench interleaves methods per
-    prompt. It measures how much the figure depends on which prompts were drawn (timing noise included, as each
-    prompt ran once per method); it says nothing about another machine. None when fewer than two prompts are
-    shared."""
+    Percentile bootstrap: each draw takes prompts with replacement within each category (so every draw keeps
+    the suite's mix), and the same prompts for both sides. Pairing cancels what the two share: a prompt that is
+    slow for every method, and machine drift, since the bench interleaves methods per prompt. A draw of n prompts
+    from n spreads its mean by only (n − 1) / n of the variance the n prompts stand for, so each category draws
+    n − 1 prompts and counts them n / (n − 1) times (Rao and Wu's rescaled bootstrap): without it, 2 prompts per
+    category gave a 95 % interval that held the truth 3 times in 4. Categories with a single shared prompt have
+    nothing to draw from; when there is one, all prompts are drawn as one group. The interval covers which
+    prompts were drawn and the timing noise of one run per method on them, not another machine.
+    None when fewer than two prompts are shared or `theirs` has no speed."""
     import numpy as np
 
     speeds_mine, speeds_theirs = prompt_speeds(mine), prompt_speeds(theirs)
     category = {r["question_id"]: r["category"] for r in mine}
     shared = sorted(set(speeds_mine) & set(speeds_theirs))
-    if len(shared) < 2:
-        return None
     a = np.array([speeds_mine[q] for q in shared])  # [P]
     b = np.array([speeds_theirs[q] for q in shared])  # [P]
-    by_category: dict[str, list[int]] = defaultdict(list)
+    if len(shared) < 2 or b.sum() <= 0:
+        return None
+    groups: dict[str, list[int]] = defaultdict(list)
     for i, q in enumerate(shared):
-        by_category[category[q]].append(i)
+        groups[category[q]].append(i)
+    if min(len(members) for members in groups.values()) < 2:
+        groups = {"all": list(range(len(shared)))}
     rng = np.random.default_rng(seed)
     sum_a, sum_b = np.zeros(resamples), np.zeros(resamples)
-    for members in by_category.values():
+    for members in groups.values():
         members = np.array(members)
         n = len(members)
-        # a draw of n from n values spreads its mean by (n - 1) / n of the true variance: widen each category's
-        # values about their mean by sqrt(n / (n - 1)) (Rao and Wu's rescaled bootstrap), or two prompts per
-        # category would give a 95 % interval that holds the truth about 3 times in 4
-        scale = (n / (n - 1)) ** 0.5 if n > 1 else 1.0
-        a_cat = a[members].mean() + (a[members] - a[members].mean()) * scale  # [n]
-        b_cat = b[members].mean() + (b[members] - b[members].mean()) * scale  # [n]
-        drawn = rng.integers(0, n, size=(resamples, n))  # [R, n] positions within the category
-        sum_a += a_cat[drawn].sum(axis=1)
-        sum_b += b_cat[drawn].sum(axis=1)
-    ratios = sum_a / np.where(sum_b > 0, sum_b, np.nan)  # [R]
-    low, high = np.nanquantile(ratios, [(1 - level) / 2, (1 + level) / 2])
-    return float(low), float(high)
+        drawn = members[rng.integers(0, n, size=(resamples, n - 1))]  # [R, n - 1] prompt indices
+        sum_a += a[drawn].sum(axis=1) * n / (n - 1)
+        sum_b += b[drawn].sum(axis=1) * n / (n - 1)
+    if (sum_b <= 0).any():  # a draw of prompts the reference produced nothing on: no ratio to speak of
+        return None
+    low, high = np.quantile(sum_a / sum_b, [(1 - level) / 2, (1 + level) / 2])
+    return {"ratio": float(a.sum() / b.sum()), "interval": [float(low), float(high)], "prompts": len(shared)}
 
 
-def versus_table(records: list[dict], labels: list[str], reference: str) -> dict[str, dict]:
-    """Every other method's overall speed over `reference`'s, with its paired interval."""
+def versus_table(records: list[dict], labels: list[str], reference: str) -> dict[str, dict | None]:
+    """Every other method against `reference`: paired_speed_ratio over the prompts both ran (None: too few)."""
     theirs = [r for r in records if r["label"] == reference]
-    base_speeds = prompt_speeds(theirs)
-    base = sum(base_speeds.values()) / len(base_speeds)
-    table = {}
-    for label in labels:
-        if label == reference:
-            continue
-        mine = [r for r in records if r["label"] == label]
-        speeds = prompt_speeds(mine)
-        interval = speed_ratio_interval(mine, theirs)
-        table[label] = {"ratio": _ratio(sum(speeds.values()) / len(speeds), base),
-                        "interval": list(interval) if interval else None}
-    return table
+    return {label: paired_speed_ratio([r for r in records if r["label"] == label], theirs)
+            for label in labels if label != reference}
+
+
+def read_records(path: Path) -> list[dict]:
+    """The records of a run; a line cut off by a kill mid-write (the last one) is dropped."""
+    records = []
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise SpecdraftError(f"{path}: line {number} is not JSON; the records file was edited or is "
+                                     "corrupt, use --overwrite to start afresh") from None
+    return records
 
 
 def group_stats(records: list[dict], gamma: int | str | None) -> dict:
@@ -144,7 +153,7 @@ def group_stats(records: list[dict], gamma: int | str | None) -> dict:
         "new_tokens": sum(r["new_tokens"] for r in records), "wall_s": sum(r["wall_s"] for r in records),
         "tokens_per_s": sum(speeds) / len(speeds),
         "speedup": None,  # filled in against the baseline
-        "speedup_interval": None,  # overall only: [low, high] of the paired bootstrap (speed_ratio_interval)
+        "speedup_interval": None,  # overall only: [low, high] of the paired bootstrap (paired_speed_ratio)
         "decode_tokens_per_s": sum(decode_speeds) / len(decode_speeds) if timed else None,
         "decode_speedup": None,  # filled in against our ar
         "target_passes": passes or None,
@@ -187,6 +196,7 @@ def step_tallies(records: list[dict]) -> dict | None:
 
 
 def check_versus(versus: tuple[str, ...], labels: list[str]) -> None:
+    """A clear error for a --versus label that is not one of the run's methods."""
     unknown = [v for v in versus if v not in labels]
     if unknown:
         raise SpecdraftError(f"--versus {', '.join(map(repr, unknown))}: not a method of this run; its methods "
@@ -213,11 +223,8 @@ def summarize(records: list[dict], info: dict, versus: tuple[str, ...] = ()) -> 
         for label in labels:
             for group, stats in results[label].items():
                 stats["speedup"] = _ratio(stats["tokens_per_s"], results[baseline][group]["tokens_per_s"])
-        base_records = [r for r in records if r["label"] == baseline]
-        for label in labels:
-            if label != baseline:
-                interval = speed_ratio_interval([r for r in records if r["label"] == label], base_records)
-                results[label][OVERALL]["speedup_interval"] = list(interval) if interval else None
+        for label, paired in versus_table(records, labels, baseline).items():
+            results[label][OVERALL]["speedup_interval"] = paired and paired["interval"]
     if "ar" in labels:
         for label in labels:
             for group, stats in results[label].items():
@@ -266,39 +273,45 @@ def format_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _interval(interval) -> str:
+def _interval(interval: list[float] | None) -> str:
     return "-" if not interval else f"{interval[0]:.2f}–{interval[1]:.2f}"
 
 
 def versus_section(summary: dict) -> list[str]:
-    """Per reference named by --versus: every method's speed over the reference's, the paired interval, and
-    whether the interval excludes 1 (a difference this set of prompts resolves)."""
+    """Per reference named by --versus: every method's speed over the reference's on the prompts both ran, the
+    paired interval, and whether the interval excludes 1 (a difference this set of prompts resolves)."""
     lines = []
     for reference, table in (summary.get("versus") or {}).items():
         lines += [f"## Paired comparison against `{reference}`", "",
-                  f"Overall tokens/s over `{reference}`'s on the same prompts, with a {INTERVAL_LEVEL:.0%} interval "
-                  "from a bootstrap over prompts drawn within each category, the same prompts for both sides.", "",
-                  f"| method | ratio | {INTERVAL_LEVEL:.0%} interval | verdict |", "|---|---|---|---|"]
+                  f"Tokens/s over `{reference}`'s on the prompts both ran, with a {INTERVAL_LEVEL:.0%} interval from a "
+                  "bootstrap over prompts drawn within each category, the same prompts for both sides. Each row is "
+                  "its own test: among many rows, one in twenty may say faster or slower by chance.", "",
+                  f"| method | prompts | ratio | {INTERVAL_LEVEL:.0%} interval | verdict |", "|---|---|---|---|---|"]
         for label, row in table.items():
-            interval = row["interval"]
-            verdict = ("-" if not interval else "faster" if interval[0] > 1 else "slower" if interval[1] < 1
-                       else "not resolved")
-            lines.append(f"| {label} | {_fmt(row['ratio'], '.3f')} | {_interval(interval)} | {verdict} |")
+            if row is None:
+                lines.append(f"| {label} | - | - | - | too few shared prompts |")
+                continue
+            low, high = row["interval"]
+            verdict = "faster" if low > 1 else "slower" if high < 1 else "not resolved"
+            lines.append(f"| {label} | {row['prompts']} | {row['ratio']:.3f} | {_interval(row['interval'])} | "
+                         f"{verdict} |")
         lines.append("")
     return lines
 
 
-FEW_PROMPTS = 4  # per category; below it the intervals run narrow
-
-
 def _few_prompts(summary: dict) -> str:
+    """The caveat for a run with few prompts per category (empty when there is none)."""
+    if not summary["baseline"]:
+        return ""
     fewest = min((groups[c]["prompts"] for groups in summary["results"].values() for c in summary["categories"]),
                  default=0)
     if fewest >= FEW_PROMPTS:
         return ""
-    return (f" This run has {fewest} prompt(s) in its smallest category: below {FEW_PROMPTS} the intervals run "
-            "narrow (in simulation, a 95 % interval from 2 prompts per category held the truth 88 % of the time), "
-            "and with 1 there is nothing to draw.")
+    if fewest < 2:
+        return (" This run has a category with a single prompt: its prompts are drawn as one group, whatever "
+                "their category.")
+    return (f" This run has {fewest} prompts in its smallest category: below {FEW_PROMPTS} the intervals run narrow "
+            "(in simulation, a 95 % interval from 2 prompts per category held the truth 87 % of the time).")
 
 
 def _backend(summary: dict, role: str) -> str:
@@ -341,8 +354,9 @@ def format_report(summary: dict, figures: list[str]) -> str:
         f"draft {_backend(summary, 'draft')} (transformers' methods always run the model's own forward).",
         f"Command: `{s['command']}`", *_segments(summary), "",
         format_table(summary), "",
-        f"The interval is a {INTERVAL_LEVEL:.0%} paired bootstrap over prompts (drawn within each category) of the "
-        "overall speedup: it shows how much the figure rests on which prompts were drawn." + _few_prompts(summary), "",
+        *([f"The interval is a {INTERVAL_LEVEL:.0%} paired bootstrap over prompts (drawn within each category) of "
+           "the overall speedup: it shows how much the figure rests on which prompts were drawn."
+           + _few_prompts(summary), ""] if summary["baseline"] else []),
         *versus_section(summary),
         "τ counts the tokens each target pass produced (accepted + 1); α = accepted / examined; predicted τ = "
         "(1 − α^(γ+1)) / (1 − α) at the configured γ, or for γ auto averaged over the lengths the passes drafted "
@@ -558,18 +572,22 @@ def main(argv: list[str] | None = None) -> int:
                                      "its records.jsonl.")
     parser.add_argument("folder")
     parser.add_argument("--versus", action="append", default=[], metavar="LABEL",
-                        help="compare every method with this one, paired, with an interval (repeatable)")
+                        help=VERSUS_HELP + " (added to those the run asked for)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     out = Path(args.folder)
-    if not (out / "records.jsonl").is_file() or not (out / "summary.json").is_file():
-        print(f"error: {out} holds no bench run (records.jsonl and summary.json)", file=sys.stderr)
+    if not (out / "records.jsonl").is_file():
+        print(f"error: {out} holds no bench records (records.jsonl)", file=sys.stderr)
         return 2
-    lines = (out / "records.jsonl").read_text(encoding="utf-8").splitlines()
-    records = [json.loads(line) for line in lines if line.strip()]
-    old = json.loads((out / "summary.json").read_text())
-    info = {k: v for k, v in old.items() if k not in ("baseline", "categories", "methods", "results", "versus")}
+    if not (out / "summary.json").is_file():
+        print(f"error: {out} has records but no summary.json: the run has not finished; finish it with "
+              "`specdraft bench ... --resume` (the same settings), which writes the summary", file=sys.stderr)
+        return 2
     try:
-        summary = summarize(records, info, tuple(args.versus) or tuple(old.get("versus") or ()))
+        records = read_records(out / "records.jsonl")
+        old = json.loads((out / "summary.json").read_text())
+        info = {k: v for k, v in old.items() if k not in ("baseline", "categories", "methods", "results", "versus")}
+        versus = tuple(dict.fromkeys([*(old.get("versus") or ()), *args.versus]))
+        summary = summarize(records, info, versus)
     except SpecdraftError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -37,6 +37,7 @@ from ..models.adapter import LoadedModel, load_model, set_threads, weight_bytes
 from ..models.native.kernels import startup_info as kernel_startup_info
 from .methods import HF_AUTO_GAMMA, BenchModels, GenerateTurn, Method, TurnOutput, get_method
 from .options import BenchSettings, parse_method
+from .report import read_records
 from .suite import DEFAULT_PROMPTS, load_prompts
 
 
@@ -235,20 +236,6 @@ def run_identity(settings: BenchSettings) -> dict:
     identity = {k: v for k, v in asdict(settings).items() if k not in NOT_RUN_IDENTITY}
     identity["prompts_sha256"] = hashlib.sha256(prompts_file.read_bytes()).hexdigest()
     return json.loads(json.dumps(identity))
-
-
-def read_records(path: Path) -> list[dict]:
-    """The records of an earlier run; a line cut off by a kill mid-write (the last one) is dropped."""
-    records = []
-    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
-    for number, line in enumerate(lines, 1):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number < len(lines):
-                raise SpecdraftError(f"{path}: line {number} is not JSON; the records file was edited or is "
-                                     "corrupt, use --overwrite to start afresh") from None
-    return records
 
 
 def complete_records(records: list[dict], prompts: list[dict], labels: list[str]) -> tuple[list[dict], set[str]]:
