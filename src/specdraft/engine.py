@@ -74,7 +74,7 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
             to_draft = min(draft_length.next(source, len(context)), budget - 1)
             # nothing to draft (gamma auto found no draft pays, or one token is left): a plain pass; the drafter
             # catches up on the context at its next proposal
-            draft = drafter.propose(context, to_draft, params, generator) if to_draft else Draft(torch.empty(0, dtype=torch.long))
+            draft = drafter.propose(context, to_draft, params, generator) if to_draft else Draft.empty()
             t1 = time.perf_counter()
             # verify: one target pass over the pending token and the k draft nodes (a tree: with a tree mask)
             target_logits = target_state.verify(context[-1], draft)  # [k + 1, V]

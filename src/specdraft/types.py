@@ -31,6 +31,11 @@ class Draft:
     parents: torch.Tensor | None = None
     labels: list[str] | None = None
 
+    @classmethod
+    def empty(cls) -> Draft:
+        """No draft: the pass is a plain target step."""
+        return cls(torch.empty(0, dtype=torch.long))
+
     def __post_init__(self) -> None:
         if self.parents is not None:
             check_tree(self.parents, self.k)

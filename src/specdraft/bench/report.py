@@ -61,13 +61,22 @@ def gamma_label(records: list[dict]) -> int | str | None:
     return records[0]["gamma"]
 
 
-def prompt_speeds(records: list[dict]) -> dict[str, float]:
-    """Per prompt (question_id): its new tokens over its wall time, all turns together (Spec-Bench's speed)."""
+def _by_prompt(records: list[dict]) -> dict[str, list[dict]]:
     per_prompt: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         per_prompt[r["question_id"]].append(r)
-    return {qid: _ratio(sum(r["new_tokens"] for r in rs), sum(r["wall_s"] for r in rs)) or 0.0
-            for qid, rs in per_prompt.items()}
+    return per_prompt
+
+
+def _speed(turns: list[dict], without_prefill: bool = False) -> float:
+    """A prompt's new tokens over its wall time, all turns together (optionally leaving each turn's prefill out)."""
+    seconds = sum(r["wall_s"] - (r["time_prefill_s"] if without_prefill else 0.0) for r in turns)
+    return _ratio(sum(r["new_tokens"] for r in turns), seconds) or 0.0
+
+
+def prompt_speeds(records: list[dict]) -> dict[str, float]:
+    """Per prompt (question_id): its speed, Spec-Bench's (`_speed`)."""
+    return {qid: _speed(turns) for qid, turns in _by_prompt(records).items()}
 
 
 def paired_speed_ratio(mine: list[dict], theirs: list[dict], level: float = INTERVAL_LEVEL,
@@ -134,15 +143,12 @@ def read_records(path: Path) -> list[dict]:
 
 
 def group_stats(records: list[dict], gamma: int | str | None) -> dict:
-    per_prompt: dict[str, list[dict]] = defaultdict(list)
-    for r in records:
-        per_prompt[r["question_id"]].append(r)
-    speeds = list(prompt_speeds(records).values())
+    per_prompt = _by_prompt(records)
+    speeds = [_speed(turns) for turns in per_prompt.values()]
     # the same without the prompt's prefill, for our loop (which times it): at temperature 1 each method's answer
     # is another sample, and a long prompt's prefill over a short answer would otherwise dominate its speed
     timed = all(r.get("time_prefill_s") is not None for r in records)
-    decode_speeds = [_ratio(sum(r["new_tokens"] for r in rs), sum(r["wall_s"] - r["time_prefill_s"] for r in rs))
-                     or 0.0 for rs in per_prompt.values()] if timed else []
+    decode_speeds = [_speed(turns, without_prefill=True) for turns in per_prompt.values()] if timed else []
     counted = [r for r in records if r.get("target_passes")]
     passes = sum(r["target_passes"] for r in counted)
     accepted = sum(r["accepted"] for r in counted)

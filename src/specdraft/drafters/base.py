@@ -51,7 +51,7 @@ class NoDrafter:
         pass
 
     def propose(self, context_ids, k, params, generator) -> Draft:
-        return Draft(torch.empty(0, dtype=torch.long))
+        return Draft.empty()
 
     def on_accept(self, context_ids: list[int], features=None) -> None:
         pass

@@ -76,7 +76,7 @@ class EagleDrafter:
         n_pending = self.pending.shape[0]
         # every target pass reports at least one new position; none pending means a one-token prompt
         if k == 0 or n_pending == 0:
-            return Draft(torch.empty(0, dtype=torch.long))
+            return Draft.empty()
         head = self.head
         with torch.inference_mode():
             self.cache.truncate(self.committed)
@@ -127,7 +127,7 @@ class EagleTreeDrafter(EagleDrafter):
         n_pending = self.pending.shape[0]
         depth = min(self.depth, k)
         if depth < 1 or n_pending == 0:
-            return Draft(torch.empty(0, dtype=torch.long))
+            return Draft.empty()
         head, cache = self.head, self.cache
         with torch.inference_mode():
             cache.truncate(self.committed)

@@ -411,7 +411,7 @@ class SortedTreeDrafter(SortedDrafter):
                 generator: torch.Generator | None) -> Draft:
         depth = min(self.depth, k)
         if depth < 1:
-            return Draft(torch.empty(0, dtype=torch.long))
+            return Draft.empty()
         keep_accepted_path(self.state, context_ids)
         self.state.append(self.state.sync_for_next(context_ids))
         logits, exit_index = self._exit()  # [1, V_draft]: the pending token at the exit the rule picked

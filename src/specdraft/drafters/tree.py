@@ -140,7 +140,7 @@ class TreeDrafter:
     def propose(self, context_ids, k, params: SamplingParams, generator) -> Draft:
         depth = min(self.depth, k)
         if depth < 1:
-            return Draft(torch.empty(0, dtype=torch.long))
+            return Draft.empty()
         keep_accepted_path(self.state, context_ids)
         to_feed = self.state.sync_for_next(context_ids)
         root_scores = draft_log_scores(self.state.forward(to_feed, 1), params)[0]  # [V]
@@ -175,7 +175,7 @@ class PromptLookupTreeDrafter:
         continuations = find_continuations(context_ids, depth, self.max_ngram, self.min_ngram) if depth else []
         tokens, parents = build_trie(continuations, self.budget)
         if not tokens:
-            return Draft(torch.empty(0, dtype=torch.long))
+            return Draft.empty()
         return Draft(torch.tensor(tokens, dtype=torch.long), None, torch.tensor(parents, dtype=torch.long))
 
     def on_accept(self, context_ids: list[int], features=None) -> None:
