@@ -31,10 +31,13 @@ def main() -> int:
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--epochs", type=float, default=2)
     parser.add_argument("--sharpen", default="1.0,0.8")
+    parser.add_argument("--validation-fraction", type=float, default=0.03,
+                        help="sequences held out of each folder (0.99: score a folder no head was trained on)")
     parser.add_argument("heads", nargs="+")
     args = parser.parse_args()
     set_threads(2)
-    trainer = Trainer(TrainConfig(data=args.data, out=args.run, window=args.window, epochs=args.epochs),
+    trainer = Trainer(TrainConfig(data=args.data, out=args.run, window=args.window, epochs=args.epochs,
+                                  validation_fraction=args.validation_fraction),
                       progress=False)
     scales = [float(s) for s in args.sharpen.split(",")]
     for name in args.heads:
