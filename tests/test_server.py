@@ -354,6 +354,9 @@ BAD_COMPLETIONS = {
                                         "speculative": {"method": "draft", "lookup_first": "often"}},
     "speculative gamma a word": {"model": MODEL, "prompt": "abc", "speculative": {"gamma": "often"}},
     "speculative not an object": {"model": MODEL, "prompt": "abc", "speculative": "draft"},
+    # JSON may escape a lone surrogate, which no tokenizer takes (it was a 500)
+    "prompt with a lone surrogate": {"model": MODEL, "prompt": "\ud800 hi"},
+    "prompt list with a lone surrogate": {"model": MODEL, "prompt": ["hi", "\udfff"]},
 }
 
 BAD_CHATS = {

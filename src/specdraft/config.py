@@ -25,6 +25,8 @@ BACKENDS = ("auto", "native", "transformers")
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "float": "float32", "half": "float16"}
 
 
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How the next token is chosen. temperature == 0 means greedy (argmax)."""
@@ -47,6 +49,8 @@ class SamplingParams:
             raise SpecdraftError(f"max new tokens must be >= 1, got {self.max_new_tokens}")
         if any(not s for s in self.stop):
             raise SpecdraftError("stop strings must not be empty")
+        if self.seed is not None and not (SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]):
+            raise SpecdraftError(f"seed must be between {SEED_RANGE[0]} and {SEED_RANGE[1]} (64 bits), got {self.seed}")
 
     @property
     def greedy(self) -> bool:
@@ -203,6 +207,12 @@ class ModelConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         object.__setattr__(self, "backend", normalize_backend(self.backend))
+        check_threads(self.threads)
+
+
+def check_threads(threads: int | None) -> None:
+    if threads is not None and threads < 0:
+        raise SpecdraftError(f"--threads must be >= 0 (0 or unset: every core this process may use), got {threads}")
 
 
 def normalize_backend(name: str) -> str:

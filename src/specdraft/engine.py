@@ -145,6 +145,15 @@ class StopChecker:
         return self.token_ids
 
 
+def check_text(text: str, what: str) -> None:
+    """Refuse text that is not Unicode a tokenizer can take (a lone surrogate, e.g. from a JSON "\\ud800")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise SpecdraftError(f"{what} is not valid Unicode: a lone surrogate at character {error.start}; "
+                             "send UTF-8 text") from None
+
+
 class Engine:
     """A target model, a drafter and a speculative configuration; `stream` and `generate` run the loop."""
 
@@ -186,6 +195,7 @@ class Engine:
     def encode(self, prompt: str, chat: bool = True, system: str | None = None) -> list[int]:
         if not prompt or not prompt.strip():
             raise SpecdraftError("the prompt is empty; give some text to continue")
+        check_text(prompt, "the prompt")
         tokenizer = self.target.tokenizer
         if chat:
             if not getattr(tokenizer, "chat_template", None):
@@ -198,6 +208,9 @@ class Engine:
     def encode_messages(self, messages: list[dict]) -> list[int]:
         if not messages:
             raise SpecdraftError("no messages to answer")
+        for message in messages:
+            if isinstance(message.get("content"), str):
+                check_text(message["content"], f"a {message.get('role', '')} message")
         ids = self.target.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                         return_dict=False)
         if isinstance(ids, dict) or hasattr(ids, "keys"):

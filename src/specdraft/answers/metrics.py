@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..jsonl import read_jsonl
 from .normalize import exact_match, same_value, value_answer
 from .strategies import CURVE_STRATEGIES, STRATEGIES, select
 
 
 def read_records(path: str | Path) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl(Path(path), "the records file was edited or is corrupt; use another --out")[0]
 
 
 def _grade(record: dict, answer: str | None) -> dict:

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import SpecdraftError
+from ..jsonl import read_jsonl, rewrite_jsonl
 from ..models.adapter import LoadedModel, load_model, set_threads
 from . import metrics
 from .normalize import exact_match, token_f1, vote_key
@@ -70,16 +71,21 @@ class AnswersConfig:
 def load_dataset(path: str, limit: int | None, seed: int) -> list[dict]:
     """The rows in a fixed pseudo-random order (by hash of seed and id), the first `limit` of them."""
     rows = []
-    with open(path) as f:
-        for line_no, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise SpecdraftError(f"{path}:{line_no} is not JSON ({exc.msg})") from None
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        raise SpecdraftError(f"{path}:{line_no} is not JSON ({exc.msg})") from None
+    except UnicodeDecodeError:
+        raise SpecdraftError(f"{path} is not UTF-8 text; a dataset is JSON lines") from None
     if not rows:
         raise SpecdraftError(f"{path} has no rows")
     for row in rows:
+        if not isinstance(row, dict):
+            raise SpecdraftError(f"{path}: every line must be one JSON object (a row), found {type(row).__name__}")
         missing = [k for k in ("id",) if k not in row]
         if missing or not (("question" in row and "answers" in row and "context" in row) or "entry_point" in row):
             raise SpecdraftError(f"{path}: row {row.get('id', '?')} needs id, context, question, answers "
@@ -229,16 +235,26 @@ def run(config: AnswersConfig, log=sys.stderr) -> dict:
     verifier = build_verifier(config.verifier or task.default_verifier)
     max_new_tokens = config.max_new_tokens or task.default_max_new_tokens
     out = Path(config.out)
+    if out.exists() and not out.is_dir():
+        raise SpecdraftError(f"--out {out} is a file; name a folder (it is created if missing)")
     out.mkdir(parents=True, exist_ok=True)
     records_path, settings_path = out / "records.jsonl", out / "settings.json"
     settings = {**config.settings(), "task": task.kind, "verifier": verifier.name, "max_new_tokens": max_new_tokens}
     done: set[str] = set()
     if records_path.exists():
-        previous = json.loads(settings_path.read_text()) if settings_path.exists() else {}
-        if {k: v for k, v in previous.items() if k in settings} != settings:
-            raise SpecdraftError(f"{out} holds a run with other settings; use another --out (or the same settings "
-                                 f"to resume)")
-        done = {json.loads(line)["id"] for line in records_path.open() if line.strip()}
+        try:
+            previous = json.loads(settings_path.read_text(encoding="utf-8")) if settings_path.exists() else {}
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            previous = None
+        if not isinstance(previous, dict) or {k: v for k, v in previous.items() if k in settings} != settings:
+            raise SpecdraftError(f"{out} holds a run with other settings (or an unreadable settings.json); use "
+                                 f"another --out (or the same settings to resume)")
+        kept, cut = read_jsonl(records_path, "the records file was edited or is corrupt; use another --out")
+        if not all(isinstance(r, dict) and "id" in r for r in kept):
+            raise SpecdraftError(f"{records_path} holds lines that are not records; use another --out")
+        if cut:  # a kill mid-write: the next record must not be appended to the cut line
+            rewrite_jsonl(records_path, kept)
+        done = {r["id"] for r in kept}
     todo = [row for row in rows if row["id"] not in done]
     if todo:
         set_threads(config.threads)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..draft_length import expected_tokens, expected_tokens_over_passes
 from ..errors import SpecdraftError
+from ..jsonl import read_jsonl
 
 OVERALL = "overall"
 AUTO = "auto"  # a column whose passes chose their own draft lengths
@@ -130,15 +131,9 @@ def versus_table(records: list[dict], labels: list[str], reference: str) -> dict
 
 def read_records(path: Path) -> list[dict]:
     """The records of a run; a line cut off by a kill mid-write (the last one) is dropped."""
-    records = []
-    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
-    for number, line in enumerate(lines, 1):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number < len(lines):
-                raise SpecdraftError(f"{path}: line {number} is not JSON; the records file was edited or is "
-                                     "corrupt, use --overwrite to start afresh") from None
+    records, _ = read_jsonl(path, "the records file was edited or is corrupt, use --overwrite to start afresh")
+    if not all(isinstance(r, dict) for r in records):
+        raise SpecdraftError(f"{path} holds lines that are not records; use --overwrite to start afresh")
     return records
 
 

@@ -260,6 +260,8 @@ def open_run(settings: BenchSettings, prompts: list[dict], labels: list[str]) ->
     """(records kept from an earlier run, question_ids done, the run file's content) for --out. Refuses to
     overwrite records silently, and to resume a run made with other settings; both before any model loads."""
     out = Path(settings.out)
+    if out.exists() and not out.is_dir():
+        raise SpecdraftError(f"--out {out} is a file; name a folder (it is created if missing)")
     records_path, run_path = out / "records.jsonl", out / "run.json"
     has_records = records_path.exists() and records_path.stat().st_size > 0
     identity = run_identity(settings)
@@ -274,7 +276,16 @@ def open_run(settings: BenchSettings, prompts: list[dict], labels: list[str]) ->
     if not run_path.exists():
         raise SpecdraftError(f"{out} has records but no run.json (written by an older specdraft, or edited): "
                              "its settings cannot be checked; use --overwrite or another --out")
-    run = json.loads(run_path.read_text(encoding="utf-8"))
+    try:
+        run = json.loads(run_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        run = error
+    if not (isinstance(run, dict) and isinstance(run.get("settings"), dict)
+            and isinstance(run.get("segments", []), list)):
+        raise SpecdraftError(f"cannot resume {out}: its run.json is not a run file of specdraft bench "
+                             f"({run if isinstance(run, Exception) else 'no settings in it'}); use --overwrite or "
+                             "another --out")
+    run.setdefault("segments", [])
     # a setting added to specdraft after that run began is absent from its file; the run used the behaviour
     # from before the setting: its default, or the value in RAN_BEFORE_SETTING where the default changed later
     defaults = {**json.loads(json.dumps(asdict(BenchSettings()))), **RAN_BEFORE_SETTING}
@@ -370,6 +381,7 @@ def run_bench(settings: BenchSettings, progress: bool = True, models: BenchModel
     plan = plan_variants(settings)  # fail before loading gigabytes
     labels = [label for label, *_ in plan]
     check_versus(settings.versus, labels)  # before loading gigabytes
+    settings.sampling(), settings.model_config()  # their checks too: --overwrite must not empty a run for a typo
     out = Path(settings.out)
     kept, done, run = open_run(settings, prompts, labels)
     startup: dict = {}  # one-off costs, paid once per process and kept out of every timing

@@ -19,20 +19,23 @@ def load_prompts(path: str | Path | None = None, categories: list[str] | None = 
         raise SpecdraftError(f"prompt file {path} not found; pass --prompts FILE (JSON lines with question_id, "
                              "category, turns) or rebuild the suite with scripts/build_bench_prompts.py")
     prompts = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise SpecdraftError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-            turns = row.get("turns") if isinstance(row, dict) else None
-            if (not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns)
-                    or "question_id" not in row or not isinstance(row.get("category"), str)):
-                raise SpecdraftError(f"{path}:{number}: each line needs question_id, category and turns "
-                                     "(a non-empty list of non-empty user messages)")
-            prompts.append({"question_id": str(row["question_id"]), "category": row["category"], "turns": turns})
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")  # not splitlines: JSON strings may hold U+2028
+    except UnicodeDecodeError as error:
+        raise SpecdraftError(f"{path} is not UTF-8 text (byte {error.start}); prompts are JSON lines") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SpecdraftError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        turns = row.get("turns") if isinstance(row, dict) else None
+        if (not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns)
+                or "question_id" not in row or not isinstance(row.get("category"), str)):
+            raise SpecdraftError(f"{path}:{number}: each line needs question_id, category and turns "
+                                 "(a non-empty list of non-empty user messages)")
+        prompts.append({"question_id": str(row["question_id"]), "category": row["category"], "turns": turns})
     known = list(dict.fromkeys(p["category"] for p in prompts))
     if categories:
         unknown = [c for c in categories if c not in known]

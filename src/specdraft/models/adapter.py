@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from ..config import normalize_backend, normalize_dtype, resolve_dtype
 from ..errors import SpecdraftError
@@ -117,7 +118,7 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SafetensorError) as exc:  # missing, unreadable or cut-off files
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SpecdraftError(f"could not load model {name_or_path!r}: {first_line}") from None
     model.eval()
@@ -139,6 +140,9 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
 
 
 def set_threads(threads: int | None) -> None:
+    from ..config import check_threads
+
+    check_threads(threads)
     torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
 
 

@@ -326,10 +326,17 @@ def read_head(name_or_path: str) -> tuple[EagleHeadConfig, dict[str, torch.Tenso
     from safetensors.torch import load_file
 
     folder = resolve_head_path(name_or_path)
-    if (folder / "head.json").is_file():
-        return (EagleHeadConfig.from_dict(json.loads((folder / "head.json").read_text())),
-                load_file(str(folder / "head.safetensors")))
-    return read_eagle3(folder)
+    try:
+        if (folder / "head.json").is_file():
+            return (EagleHeadConfig.from_dict(json.loads((folder / "head.json").read_text())),
+                    load_file(str(folder / "head.safetensors")))
+        return read_eagle3(folder)
+    except SpecdraftError:
+        raise
+    except Exception as error:  # a missing or cut-off file: safetensors, json and OS errors have no common base
+        raise SpecdraftError(f"EAGLE head {name_or_path!r} ({folder}) could not be read: {type(error).__name__}: "
+                             f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}; train or "
+                             "export it again") from None
 
 
 def target_mismatches(config: EagleHeadConfig, hidden_size: int, vocab_size: int, tokenizer_hash: str) -> list[str]:

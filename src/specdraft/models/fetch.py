@@ -154,7 +154,11 @@ def _record_hash(archive: zipfile.ZipFile, member: str) -> str | None:
 
 
 def _check_disk(folder: Path, needed_bytes: int) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file where a folder should be, no permission, ...
+        raise SpecdraftError(f"cannot create the model cache folder {folder}: {error.strerror}; point "
+                             f"${CACHE_ENV} (or --cache-dir) at a writable folder") from None
     free = shutil.disk_usage(folder).free
     if free < needed_bytes:
         raise SpecdraftError(

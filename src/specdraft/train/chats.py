@@ -395,14 +395,29 @@ def chats_file(name_or_folder: str) -> Path:
 
 
 def _read(path: Path) -> list[dict]:
+    """The records of a chats file; a last line cut by a killed run is left out. Anything else that is not a
+    chats record is an error (the file is not ours, and must not be rewritten)."""
     if not path.is_file():
         return []
+    not_ours = f"{path} is not a chats file of `specdraft train chats`"
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError:
+        raise SpecdraftError(f"{not_ours} (not UTF-8 text); choose another --out") from None
     records, ids = [], set()
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
-            break  # a line cut by a killed run: everything before it is whole
+            if not records or any(rest.strip() for rest in lines[number:]):
+                raise SpecdraftError(f"{not_ours} (line {number} is not JSON; a run killed while writing its first "
+                                     "record leaves such a file: delete it); choose another --out") from None
+            break  # the last line, cut by a killed run: everything before it is whole
+        if not (isinstance(record, dict) and isinstance(record.get("id"), str)
+                and isinstance(record.get("messages"), list)):
+            raise SpecdraftError(f"{not_ours} (line {number} is no chats record); choose another --out")
         if record["id"] not in ids:  # files from before prompts were deduplicated repeat some chat openers
             ids.add(record["id"])
             records.append(record)
@@ -423,8 +438,6 @@ def generate(config: ChatsConfig, progress: bool = True) -> Path:
     path = chats_file(config.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     done = _read(path)
-    with open(path, "w") as f:  # rewrite without a cut last line, if any
-        f.writelines(json.dumps(r) + "\n" for r in done)
     # the prompts depend on per_kind too (one seeded stream draws them all): a resumed run must not change it;
     # nor its kinds, which set how a stopped run is spread over them
     settings = {"model": config.model, "temperature": config.temperature, "seed": config.seed,
@@ -435,6 +448,9 @@ def generate(config: ChatsConfig, progress: bool = True) -> Path:
         theirs = {k: r.get(k, before_setting.get(k)) for k in settings}
         if theirs != settings:
             raise SpecdraftError(f"{path} holds chats from other settings ({theirs}); choose another --out")
+    if path.exists():  # only now that the file is known to be ours: rewrite it without a cut last line, if any
+        with open(path, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in done)
     done_ids = {r["id"].split("/")[0] for r in done}
     total = sum(r["answer_tokens"] for r in done)
     todo = [p for p in build_prompts(config.per_kind, config.seed, config.kinds) if p.id not in done_ids]

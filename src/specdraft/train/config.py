@@ -51,6 +51,29 @@ class TrainConfig:
             raise SpecdraftError("--steps must be >= 1")
         if self.draft_vocab < 2:
             raise SpecdraftError("--draft-vocab must be >= 2")
+        if self.window < 8:
+            raise SpecdraftError(f"--window must be at least 8 tokens, got {self.window}")
+        if not self.epochs > 0:
+            raise SpecdraftError(f"--epochs must be > 0, got {self.epochs}")
+        if self.checkpoint_every < 1:
+            raise SpecdraftError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
+        if self.warmup_steps < 0:
+            raise SpecdraftError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")
+        if not 0 < self.validation_fraction < 1:
+            raise SpecdraftError(f"the validation fraction must be in (0, 1), got {self.validation_fraction}")
+        check_optimizer(self.lr, self.weight_decay, self.grad_clip, self.min_lr_ratio)
+
+
+def check_optimizer(lr: float, weight_decay: float, grad_clip: float, min_lr_ratio: float) -> None:
+    """The optimizer settings both trainers share, checked before any data or model is read."""
+    if not lr > 0:
+        raise SpecdraftError(f"--lr must be > 0, got {lr}")
+    if not weight_decay >= 0:
+        raise SpecdraftError(f"--weight-decay must be >= 0, got {weight_decay}")
+    if not grad_clip > 0:
+        raise SpecdraftError(f"the gradient clip must be > 0, got {grad_clip}")
+    if not 0 <= min_lr_ratio <= 1:
+        raise SpecdraftError(f"the final learning-rate ratio must be in [0, 1], got {min_lr_ratio}")
 
 
 LOSSES = ("text", "self", "both")
@@ -93,3 +116,6 @@ class SortedTrainConfig:
                 raise SpecdraftError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.window < 8:
             raise SpecdraftError("--window must be at least 8 tokens")
+        if self.warmup_steps < 0:
+            raise SpecdraftError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")
+        check_optimizer(self.lr, self.weight_decay, self.grad_clip, self.min_lr_ratio)

@@ -1,0 +1,231 @@
+"""A user's mistakes end in a clear SpecdraftError, before anything is lost or loaded (session 20's audit of the
+CLI, the server and the trainers: each case here was a traceback, or emptied a file, before)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdraft.config import ModelConfig, SamplingParams
+from specdraft.errors import SpecdraftError
+from specdraft.jsonl import read_jsonl, rewrite_jsonl
+from tests.tiny import build_model
+
+PROMPTS = [{"question_id": "q1", "category": "qa", "turns": ["what is a b c"]}]
+
+
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS), encoding="utf-8")
+    return path
+
+
+def bench_settings(tmp_path, **changes):
+    from specdraft.bench.options import BenchSettings
+
+    return BenchSettings(prompts=str(prompts_file(tmp_path)), methods=("ar",), target="no-such-model-loads",
+                         out=str(tmp_path / "run"), **changes)
+
+
+# ---- sampling and threads ----
+
+@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1, 1180591620717411303424])
+def test_a_seed_outside_64_bits_is_refused(seed):
+    with pytest.raises(SpecdraftError, match="seed must be between"):
+        SamplingParams(temperature=1.0, seed=seed)
+
+
+@pytest.mark.parametrize("seed", [0, -1, 2**64 - 1, -(2**63)])
+def test_every_seed_torch_takes_is_accepted(seed):
+    import torch
+
+    SamplingParams(temperature=1.0, seed=seed)
+    torch.Generator().manual_seed(seed)  # the range checked is torch's own
+
+
+def test_negative_threads_are_refused():
+    from specdraft.models.adapter import set_threads
+
+    with pytest.raises(SpecdraftError, match="--threads must be >= 0"):
+        ModelConfig(threads=-1)
+    with pytest.raises(SpecdraftError, match="--threads must be >= 0"):
+        set_threads(-1)
+    ModelConfig(threads=0)  # 0: every core
+
+
+# ---- bench ----
+
+@pytest.mark.parametrize("mistake", [{"temperature": -1.0}, {"seed": 2**70}, {"threads": -2}])
+def test_bench_overwrite_with_a_bad_setting_keeps_the_earlier_records(tmp_path, mistake):
+    from specdraft.bench.runner import run_bench
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "records.jsonl").write_text('{"question_id": "q1"}\n', encoding="utf-8")
+    with pytest.raises(SpecdraftError):
+        run_bench(bench_settings(tmp_path, overwrite=True, **mistake), progress=False)
+    assert (run / "records.jsonl").read_text(encoding="utf-8") == '{"question_id": "q1"}\n'
+
+
+def test_bench_out_that_is_a_file_is_refused_before_loading(tmp_path):
+    from specdraft.bench.runner import run_bench
+
+    (tmp_path / "run").write_text("mine", encoding="utf-8")
+    with pytest.raises(SpecdraftError, match="is a file"):  # the target named cannot load: nothing was loaded
+        run_bench(bench_settings(tmp_path), progress=False)
+    assert (tmp_path / "run").read_text(encoding="utf-8") == "mine"
+
+
+@pytest.mark.parametrize("content", ["{not json", "{}", "[1]", '{"settings": 3}'])
+def test_bench_resume_from_a_broken_run_file_is_a_clear_error(tmp_path, content):
+    from specdraft.bench.runner import run_bench
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "records.jsonl").write_text('{"question_id": "q1"}\n', encoding="utf-8")
+    (run / "run.json").write_text(content, encoding="utf-8")
+    with pytest.raises(SpecdraftError, match="run.json is not a run file"):
+        run_bench(bench_settings(tmp_path, resume=True), progress=False)
+
+
+def test_bench_prompts_that_are_not_utf8_are_a_clear_error(tmp_path):
+    from specdraft.bench.suite import load_prompts
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(b'{"question_id": "q\xff"}\n')
+    with pytest.raises(SpecdraftError, match="not UTF-8"):
+        load_prompts(str(path), None, None)
+
+
+def test_a_prompt_holding_a_line_separator_stays_one_prompt(tmp_path):
+    from specdraft.bench.suite import load_prompts
+
+    path = tmp_path / "prompts.jsonl"
+    row = {"question_id": "q1", "category": "qa", "turns": ["one\u2028two"]}
+    path.write_text(json.dumps(row, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert load_prompts(str(path), None, None)[0]["turns"] == ["one\u2028two"]
+
+
+# ---- JSON lines that runs append to ----
+
+def test_read_jsonl_drops_only_a_cut_last_line(tmp_path):
+    path = tmp_path / "records.jsonl"
+    path.write_text('{"a": 1}\n\n{"b": "x\u2028y"}\n{"c": ', encoding="utf-8")
+    assert read_jsonl(path, "fix it") == ([{"a": 1}, {"b": "x\u2028y"}], True)
+    path.write_text('{"a": 1}\n{"c": \n{"d": 4}\n', encoding="utf-8")
+    with pytest.raises(SpecdraftError, match="line 2 is not JSON; fix it"):
+        read_jsonl(path, "fix it")
+    rewrite_jsonl(path, [{"a": 1}])
+    assert read_jsonl(path, "fix it") == ([{"a": 1}], False)
+
+
+# ---- models and heads ----
+
+def test_a_model_with_cut_off_weights_is_a_clear_error(tmp_path):
+    from specdraft.models.adapter import load_model
+
+    folder = build_model(tmp_path / "m", seed=0)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(SpecdraftError, match="could not load model"):
+        load_model(str(folder), "float32", progress=False)
+
+
+@pytest.mark.parametrize("damage", ["no tensors", "cut tensors", "broken config"])
+def test_a_damaged_head_folder_is_a_clear_error(tmp_path, damage):
+    from specdraft.models.eagle_head import read_head
+
+    folder = tmp_path / "head"
+    folder.mkdir()
+    (folder / "head.json").write_text("{not json" if damage == "broken config" else "{}", encoding="utf-8")
+    if damage == "cut tensors":
+        (folder / "head.safetensors").write_bytes(b"\x08\x00")
+    with pytest.raises(SpecdraftError, match="could not be read"):
+        read_head(str(folder))
+
+
+def test_a_cache_folder_that_is_a_file_is_a_clear_error(tmp_path):
+    from specdraft.models import fetch
+
+    blocker = tmp_path / "cache"
+    blocker.write_text("not a folder", encoding="utf-8")
+    with pytest.raises(SpecdraftError, match="cannot create the model cache folder"):
+        fetch._check_disk(blocker / "gguf", 1)
+
+
+# ---- training settings ----
+
+@pytest.mark.parametrize("change", [{"window": 0}, {"window": -5}, {"lr": -1.0}, {"lr": 0.0}, {"epochs": 0.0},
+                                    {"checkpoint_every": 0}, {"validation_fraction": 1.0}, {"weight_decay": -1.0}])
+def test_eagle_training_settings_are_checked(change):
+    from specdraft.train.config import TrainConfig
+
+    with pytest.raises(SpecdraftError):
+        TrainConfig(data="x", out="y", **change)
+
+
+@pytest.mark.parametrize("change", [{"lr": -1.0}, {"warmup_steps": -1}, {"grad_clip": 0.0}])
+def test_sorted_training_settings_are_checked(change):
+    from specdraft.train.config import SortedTrainConfig
+
+    with pytest.raises(SpecdraftError):
+        SortedTrainConfig(out="y", **change)
+
+
+def test_training_defaults_pass_their_checks():
+    from specdraft.train.config import SortedTrainConfig, TrainConfig
+
+    TrainConfig(data="x", out="y")
+    SortedTrainConfig(out="y")
+
+
+# ---- chats files ----
+
+@pytest.mark.parametrize("content", [
+    '{"id": "q1", "messages": []}\n\n{"id": "q2"}\n{"id": "q3"}\n',  # rows of another kind after a blank line
+    "question one\nquestion two\n",  # not JSON at all
+    '[1, 2]\n',  # JSON, but no record
+])
+def test_train_chats_leaves_a_file_that_is_not_its_own_untouched(tmp_path, content):
+    from specdraft.train.chats import ChatsConfig, generate
+
+    path = tmp_path / "user.jsonl"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(SpecdraftError, match="not a chats file"):
+        generate(ChatsConfig(out=str(path)), progress=False)
+    assert path.read_text(encoding="utf-8") == content
+
+
+def test_chats_reading_drops_a_cut_last_record(tmp_path):
+    from specdraft.train.chats import _read
+
+    path = tmp_path / "chats.jsonl"
+    path.write_text('{"id": "q1", "messages": []}\n{"id": "q2", "mess', encoding="utf-8")
+    assert [r["id"] for r in _read(path)] == ["q1"]
+
+
+# ---- answers ----
+
+def test_answers_rows_must_be_objects(tmp_path):
+    from specdraft.answers.runner import load_dataset
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text('[{"id": "a"}]\n', encoding="utf-8")
+    with pytest.raises(SpecdraftError, match="one JSON object"):
+        load_dataset(str(path), None, 0)
+    path.write_bytes(b'{"id": "\xff"}\n')
+    with pytest.raises(SpecdraftError, match="not UTF-8"):
+        load_dataset(str(path), None, 0)
+
+
+def test_answers_out_that_is_a_file_is_refused(tmp_path):
+    from specdraft.answers.runner import AnswersConfig, run
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"id": "a", "context": "c", "question": "q", "answers": ["x"]}) + "\n",
+                    encoding="utf-8")
+    (tmp_path / "out").write_text("mine", encoding="utf-8")
+    with pytest.raises(SpecdraftError, match="is a file"):
+        run(AnswersConfig(dataset=str(rows), out=str(tmp_path / "out")))
+    assert (tmp_path / "out").read_text(encoding="utf-8") == "mine"
