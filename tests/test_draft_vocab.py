@@ -478,3 +478,14 @@ def test_train_sorted_command_then_generate_with_the_result(chat_draft, tmp_path
                  "--sorted-draft", str(out), "--max-new-tokens", "8", "--temperature", "0", "--threads", "1",
                  "--backend", "native", "--dtype", "float32"]) == 0
     assert main(["train", "sorted", "--out", str(out), "--loss", "kl"]) == 2
+
+
+def test_sorted_training_with_exits_past_the_draft_leaves_no_out_folder(chat_draft, tmp_path):
+    from dataclasses import replace
+
+    from specdraft.train.sorted_train import SortedTrainer
+
+    config = replace(sorted_config(chat_draft, tmp_path / "run", 4), exits=(1, 2, 9))  # the draft has 4 layers
+    with pytest.raises(SpecdraftError, match="exits go up to 9 layers"):
+        SortedTrainer(config, progress=False)
+    assert not (tmp_path / "run").exists()

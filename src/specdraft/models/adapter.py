@@ -119,8 +119,10 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     except (OSError, ValueError, SafetensorError) as exc:  # missing, unreadable or cut-off files
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SpecdraftError(f"could not load model {name_or_path!r}: {first_line}") from None
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
+        # the first line, and what it introduces when it ends with a colon ("... from one of:")
+        reason = " ".join(lines[:4]) if lines[0].endswith(":") else lines[0]
+        raise SpecdraftError(f"could not load model {name_or_path!r}: {reason}") from None
     model.eval()
     loaded = LoadedModel(name=name_or_path, path=path, model=model, tokenizer=tokenizer, dtype=torch_dtype)
     if backend == "transformers":

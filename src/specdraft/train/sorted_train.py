@@ -100,7 +100,6 @@ class SortedTrainer:
         self.config = config
         self.progress = progress
         self.folder = output_folder(config.out, adapters_root())
-        self.folder.mkdir(parents=True, exist_ok=True)
         self.draft = load_model(config.draft, "float32", progress=progress, backend="native")
         native = self.draft.native
         n_layers = len(native.layers)
@@ -117,6 +116,7 @@ class SortedTrainer:
         self.val_windows = self.stream.validation(config.validation_windows)
         self.stream.get(config.steps * config.windows_per_step - 1)  # a corpus too small fails now, not at the end
         self.n_layers = n_layers  # the teacher (self loss) and the probes' labels come from the last layer
+        self.folder.mkdir(parents=True, exist_ok=True)  # only now: a refused run leaves no empty --out behind
         ckpt_path = self.folder / CHECKPOINT
         fingerprint = draft_fingerprint(native.final_norm, native.lm_head)
         adapter_config = AdapterConfig(draft=config.draft, fingerprint=fingerprint, exits=tuple(config.exits),
