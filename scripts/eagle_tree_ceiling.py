@@ -11,28 +11,39 @@ a + 1 already the target's), step j guesses token a + 1 + j; its rank r_j is the
 the head's draft-vocabulary logits (a token outside the draft vocabulary never ranks).
 
 A static tree is a prefix-closed set of rank paths (r_1, ..., r_d); drafting it costs one head call per depth,
-and it keeps the answer's tokens up to the longest prefix of the anchor's rank vector that is a node. Per
-budget N the script picks the N nodes that the most anchors reach (greedy over children of chosen nodes, which
-is optimal for the per-anchor mean because a node is reached no more often than its parent), then walks each
-answer pass by pass as the engine would (a pass emits the kept tokens plus one of the target's) for τ. The
-chain (γ = D, ranks 0 only) is the first row. Prompt lookup is off here: it would add the copied tokens.
+and it keeps the answer's tokens up to the longest prefix of the anchor's rank vector that is a node (ranks tie
+optimistically: a token level with another counts as ahead of it). Per budget N the script picks the N nodes
+that the most anchors reach (greedy over children of chosen nodes; optimal for the mean kept length over all
+anchors, since a node is reached no more often than its parent; the walk's τ visits only some anchors, so this
+is the best shape by that mean, not strictly by τ), then walks each answer pass by pass as the engine would (a
+pass emits the kept tokens plus one of the target's). The chain (γ = D, ranks 0 only) is the first row; trees
+are searched with up to `--branch` children a node and `--depth` levels.
 
-Decode speedup over AR per pass: τ / (verify cost of N + 1 tokens + head steps), the verify cost from the
-target's measured curve (`--curve`, relative to one token; past its last point extrapolated along its last
-slope, marked *), a head step at `--head-step` of a target step (γ auto's price, session 15). End to end at
-the run's own prefill share of our AR's time: 1 / (share + (1 − share) / decode).
+With lookup first (its default n-grams), a chain pass where lookup would copy verifies the copy instead (the
+engine's rule); a tree pass keeps the longer of the copy and the tree at a verify cost of max(N, copy) + 1
+tokens (the engine merges the copy into the tree, dropping tree nodes past the budget: an upper bound). The
+lookup columns' trees are fitted on the anchors where lookup would not copy.
+
+Decode speedup over AR per pass: τ / (verify cost + head steps), the verify cost from the target's measured
+curve (`--curve`, relative to one token; past its last point extrapolated along its last slope, marked *), a
+head step at `--head-step` of a target step (γ auto's price, session 15). End to end at the run's own prefill
+share of our AR's time: 1 / (share + (1 − share) / decode). `--alpha` adds what a better head would give,
+`--fit-on` fits the shapes on another run's vectors.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 from pathlib import Path
 
 import torch
 
 from specdraft import load_model
+from specdraft.bench.methods import TurnOutput
 from specdraft.bench.runner import Conversation
+from specdraft.bench.suite import load_prompts
 from specdraft.config import AUTO_LOOKUP_FIRST, SpecConfig
 from specdraft.drafters.prompt_lookup import find_continuation
 from specdraft.models.adapter import set_threads
@@ -97,25 +108,38 @@ def kept(ranks: list[int], tree: set[tuple[int, ...]]) -> int:
     return d
 
 
-def walk(turn_vectors, tree: set[tuple[int, ...]], curve: list[float], head_step: float, lookup: bool
+def walk(turn_vectors, tree: set[tuple[int, ...]], curve: list[float], head_step: float, lookup: str = "off"
          ) -> tuple[float, float]:
-    """(τ, decode speed over AR) over every answer, pass by pass. With `lookup`, a pass where lookup would copy
-    verifies the copy instead of the tree (lookup first, the engine's default)."""
+    """(τ, decode speed over AR) over every answer, pass by pass. `lookup` (where lookup first would copy):
+    "off" ignores the copy; "replace" verifies the copy instead of the drafter's chain (the engine's rule for
+    chains); "merge" keeps the longer of the copy and the tree at a verify cost of max(nodes, copy) + 1 tokens
+    (the engine merges the copy into the tree within max(budget, copy) nodes, `with_copy_branch`, so this is an
+    upper bound of what it keeps)."""
     tokens = passes = cost = 0.0
-    tree_cost = verify_cost(curve, len(tree) + 1)[0] + head_step * max(len(n) for n in tree)
+    head_cost = head_step * max(len(n) for n in tree)
     for vectors in turn_vectors:
         a = 0
         while a < len(vectors):
             ranks, copied, copy_kept = vectors[a]
-            if lookup and copied:
+            step, pass_cost = kept(ranks, tree) + 1, verify_cost(curve, len(tree) + 1)[0] + head_cost
+            if copied and lookup == "replace":
                 step, pass_cost = copy_kept + 1, verify_cost(curve, copied + 1)[0]
-            else:
-                step, pass_cost = kept(ranks, tree) + 1, tree_cost
+            elif copied and lookup == "merge":
+                step = max(step, copy_kept + 1)
+                pass_cost = verify_cost(curve, max(len(tree), copied) + 1)[0] + head_cost
             tokens += min(step, len(vectors) - a)
             passes += 1
             cost += pass_cost
             a += step
     return tokens / passes, tokens / cost
+
+
+def with_alpha(turn_vectors, alpha: float, seed: int = 0):
+    """The same answers and copies, with a head that is right with probability `alpha` at every step,
+    independently (rank 0), and otherwise wrong (rank 1): what a better head would give."""
+    rng = random.Random(seed)
+    return [[([0 if rng.random() < alpha else 1 for _ in ranks], copied, copy_kept)
+             for ranks, copied, copy_kept in vectors] for vectors in turn_vectors]
 
 
 def verify_cost(curve: list[float], n_tokens: int) -> tuple[float, bool]:
@@ -125,13 +149,13 @@ def verify_cost(curve: list[float], n_tokens: int) -> tuple[float, bool]:
     return curve[-1] + slope * (n_tokens - len(curve)), True
 
 
-def collect(args, prompts: dict, ar: dict) -> dict[str, list]:
+def collect(args, prompts: dict, ar: dict, chat: bool) -> dict[str, list]:
     """Rank vectors per category, per turn (see rank_vectors)."""
     target = load_model(args.target, "auto")
     head = load_head(args.head, target)
     by_category: dict[str, list] = {}
     for qid in dict.fromkeys(q for q, _ in ar):
-        conversation = Conversation(target, chat=True)
+        conversation = Conversation(target, chat=chat)
         for turn, text in enumerate(prompts[qid]["turns"]):
             record = ar.get((qid, turn))
             if record is None:
@@ -139,7 +163,7 @@ def collect(args, prompts: dict, ar: dict) -> dict[str, list]:
             prompt_ids = conversation.prompt_ids(text)
             vectors = rank_vectors(target, head, prompt_ids, record["output_ids"], args.depth)
             by_category.setdefault(record["category"], []).append(vectors)
-            conversation.messages.append({"role": "assistant", "content": record["text"]})
+            conversation.answered(prompt_ids, TurnOutput(record["output_ids"], record["text"], record["wall_s"]))
     return by_category
 
 
@@ -156,24 +180,39 @@ def main() -> int:
     parser.add_argument("--long", action="store_true", help="use the curve's long-context column")
     parser.add_argument("--head-step", type=float, default=0.021)
     parser.add_argument("--vectors", default=None,
-                        help="a json file: read the rank vectors from it if it exists, else save them there")
+                        help="a json file: read the rank vectors from it if it was made for this head, bench and "
+                             "depth, else compute them and save them there")
+    parser.add_argument("--fit-on", default=None,
+                        help="another --vectors file: fit the trees on its anchors (does a shape transfer?)")
+    parser.add_argument("--alpha", default="0.5,0.6,0.7,0.75,0.8,0.85,0.9",
+                        help="what-if: a γ = 6 chain with lookup first, for a head right with these probabilities")
     args = parser.parse_args()
     set_threads(None)
-    run = json.loads((Path(args.bench) / "run.json").read_text())
-    prompts_path = Path(args.prompts or run["settings"]["prompts"])
-    prompts = {p["question_id"]: p for p in map(json.loads, prompts_path.read_text().splitlines())}
-    records = [json.loads(line) for line in (Path(args.bench) / "records.jsonl").read_text().splitlines()]
+    bench = Path(args.bench)
+    settings = json.loads((bench / "run.json").read_text(encoding="utf-8"))["settings"]
+    if settings.get("temperature", 0.0) != 0.0:
+        raise SystemExit(f"{bench} sampled at temperature {settings['temperature']}: the walk needs greedy answers")
+    prompts = {p["question_id"]: p for p in load_prompts(args.prompts or settings.get("prompts"), None, None)}
+    records = [json.loads(line) for line in (bench / "records.jsonl").read_text(encoding="utf-8").split("\n")
+               if line.strip()]
     ar = {(r["question_id"], r["turn"]): r for r in records if r["label"] == "ar"}
-    prefill = sum(r["time_prefill_s"] or 0.0 for r in ar.values())
-    share = prefill / sum(r["wall_s"] for r in ar.values())
-    if args.vectors and Path(args.vectors).is_file():
-        by_category = json.loads(Path(args.vectors).read_text())
+    if any(r.get("time_prefill_s") is None for r in ar.values()):
+        raise SystemExit(f"{bench}: some `ar` records have no prefill time; the end-to-end column needs them")
+    share = sum(r["time_prefill_s"] for r in ar.values()) / sum(r["wall_s"] for r in ar.values())
+    made_for = {"head": args.head, "bench": str(bench), "depth": args.depth}
+    saved = json.loads(Path(args.vectors).read_text()) if args.vectors and Path(args.vectors).is_file() else None
+    if saved is not None and saved.get("made_for") == made_for:
+        by_category = saved["by_category"]
     else:
-        by_category = collect(args, prompts, ar)
+        by_category = collect(args, prompts, ar, settings.get("chat", True))
         if args.vectors:
-            Path(args.vectors).write_text(json.dumps(by_category))
+            Path(args.vectors).write_text(json.dumps({"made_for": made_for, "by_category": by_category}))
     turn_vectors = [vectors for turns in by_category.values() for vectors in turns]
     anchors = [v for vectors in turn_vectors for v in vectors]
+    fit_anchors = anchors
+    if args.fit_on:
+        fit_anchors = [v for turns in json.loads(Path(args.fit_on).read_text())["by_category"].values()
+                       for vectors in turns for v in vectors]
     print(f"{len(turn_vectors)} turns, {len(anchors)} anchors; prefill {share:.1%} of our AR's time in this run; "
           f"lookup would copy at {sum(1 for v in anchors if v[1]) / len(anchors):.1%} of the anchors")
     for j in range(args.depth):
@@ -185,23 +224,35 @@ def main() -> int:
         (Path.home() / ".cache/specdraft/verify-curves").glob(f"{args.target}-*.json"))
     curve = json.loads(curve_path.read_text())["relative_long" if args.long else "relative"]
     print(f"\nverify curve {curve_path.name} ({'long' if args.long else 'short'} context, {len(curve)} points); "
-          f"a head step {args.head_step} of a target step\n")
-    print("| tree | nodes | depth | verify cost | τ | decode over AR | end to end | τ, lookup first | decode | end to end |")
+          f"a head step {args.head_step} of a target step; trees fitted on "
+          f"{args.fit_on or 'these anchors'} (the lookup columns' on the anchors where lookup would not copy)\n")
+
+    def end_to_end(decode: float) -> str:
+        return f"{1 / (share + (1 - share) / decode):.2f}×"
+
+    print("| tree | nodes | depth | verify cost | τ, head alone | decode | end to end | τ, lookup first | decode "
+          "| end to end |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    rows = [("chain", {(0,) * d for d in range(1, args.depth + 1)})]
-    rows += [(f"best static, {n} nodes", best_tree(anchors, n, args.branch, args.depth))
-             for n in map(int, args.budgets.split(","))]
-    for name, tree in rows:
+    chain = {(0,) * d for d in range(1, args.depth + 1)}
+    uncopied = [v for v in fit_anchors if not v[1]]
+    rows = [("chain", chain, chain, "replace")]
+    rows += [(f"best static, {n} nodes", best_tree(fit_anchors, n, args.branch, args.depth),
+              best_tree(uncopied, n, args.branch, args.depth), "merge") for n in map(int, args.budgets.split(","))]
+    for name, tree, tree_with_copies, rule in rows:
         cost, extrapolated = verify_cost(curve, len(tree) + 1)
-        cells = []
-        for lookup in (False, True):
-            tau, decode = walk(turn_vectors, tree, curve, args.head_step, lookup)
-            cells += [f"{tau:.2f}", f"{decode:.2f}×", f"{1 / (share + (1 - share) / decode):.2f}×"]
+        tau, decode = walk(turn_vectors, tree, curve, args.head_step)
+        tau_copies, decode_copies = walk(turn_vectors, tree_with_copies, curve, args.head_step, rule)
         print(f"| {name} | {len(tree)} | {max(len(n) for n in tree)} | {cost:.2f}{'*' if extrapolated else ''} | "
-              + " | ".join(cells) + " |")
-    tree = best_tree(anchors, 5, args.branch, args.depth)
-    print("\nper category, best static tree of 5 nodes (chosen over all categories), lookup first: τ "
-          + ", ".join(f"{c} {walk(v, tree, curve, args.head_step, True)[0]:.2f}" for c, v in sorted(by_category.items())))
+              f"{tau:.2f} | {decode:.2f}× | {end_to_end(decode)} | {tau_copies:.2f} | {decode_copies:.2f}× | "
+              f"{end_to_end(decode_copies)} |")
+    tree = best_tree(uncopied, 5, args.branch, args.depth)
+    print(f"\nper category, best static tree of 5 nodes {sorted(tree)}, lookup first (merged): τ "
+          + ", ".join(f"{c} {walk(v, tree, curve, args.head_step, 'merge')[0]:.2f}"
+                      for c, v in sorted(by_category.items())))
+    print("\nwhat-if, a γ = 6 chain with lookup first for a head right with probability α at every step: "
+          + "; ".join(f"α {alpha}: τ {t:.2f}, decode {d:.2f}×, end to end {end_to_end(d)}"
+                      for alpha in map(float, args.alpha.split(","))
+                      for t, d in [walk(with_alpha(turn_vectors, alpha), chain, curve, args.head_step, "replace")]))
     return 0
 
 
