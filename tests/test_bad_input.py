@@ -4,6 +4,7 @@ CLI, the server and the trainers: each case here was a traceback, or emptied a f
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
 
@@ -63,7 +64,7 @@ def test_bench_overwrite_with_a_bad_setting_keeps_the_earlier_records(tmp_path, 
     run = tmp_path / "run"
     run.mkdir()
     (run / "records.jsonl").write_text('{"question_id": "q1"}\n', encoding="utf-8")
-    with pytest.raises(SpecdraftError):
+    with pytest.raises(SpecdraftError, match="temperature|seed|threads"):  # not the target's name, checked later
         run_bench(bench_settings(tmp_path, overwrite=True, **mistake), progress=False)
     assert (run / "records.jsonl").read_text(encoding="utf-8") == '{"question_id": "q1"}\n'
 
@@ -134,11 +135,14 @@ def test_a_model_with_cut_off_weights_is_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize("damage", ["no tensors", "cut tensors", "broken config"])
 def test_a_damaged_head_folder_is_a_clear_error(tmp_path, damage):
-    from specdraft.models.eagle_head import read_head
+    from specdraft.models.eagle_head import EagleHeadConfig, read_head
 
     folder = tmp_path / "head"
     folder.mkdir()
-    (folder / "head.json").write_text("{not json" if damage == "broken config" else "{}", encoding="utf-8")
+    config = json.dumps(asdict(EagleHeadConfig(
+        target="t", target_hidden_size=8, vocab_size=16, vocab_hash="x", target_layers=[0, 1, 2], hidden_size=8,
+        intermediate_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=4, draft_vocab_size=8)))
+    (folder / "head.json").write_text("{not json" if damage == "broken config" else config, encoding="utf-8")
     if damage == "cut tensors":
         (folder / "head.safetensors").write_bytes(b"\x08\x00")
     with pytest.raises(SpecdraftError, match="could not be read"):
@@ -202,7 +206,10 @@ def test_chats_reading_drops_a_cut_last_record(tmp_path):
 
     path = tmp_path / "chats.jsonl"
     path.write_text('{"id": "q1", "messages": []}\n{"id": "q2", "mess', encoding="utf-8")
-    assert [r["id"] for r in _read(path)] == ["q1"]
+    records, cut = _read(path)
+    assert [r["id"] for r in records] == ["q1"] and cut
+    path.write_text('{"id": "q1", "mess', encoding="utf-8")  # killed while writing its first record: resumable
+    assert _read(path) == ([], True)
 
 
 # ---- answers ----

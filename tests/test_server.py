@@ -395,6 +395,13 @@ def test_bad_chat_request_is_a_400(server, case):
     _assert_openai_error(response, 400)
 
 
+def test_chat_message_with_a_lone_surrogate_is_a_400(server):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "\ud800 hi"}]}
+    response = server.http.post("/v1/chat/completions", content=json.dumps(body).encode(),
+                                headers={"content-type": "application/json"})
+    _assert_openai_error(response, 400)
+
+
 def test_unknown_model_is_a_404(server):
     with pytest.raises(openai.NotFoundError) as caught:
         server.client.completions.create(model="gpt-9", prompt="abc", max_tokens=2)

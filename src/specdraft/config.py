@@ -25,7 +25,9 @@ BACKENDS = ("auto", "native", "transformers")
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "float": "float32", "half": "float16"}
 
 
-SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
+# what torch.Generator.manual_seed takes; the server allows less (protocol.MAX_SEED: 0.., with room for seed + i)
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
 
 @dataclass(frozen=True)
 class SamplingParams:

@@ -9,8 +9,9 @@ from .errors import SpecdraftError
 
 
 def read_jsonl(path: Path, fix: str) -> tuple[list, bool]:
-    """(the records of `path`, whether its last line was cut off and left out); [] for a missing file. Any other
-    line that is not JSON, or a file that is not UTF-8, is an error whose message ends with `fix`."""
+    """(the records of `path`, whether its last line was cut off and left out); [] for a missing file. A cut line
+    is the last one of a file that does not end with a newline (every record is written with its newline); any
+    other line that is not JSON, or a file that is not UTF-8, is an error whose message ends with `fix`."""
     path = Path(path)
     if not path.exists():
         return [], False
@@ -25,7 +26,7 @@ def read_jsonl(path: Path, fix: str) -> tuple[list, bool]:
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
-            if any(rest.strip() for rest in lines[number:]):
+            if number < len(lines):  # a newline follows: not a write cut off by a kill
                 raise SpecdraftError(f"{path}: line {number} is not JSON; {fix}") from None
             return records, True
     return records, False

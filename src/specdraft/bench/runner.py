@@ -33,6 +33,7 @@ from ..config import METHODS as SPEC_METHODS
 from ..config import NO_LOOKUP_FIRST, SpecConfig
 from ..engine import Engine
 from ..errors import SpecdraftError
+from ..jsonl import rewrite_jsonl
 from ..models.adapter import LoadedModel, load_model, set_threads, weight_bytes
 from ..models.native.kernels import startup_info as kernel_startup_info
 from .methods import HF_AUTO_GAMMA, BenchModels, GenerateTurn, Method, TurnOutput, get_method
@@ -278,13 +279,13 @@ def open_run(settings: BenchSettings, prompts: list[dict], labels: list[str]) ->
                              "its settings cannot be checked; use --overwrite or another --out")
     try:
         run = json.loads(run_path.read_text(encoding="utf-8"))
+        problem = "" if isinstance(run, dict) and isinstance(run.get("settings"), dict) and isinstance(
+            run.get("segments", []), list) else "no settings in it"
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        run = error
-    if not (isinstance(run, dict) and isinstance(run.get("settings"), dict)
-            and isinstance(run.get("segments", []), list)):
-        raise SpecdraftError(f"cannot resume {out}: its run.json is not a run file of specdraft bench "
-                             f"({run if isinstance(run, Exception) else 'no settings in it'}); use --overwrite or "
-                             "another --out")
+        problem = str(error)
+    if problem:
+        raise SpecdraftError(f"cannot resume {out}: its run.json is not a run file of specdraft bench ({problem}); "
+                             "use --overwrite or another --out")
     run.setdefault("segments", [])
     # a setting added to specdraft after that run began is absent from its file; the run used the behaviour
     # from before the setting: its default, or the value in RAN_BEFORE_SETTING where the default changed later
@@ -381,7 +382,9 @@ def run_bench(settings: BenchSettings, progress: bool = True, models: BenchModel
     plan = plan_variants(settings)  # fail before loading gigabytes
     labels = [label for label, *_ in plan]
     check_versus(settings.versus, labels)  # before loading gigabytes
-    settings.sampling(), settings.model_config()  # their checks too: --overwrite must not empty a run for a typo
+    # their checks too, before open_run: --overwrite must not empty a run for a typo
+    settings.sampling()
+    settings.model_config()
     out = Path(settings.out)
     kept, done, run = open_run(settings, prompts, labels)
     startup: dict = {}  # one-off costs, paid once per process and kept out of every timing
@@ -409,9 +412,7 @@ def run_bench(settings: BenchSettings, progress: bool = True, models: BenchModel
         (out / "run.json.tmp").write_text(json.dumps(run, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         os.replace(out / "run.json.tmp", out / "run.json")
 
-    (out / "records.jsonl.tmp").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept),
-                                           encoding="utf-8")
-    os.replace(out / "records.jsonl.tmp", out / "records.jsonl")  # an interrupted prompt's records are gone
+    rewrite_jsonl(out / "records.jsonl", kept)  # an interrupted prompt's records are gone
     save_run()
     with open(out / "records.jsonl", "a", encoding="utf-8") as sink:
         def write(prompt_records: list[dict]) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from ..config import normalize_backend, normalize_dtype, resolve_dtype
+from ..config import check_threads, normalize_backend, normalize_dtype, resolve_dtype
 from ..errors import SpecdraftError
 from ..types import Draft
 from . import fetch
@@ -142,8 +142,6 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
 
 
 def set_threads(threads: int | None) -> None:
-    from ..config import check_threads
-
     check_threads(threads)
     torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from torch import nn
 
 from ..errors import SpecdraftError
@@ -331,12 +332,11 @@ def read_head(name_or_path: str) -> tuple[EagleHeadConfig, dict[str, torch.Tenso
             return (EagleHeadConfig.from_dict(json.loads((folder / "head.json").read_text())),
                     load_file(str(folder / "head.safetensors")))
         return read_eagle3(folder)
-    except SpecdraftError:
-        raise
-    except Exception as error:  # a missing or cut-off file: safetensors, json and OS errors have no common base
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as error:
+        # a missing or cut-off file, or a config without the fields (json's errors are ValueErrors)
         raise SpecdraftError(f"EAGLE head {name_or_path!r} ({folder}) could not be read: {type(error).__name__}: "
                              f"{str(error).strip().splitlines()[0] if str(error).strip() else ''}; train or "
-                             "export it again") from None
+                             "export it again") from error
 
 
 def target_mismatches(config: EagleHeadConfig, hidden_size: int, vocab_size: int, tokenizer_hash: str) -> list[str]:

@@ -41,6 +41,7 @@ import torch
 
 from ..config import resolve_dtype
 from ..errors import SpecdraftError
+from ..jsonl import read_jsonl, rewrite_jsonl
 from .eagle_data import TextDoc, candidate_docs
 from .prose import PROSE_KINDS, followup_accepts, names_withdrawn, prose_prompts
 
@@ -394,34 +395,20 @@ def chats_file(name_or_folder: str) -> Path:
     return cached
 
 
-def _read(path: Path) -> list[dict]:
-    """The records of a chats file; a last line cut by a killed run is left out. Anything else that is not a
-    chats record is an error (the file is not ours, and must not be rewritten)."""
-    if not path.is_file():
-        return []
-    not_ours = f"{path} is not a chats file of `specdraft train chats`"
-    try:
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except UnicodeDecodeError:
-        raise SpecdraftError(f"{not_ours} (not UTF-8 text); choose another --out") from None
+def _read(path: Path, fix: str = "choose another --out") -> tuple[list[dict], bool]:
+    """(the records of a chats file, whether a last line cut by a killed run was left out). Anything else that is
+    not a chats record is an error: the file is not ours, and must not be rewritten."""
+    rows, cut = read_jsonl(path, f"it is not a chats file of `specdraft train chats`; {fix}")
     records, ids = [], set()
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if not records or any(rest.strip() for rest in lines[number:]):
-                raise SpecdraftError(f"{not_ours} (line {number} is not JSON; a run killed while writing its first "
-                                     "record leaves such a file: delete it); choose another --out") from None
-            break  # the last line, cut by a killed run: everything before it is whole
+    for number, record in enumerate(rows, 1):
         if not (isinstance(record, dict) and isinstance(record.get("id"), str)
                 and isinstance(record.get("messages"), list)):
-            raise SpecdraftError(f"{not_ours} (line {number} is no chats record); choose another --out")
+            raise SpecdraftError(f"{path} is not a chats file of `specdraft train chats` (record {number} is no "
+                                 f"conversation); {fix}")
         if record["id"] not in ids:  # files from before prompts were deduplicated repeat some chat openers
             ids.add(record["id"])
             records.append(record)
-    return records
+    return records, cut
 
 
 def _seeded(seed: int, key: str) -> torch.Generator:
@@ -437,7 +424,7 @@ def generate(config: ChatsConfig, progress: bool = True) -> Path:
 
     path = chats_file(config.out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    done = _read(path)
+    done, cut = _read(path)
     # the prompts depend on per_kind too (one seeded stream draws them all): a resumed run must not change it;
     # nor its kinds, which set how a stopped run is spread over them
     settings = {"model": config.model, "temperature": config.temperature, "seed": config.seed,
@@ -448,9 +435,8 @@ def generate(config: ChatsConfig, progress: bool = True) -> Path:
         theirs = {k: r.get(k, before_setting.get(k)) for k in settings}
         if theirs != settings:
             raise SpecdraftError(f"{path} holds chats from other settings ({theirs}); choose another --out")
-    if path.exists():  # only now that the file is known to be ours: rewrite it without a cut last line, if any
-        with open(path, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in done)
+    if cut:  # only now that the file is known to be ours: without its cut last line, before appending to it
+        rewrite_jsonl(path, done)
     done_ids = {r["id"].split("/")[0] for r in done}
     total = sum(r["answer_tokens"] for r in done)
     todo = [p for p in build_prompts(config.per_kind, config.seed, config.kinds) if p.id not in done_ids]
@@ -523,7 +509,7 @@ def chat_docs(name_or_folder: str) -> list[TextDoc]:
     """The conversations of a chats file as training documents, ranked by SHA-256 of their id; a conversation
     that names a subject withdrawn for overlapping the benchmark (prose.WITHDRAWN) is left out."""
     path = chats_file(name_or_folder)
-    records = _read(path)
+    records, _ = _read(path, "name a chats file (`--corpus chats:NAME`)")
     if not records:
         raise SpecdraftError(f"no chats at {path}; make them with `specdraft train chats --out NAME`")
     def rank(record: dict) -> tuple[str, str]:  # a second turn stays right after its first (it repeats it)
@@ -568,7 +554,7 @@ def cmd_train_chats(args) -> int:
                          batch=args.batch, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                          seed=args.seed, threads=args.threads, kinds=tuple(args.kinds), dtype=args.dtype)
     path = generate(config)
-    records = _read(path)
+    records, _ = _read(path)
     kinds: dict[str, int] = {}
     for r in records:
         kinds[r["kind"]] = kinds.get(r["kind"], 0) + r["answer_tokens"]
