@@ -236,3 +236,84 @@ def test_answers_out_that_is_a_file_is_refused(tmp_path):
     with pytest.raises(SpecdraftError, match="is a file"):
         run(AnswersConfig(dataset=str(rows), out=str(tmp_path / "out")))
     assert (tmp_path / "out").read_text(encoding="utf-8") == "mine"
+
+
+# ---- the Python API (session 20's second audit: wrong types ended in TypeErrors inside torch, or wrong output) ----
+
+@pytest.mark.parametrize("bad", [
+    {"stop": "return"},  # a string would have stopped at each of its characters
+    {"stop": ["ok", 3]}, {"max_new_tokens": 4.0}, {"max_new_tokens": "8"}, {"top_k": 2.5}, {"top_k": True},
+    {"seed": 1.5}, {"temperature": None}, {"temperature": "0.5"}, {"temperature": float("inf")}, {"top_p": "1"},
+])
+def test_sampling_params_of_the_wrong_type_are_refused(bad):
+    with pytest.raises(SpecdraftError, match="SamplingParams|stop must be"):
+        SamplingParams(**{"temperature": 1.0, **bad})
+
+
+@pytest.mark.parametrize("bad", [
+    {"gamma": 4.5}, {"gamma": "4"}, {"draft_confidence": None}, {"tree_budget": "5"}, {"sorted_exits": "12,18"},
+    {"sorted_exits": (12.0,)}, {"exit_rule": None}, {"method": None},
+])
+def test_spec_config_of_the_wrong_type_is_refused(bad):
+    from specdraft.config import SpecConfig
+
+    with pytest.raises(SpecdraftError, match="SpecConfig|unknown method"):
+        SpecConfig(**bad)
+
+
+def test_python_api_takes_the_cli_spellings_and_paths(tmp_path):
+    from specdraft.config import SpecConfig
+
+    spec = SpecConfig(gamma="auto", lookup_first="auto", draft_vocab="auto", sorted_exits=[8, 16],
+                      eagle_head=tmp_path)
+    assert (spec.gamma, spec.lookup_first, spec.draft_vocab, spec.sorted_exits) == (None, None, None, (8, 16))
+    assert spec.eagle_head == str(tmp_path)
+    assert ModelConfig(target=tmp_path, draft=None).target == str(tmp_path)
+    assert SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+
+
+@pytest.mark.parametrize("bad", [{"dtype": None}, {"threads": "2"}, {"target": 5}])
+def test_model_config_of_the_wrong_type_is_refused(bad):
+    with pytest.raises(SpecdraftError, match="ModelConfig"):
+        ModelConfig(**bad)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tmp_path_factory):
+    from specdraft.api import load_engine
+    from specdraft.config import SpecConfig
+
+    folder = build_model(tmp_path_factory.mktemp("api") / "m", seed=3)
+    return load_engine(ModelConfig(target=str(folder), draft=None, dtype="float32", threads=1),
+                       SpecConfig(method="ar"), progress=False)
+
+
+@pytest.mark.parametrize("prompt", [[-5, 3], [1.5, 2.0], [10**9], ["12"], "abc", [True, 3],
+                                    __import__("torch").tensor([[3, 4]]), []])
+def test_generate_refuses_prompts_that_are_not_token_ids(tiny_engine, prompt):
+    with pytest.raises(SpecdraftError, match="token id|token ids|1-D|empty"):
+        tiny_engine.generate(prompt, SamplingParams(max_new_tokens=2))
+
+
+def test_generate_takes_ids_as_a_list_a_tensor_or_numpy(tiny_engine):
+    import numpy as np
+    import torch
+
+    params = SamplingParams(max_new_tokens=3)
+    expected = tiny_engine.generate([3, 4, 5], params).token_ids
+    assert tiny_engine.generate(torch.tensor([3, 4, 5]), params).token_ids == expected
+    assert tiny_engine.generate(np.array([3, 4, 5]), params).token_ids == expected
+
+
+def test_encode_and_load_engine_refuse_wrong_types(tiny_engine):
+    from specdraft.api import load_engine
+    from specdraft.config import SpecConfig
+
+    with pytest.raises(SpecdraftError, match="encode takes one prompt as a string"):
+        tiny_engine.encode(["a", "b"], chat=False)
+    with pytest.raises(SpecdraftError, match="messages must be a list"):
+        tiny_engine.encode_messages("hi")
+    with pytest.raises(SpecdraftError, match="must be a SpecConfig"):
+        load_engine(ModelConfig(), "draft")
+    with pytest.raises(SpecdraftError, match="must be a loaded model"):
+        load_engine(ModelConfig(), SpecConfig(method="ar"), target="qwen2.5-coder-1.5b-instruct")

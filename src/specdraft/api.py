@@ -12,12 +12,20 @@ from __future__ import annotations
 from .config import ModelConfig, SpecConfig
 from .drafters import NEEDS_DRAFT_MODEL, build_drafter
 from .engine import Engine
+from .errors import SpecdraftError
 from .models.adapter import LoadedModel, load_model, set_threads
 
 
 def load_engine(models: ModelConfig, spec: SpecConfig, progress: bool = True,
                 target: LoadedModel | None = None, draft: LoadedModel | None = None) -> Engine:
     """Load what `spec` needs (models already loaded may be passed in and are reused)."""
+    for value, kind, what in ((models, ModelConfig, "models"), (spec, SpecConfig, "spec")):
+        if not isinstance(value, kind):
+            raise SpecdraftError(f"load_engine's {what} must be a {kind.__name__}, got {value!r}")
+    for value, what in ((target, "target"), (draft, "draft")):
+        if value is not None and not isinstance(value, LoadedModel):
+            raise SpecdraftError(f"load_engine's {what} must be a loaded model (specdraft.load_model) or None, got "
+                                 f"{value!r}; to load one by name, put the name in ModelConfig")
     set_threads(models.threads)
     target = target or load_model(models.target, models.dtype, models.cache_dir, progress, models.backend)
     if spec.method in NEEDS_DRAFT_MODEL and draft is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 
 from .errors import SpecdraftError
@@ -29,6 +31,36 @@ DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "floa
 SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
+
+def check_types(config: object, ints: tuple[str, ...] = (), numbers: tuple[str, ...] = (),
+                strings: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> None:
+    """Python API callers pass values the CLI would have parsed: refuse a wrong type with a message that names the
+    field, instead of a TypeError deep in torch (a bool is no number here; fields in `optional` may be None)."""
+    for names, ok, kind in ((ints, lambda v: isinstance(v, int), "an integer"),
+                            (numbers, lambda v: isinstance(v, (int, float)) and math.isfinite(v), "a finite number"),
+                            (strings, lambda v: isinstance(v, str), "a string")):
+        for name in names:
+            value = getattr(config, name)
+            if value is None and name in optional:
+                continue
+            if isinstance(value, bool) or not ok(value):
+                raise SpecdraftError(f"{type(config).__name__}.{name} must be {kind}"
+                                     f"{' or None' if name in optional else ''}, got {value!r}")
+
+
+def paths_to_str(config: object, *names: str) -> None:
+    """A model, head or cache folder may be given as a pathlib.Path: kept as its string."""
+    for name in names:
+        if isinstance(getattr(config, name), os.PathLike):
+            object.__setattr__(config, name, os.fspath(getattr(config, name)))
+
+
+def auto_to_none(config: object, *names: str) -> None:
+    """"auto", the CLI's and the server's spelling, means None (auto) in the Python API too."""
+    for name in names:
+        if getattr(config, name) == "auto":
+            object.__setattr__(config, name, None)
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How the next token is chosen. temperature == 0 means greedy (argmax)."""
@@ -41,6 +73,14 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            raise SpecdraftError(f"stop must be a list of strings, got the string {self.stop!r} (it would stop at "
+                                 "each of its characters)")
+        if not all(isinstance(s, str) for s in self.stop):
+            raise SpecdraftError(f"stop must be a list of strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(self.stop))
+        check_types(self, ints=("top_k", "max_new_tokens", "seed"), numbers=("temperature", "top_p"),
+                    optional=("seed",))
         if not (self.temperature >= 0):
             raise SpecdraftError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
         if self.top_k < 0:
@@ -110,6 +150,17 @@ class SpecConfig:
     draft_vocab: int | None = None
 
     def __post_init__(self) -> None:
+        auto_to_none(self, "gamma", "lookup_first", "draft_vocab")
+        paths_to_str(self, "eagle_head", "sorted_draft")
+        if isinstance(self.sorted_exits, list):
+            object.__setattr__(self, "sorted_exits", tuple(self.sorted_exits))
+        if not (isinstance(self.sorted_exits, tuple) and all(isinstance(e, int) and not isinstance(e, bool)
+                                                             for e in self.sorted_exits)):
+            raise SpecdraftError(f"SpecConfig.sorted_exits must be a tuple of layer counts, got {self.sorted_exits!r}")
+        check_types(self, ints=("gamma", "lookup_max_ngram", "lookup_min_ngram", "lookup_first", "tree_budget",
+                                "tree_depth", "tree_branch", "draft_vocab"),
+                    numbers=("draft_confidence",), strings=("method", "eagle_head", "exit_rule", "sorted_draft"),
+                    optional=("gamma", "lookup_first", "eagle_head", "draft_vocab"))
         if self.method not in METHODS:
             raise SpecdraftError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
         if self.method != "ar" and self.gamma is not None and not (1 <= self.gamma <= MAX_GAMMA):
@@ -207,6 +258,9 @@ class ModelConfig:
     backend: str = "auto"
 
     def __post_init__(self) -> None:
+        paths_to_str(self, "target", "draft", "cache_dir")
+        check_types(self, ints=("threads",), strings=("target", "draft", "dtype", "cache_dir", "backend"),
+                    optional=("threads", "draft", "cache_dir"))
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         object.__setattr__(self, "backend", normalize_backend(self.backend))
         check_threads(self.threads)

@@ -10,6 +10,7 @@ accepted path then moves to consecutive cache positions (SequenceState.keep_veri
 
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -193,6 +194,8 @@ class Engine:
         return getattr(self.drafter, "draft_bytes", 0) / self.target_bytes
 
     def encode(self, prompt: str, chat: bool = True, system: str | None = None) -> list[int]:
+        if not isinstance(prompt, str):
+            raise SpecdraftError(f"encode takes one prompt as a string, got {type(prompt).__name__}")
         if not prompt or not prompt.strip():
             raise SpecdraftError("the prompt is empty; give some text to continue")
         check_text(prompt, "the prompt")
@@ -208,6 +211,9 @@ class Engine:
     def encode_messages(self, messages: list[dict]) -> list[int]:
         if not messages:
             raise SpecdraftError("no messages to answer")
+        if not (isinstance(messages, list) and all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                                    for m in messages)):
+            raise SpecdraftError("messages must be a list of {'role': ..., 'content': text} dicts")
         for message in messages:
             if isinstance(message.get("content"), str):
                 check_text(message["content"], f"a {message.get('role', '')} message")
@@ -217,10 +223,31 @@ class Engine:
             ids = ids["input_ids"]
         return list(ids)
 
+    def check_prompt_ids(self, prompt_ids) -> list[int]:
+        """The prompt as a list of token ids in the target's vocabulary (a 1-D tensor is taken too); anything else
+        is a clear error, not a wrapped-around index or a TypeError inside the model."""
+        if isinstance(prompt_ids, torch.Tensor):
+            if prompt_ids.dim() != 1 or prompt_ids.is_floating_point():
+                raise SpecdraftError(f"prompt ids as a tensor must be 1-D integers, got shape "
+                                     f"{tuple(prompt_ids.shape)} of {prompt_ids.dtype}")
+            prompt_ids = prompt_ids.tolist()
+        if isinstance(prompt_ids, (str, bytes)):
+            raise SpecdraftError("generate and stream take token ids; turn text into them with engine.encode(text)")
+        ids, vocab = [], self.target.vocab_size
+        for token in prompt_ids:
+            try:
+                ids.append(operator.index(token))  # ints, numpy integers; not floats or strings
+            except TypeError:
+                ids.append(-1)
+            if isinstance(token, bool) or not 0 <= ids[-1] < vocab:
+                raise SpecdraftError(f"prompt token id {token!r} is not an integer in the vocabulary (0..{vocab - 1})")
+        if not ids:
+            raise SpecdraftError("the prompt is empty; give some text to continue")
+        return ids
+
     def stream(self, prompt_ids: list[int], params: SamplingParams) -> "Generation":
         """An iterable of text chunks as they become final; `.result()` afterwards has tokens and statistics."""
-        if not prompt_ids:
-            raise SpecdraftError("the prompt is empty; give some text to continue")
+        prompt_ids = self.check_prompt_ids(prompt_ids)
         limit = self.target.max_positions
         if limit and len(prompt_ids) + params.max_new_tokens > limit:
             raise SpecdraftError(f"prompt ({len(prompt_ids)} tokens) plus max new tokens ({params.max_new_tokens}) "
