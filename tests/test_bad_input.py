@@ -270,6 +270,21 @@ def test_python_api_takes_the_cli_spellings_and_paths(tmp_path):
     assert spec.eagle_head == str(tmp_path)
     assert ModelConfig(target=tmp_path, draft=None).target == str(tmp_path)
     assert SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+    assert SamplingParams(stop=(s for s in ["a"])).stop == ("a",)  # a generator, read once
+    assert SamplingParams(stop=None).stop == ()
+
+
+def test_numpy_scalars_are_taken_as_python_numbers():
+    import numpy as np
+
+    from specdraft.config import SpecConfig
+
+    params = SamplingParams(temperature=np.float32(0.5), seed=np.int64(3), max_new_tokens=np.int64(4))
+    assert (params.temperature, params.seed, params.max_new_tokens) == (0.5, 3, 4)
+    assert type(params.seed) is int and type(params.temperature) is float
+    assert SpecConfig(gamma=np.int64(3)).gamma == 3
+    with pytest.raises(SpecdraftError, match="top_k must be an integer"):
+        SamplingParams(top_k=np.bool_(True))
 
 
 @pytest.mark.parametrize("bad", [{"dtype": None}, {"threads": "2"}, {"target": 5}])
@@ -288,8 +303,8 @@ def tiny_engine(tmp_path_factory):
                        SpecConfig(method="ar"), progress=False)
 
 
-@pytest.mark.parametrize("prompt", [[-5, 3], [1.5, 2.0], [10**9], ["12"], "abc", [True, 3],
-                                    __import__("torch").tensor([[3, 4]]), []])
+@pytest.mark.parametrize("prompt", [[-5, 3], [1.5, 2.0], [10**9], ["12"], "abc", [True, 3], None, 5,
+                                    __import__("torch").tensor([[3, 4]]), __import__("numpy").array([[3, 4]]), []])
 def test_generate_refuses_prompts_that_are_not_token_ids(tiny_engine, prompt):
     with pytest.raises(SpecdraftError, match="token id|token ids|1-D|empty"):
         tiny_engine.generate(prompt, SamplingParams(max_new_tokens=2))

@@ -395,6 +395,12 @@ def test_bad_chat_request_is_a_400(server, case):
     _assert_openai_error(response, 400)
 
 
+def test_infinite_top_p_names_its_parameter(server):
+    content = ('{"model": "%s", "prompt": "abc", "top_p": Infinity}' % MODEL).encode()  # Python's JSON reads it
+    response = server.http.post("/v1/completions", content=content, headers={"content-type": "application/json"})
+    assert _assert_openai_error(response, 400)["param"] == "top_p"
+
+
 def test_chat_message_with_a_lone_surrogate_is_a_400(server):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "\ud800 hi"}]}
     response = server.http.post("/v1/chat/completions", content=json.dumps(body).encode(),

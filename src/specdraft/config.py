@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 import os
 from dataclasses import dataclass
 
@@ -32,20 +34,43 @@ SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
 
-def check_types(config: object, ints: tuple[str, ...] = (), numbers: tuple[str, ...] = (),
+def check_types(config: object, ints: tuple[str, ...] = (), numbers_: tuple[str, ...] = (),
                 strings: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> None:
     """Python API callers pass values the CLI would have parsed: refuse a wrong type with a message that names the
     field, instead of a TypeError deep in torch (a bool is no number here; fields in `optional` may be None)."""
-    for names, ok, kind in ((ints, lambda v: isinstance(v, int), "an integer"),
-                            (numbers, lambda v: isinstance(v, (int, float)) and math.isfinite(v), "a finite number"),
-                            (strings, lambda v: isinstance(v, str), "a string")):
+    def as_int(value):
+        return operator.index(value)  # ints and numpy integers; not floats or strings
+
+    def as_number(value):
+        if not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise TypeError
+        return float(value) if not isinstance(value, int) else value
+
+    def as_string(value):
+        if not isinstance(value, str):
+            raise TypeError
+        return value
+
+    for names, convert, kind in ((ints, as_int, "an integer"), (numbers_, as_number, "a finite number"),
+                                 (strings, as_string, "a string")):
         for name in names:
             value = getattr(config, name)
             if value is None and name in optional:
                 continue
-            if isinstance(value, bool) or not ok(value):
+            try:
+                if isinstance(value, (bool, numpy_bool_types())):
+                    raise TypeError
+                object.__setattr__(config, name, convert(value))  # numpy scalars become Python ones
+            except TypeError:
                 raise SpecdraftError(f"{type(config).__name__}.{name} must be {kind}"
-                                     f"{' or None' if name in optional else ''}, got {value!r}")
+                                     f"{' or None' if name in optional else ''}, got {value!r}") from None
+
+
+def numpy_bool_types() -> tuple[type, ...]:
+    import sys
+
+    numpy = sys.modules.get("numpy")  # numpy is only ever a caller's: never imported for this check
+    return (numpy.bool_,) if numpy is not None else ()
 
 
 def paths_to_str(config: object, *names: str) -> None:
@@ -76,10 +101,14 @@ class SamplingParams:
         if isinstance(self.stop, str):
             raise SpecdraftError(f"stop must be a list of strings, got the string {self.stop!r} (it would stop at "
                                  "each of its characters)")
-        if not all(isinstance(s, str) for s in self.stop):
+        try:
+            stop = () if self.stop is None else tuple(self.stop)  # a generator is read once, here
+        except TypeError:
+            stop = None
+        if stop is None or not all(isinstance(s, str) for s in stop):
             raise SpecdraftError(f"stop must be a list of strings, got {self.stop!r}")
-        object.__setattr__(self, "stop", tuple(self.stop))
-        check_types(self, ints=("top_k", "max_new_tokens", "seed"), numbers=("temperature", "top_p"),
+        object.__setattr__(self, "stop", stop)
+        check_types(self, ints=("top_k", "max_new_tokens", "seed"), numbers_=("temperature", "top_p"),
                     optional=("seed",))
         if not (self.temperature >= 0):
             raise SpecdraftError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
@@ -159,7 +188,7 @@ class SpecConfig:
             raise SpecdraftError(f"SpecConfig.sorted_exits must be a tuple of layer counts, got {self.sorted_exits!r}")
         check_types(self, ints=("gamma", "lookup_max_ngram", "lookup_min_ngram", "lookup_first", "tree_budget",
                                 "tree_depth", "tree_branch", "draft_vocab"),
-                    numbers=("draft_confidence",), strings=("method", "eagle_head", "exit_rule", "sorted_draft"),
+                    numbers_=("draft_confidence",), strings=("method", "eagle_head", "exit_rule", "sorted_draft"),
                     optional=("gamma", "lookup_first", "eagle_head", "draft_vocab"))
         if self.method not in METHODS:
             raise SpecdraftError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")

@@ -211,8 +211,7 @@ class Engine:
     def encode_messages(self, messages: list[dict]) -> list[int]:
         if not messages:
             raise SpecdraftError("no messages to answer")
-        if not (isinstance(messages, list) and all(isinstance(m, dict) and isinstance(m.get("content"), str)
-                                                    for m in messages)):
+        if not (isinstance(messages, (list, tuple)) and all(isinstance(m, dict) for m in messages)):
             raise SpecdraftError("messages must be a list of {'role': ..., 'content': text} dicts")
         for message in messages:
             if isinstance(message.get("content"), str):
@@ -233,8 +232,14 @@ class Engine:
             prompt_ids = prompt_ids.tolist()
         if isinstance(prompt_ids, (str, bytes)):
             raise SpecdraftError("generate and stream take token ids; turn text into them with engine.encode(text)")
+        if getattr(prompt_ids, "ndim", 1) != 1:  # a numpy array of a batch, e.g. return_tensors="np"
+            raise SpecdraftError(f"prompt ids must be 1-D, got shape {tuple(prompt_ids.shape)}")
+        try:
+            tokens = iter(prompt_ids)
+        except TypeError:
+            raise SpecdraftError(f"prompt ids must be a list of token ids, got {prompt_ids!r}") from None
         ids, vocab = [], self.target.vocab_size
-        for token in prompt_ids:
+        for token in tokens:
             try:
                 ids.append(operator.index(token))  # ints, numpy integers; not floats or strings
             except TypeError:

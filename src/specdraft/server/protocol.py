@@ -207,7 +207,8 @@ def spec_config(request: _CommonRequest, default: SpecConfig) -> SpecConfig:
 
 
 def _param_of(message: str, names: tuple[str, ...]) -> str | None:
+    message = message.removeprefix("SamplingParams.")  # the config's own type checks name the field so
     for name in names:
-        if message.startswith(name):
+        if message.startswith(name) or message.startswith(name.replace("-", "_")):
             return name.replace("-", "_")
     return None
