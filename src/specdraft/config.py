@@ -33,7 +33,6 @@ DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "floa
 SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
-
 def check_types(config: object, ints: tuple[str, ...] = (), numbers_: tuple[str, ...] = (),
                 strings: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> None:
     """Python API callers pass values the CLI would have parsed: refuse a wrong type with a message that names the
@@ -58,19 +57,12 @@ def check_types(config: object, ints: tuple[str, ...] = (), numbers_: tuple[str,
             if value is None and name in optional:
                 continue
             try:
-                if isinstance(value, (bool, numpy_bool_types())):
+                if isinstance(value, bool):  # an int to Python, but no count or rate (numpy's bool is neither)
                     raise TypeError
                 object.__setattr__(config, name, convert(value))  # numpy scalars become Python ones
             except TypeError:
                 raise SpecdraftError(f"{type(config).__name__}.{name} must be {kind}"
                                      f"{' or None' if name in optional else ''}, got {value!r}") from None
-
-
-def numpy_bool_types() -> tuple[type, ...]:
-    import sys
-
-    numpy = sys.modules.get("numpy")  # numpy is only ever a caller's: never imported for this check
-    return (numpy.bool_,) if numpy is not None else ()
 
 
 def paths_to_str(config: object, *names: str) -> None:
@@ -85,6 +77,7 @@ def auto_to_none(config: object, *names: str) -> None:
     for name in names:
         if getattr(config, name) == "auto":
             object.__setattr__(config, name, None)
+
 
 @dataclass(frozen=True)
 class SamplingParams:

@@ -223,17 +223,14 @@ class Engine:
         return list(ids)
 
     def check_prompt_ids(self, prompt_ids) -> list[int]:
-        """The prompt as a list of token ids in the target's vocabulary (a 1-D tensor is taken too); anything else
-        is a clear error, not a wrapped-around index or a TypeError inside the model."""
-        if isinstance(prompt_ids, torch.Tensor):
-            if prompt_ids.dim() != 1 or prompt_ids.is_floating_point():
-                raise SpecdraftError(f"prompt ids as a tensor must be 1-D integers, got shape "
-                                     f"{tuple(prompt_ids.shape)} of {prompt_ids.dtype}")
-            prompt_ids = prompt_ids.tolist()
+        """The prompt as a list of token ids in the target's vocabulary (a 1-D tensor or numpy array is taken too);
+        anything else is a clear error, not a wrapped-around index or a TypeError inside the model."""
         if isinstance(prompt_ids, (str, bytes)):
             raise SpecdraftError("generate and stream take token ids; turn text into them with engine.encode(text)")
-        if getattr(prompt_ids, "ndim", 1) != 1:  # a numpy array of a batch, e.g. return_tensors="np"
+        if getattr(prompt_ids, "ndim", 1) != 1:  # a batch, e.g. return_tensors="pt" or "np"
             raise SpecdraftError(f"prompt ids must be 1-D, got shape {tuple(prompt_ids.shape)}")
+        if isinstance(prompt_ids, torch.Tensor):
+            prompt_ids = prompt_ids.tolist()  # floats among them are refused below
         try:
             tokens = iter(prompt_ids)
         except TypeError:

@@ -266,11 +266,10 @@ def encode_prompts(engine: Engine, request: CompletionRequest | ChatRequest, end
         return [ids]
     prompt = request.prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        vocab = engine.target.vocab_size
-        bad = next((t for t in prompt if not (0 <= t < vocab)), None)
-        if bad is not None:
-            raise bad_request(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})", "prompt")
-        return [list(prompt)]
+        try:
+            return [engine.check_prompt_ids(prompt)]  # the engine's own check, before the request queues
+        except SpecdraftError as exc:
+            raise bad_request(str(exc), "prompt") from None
     texts = [prompt] if isinstance(prompt, str) else prompt
     if not texts:
         raise bad_request("prompt must not be empty", "prompt")
