@@ -24,7 +24,7 @@ AUTO_LOOKUP_FIRST = 2
 # gamma "auto" (None) on a chain method: each pass drafts 0..AUTO_GAMMA_MAX tokens, chosen from the request's
 # acceptance so far and the target's measured verify-cost curve (draft_length.py)
 AUTO_GAMMA_MAX = 8
-DTYPES = ("auto", "bfloat16", "float32", "float16")
+DTYPES = ("auto", "gguf", "bfloat16", "float32", "float16")
 BACKENDS = ("auto", "native", "transformers")
 DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "float": "float32", "half": "float16"}
 
@@ -273,7 +273,7 @@ class ModelConfig:
 
     target: str = "qwen2.5-coder-1.5b-instruct"
     draft: str | None = "qwen2.5-coder-0.5b-instruct"
-    dtype: str = "auto"  # bf16 weights on the native backend; else bf16 only with native bf16 hardware (load_model)
+    dtype: str = "auto"  # a GGUF model's own block formats natively, else bf16 weights on the native backend (load_model)
     cache_dir: str | None = None
     threads: int | None = None
     # native: our batch-invariant Llama/Qwen2 forward; transformers: the model's own; auto: native if it applies
@@ -317,8 +317,12 @@ def cpu_has_native_bf16() -> bool:
 
 
 def resolve_dtype(name: str) -> str:
-    """'auto' -> bfloat16 on CPUs with native bf16, float32 elsewhere; other names pass through."""
+    """The torch dtype of a model loaded through transformers: 'auto' -> bfloat16 on CPUs with native bf16, float32
+    elsewhere; other names pass through ('gguf' weights are read by the native backend, see models.adapter)."""
     name = normalize_dtype(name)
+    if name == "gguf":
+        raise SpecdraftError("--dtype gguf runs the native backend on a GGUF file's own weights; transformers cannot "
+                             "load them that way: choose bfloat16 or float32")
     if name == "auto":
         return "bfloat16" if cpu_has_native_bf16() else "float32"
     return name

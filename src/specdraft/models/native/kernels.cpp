@@ -513,6 +513,12 @@ std::string parallel_backend() {
 #endif
 }
 
+// quant_kernels.cpp: products over GGUF block formats
+torch::Tensor qlinear(torch::Tensor x, torch::Tensor weight, int64_t type, c10::optional<torch::Tensor> bias);
+torch::Tensor qdequantize_rows(torch::Tensor weight, int64_t type, int64_t K, torch::Tensor rows);
+std::vector<torch::Tensor> quantize_activations(torch::Tensor x, int64_t block);
+bool quant_vnni();
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("parallel_backend", &parallel_backend, "\"openmp\" when the kernels use several threads");
   m.def("isa", &isa, "the instruction set of the matrix products: \"avx512bf16\", \"avx512\" or \"avx2\"");
@@ -521,4 +527,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &attention, "causal GQA attention of new queries against the KV cache");
   m.def("tree_attention", &tree_attention, "GQA attention of new queries against chosen keys (token trees)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
+  m.def("qlinear", &qlinear, "batch-invariant x @ W.T (+ b) with W in a GGUF block format (int8 activations)");
+  m.def("qdequantize_rows", &qdequantize_rows, "rows of a GGUF block-format matrix as float32");
+  m.def("quantize_activations", &quantize_activations, "x as the block kernels quantize it: (int8, scales)");
+  m.def("quant_vnni", &quant_vnni, "whether the block kernels use AVX512-VNNI");
 }

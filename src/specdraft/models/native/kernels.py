@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 _SOURCE = Path(__file__).with_name("kernels.cpp")
+_SOURCES = (_SOURCE, Path(__file__).with_name("quant_kernels.cpp"))  # one extension; kernels.cpp binds both
 # -fopenmp matters: at::parallel_for is a header template that runs sequentially unless the extension itself is
 # compiled with OpenMP (it then shares torch's libgomp and follows torch.set_num_threads).
-_FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 # The matrix products use 512-bit vectors where the CPU has AVX-512 (twice the multiply-adds per instruction:
 # verify passes of several tokens are partly compute-bound); where it also has AVX512-BF16, bf16 weights meet
 # bf16-rounded activations in vdpbf16ps (kernels.cpp). SPECDRAFT_KERNELS_ISA=avx2 or avx512 forces a lesser build.
@@ -21,6 +22,10 @@ _AVX512_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
 _AVX512_NEEDS = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
 _BF16_FLAGS = ["-mavx512bf16"]
 _BF16_NEEDS = {"avx512_bf16"}
+# The GGUF block kernels (quant_kernels.cpp) fuse their integer dot products with AVX512-VNNI where an AVX-512
+# build runs on a CPU that has it; the sums are the same integers either way, so the results are the same bits.
+_VNNI_FLAGS = ["-mavx512vnni"]
+_VNNI_NEEDS = {"avx512_vnni"}
 ISAS = ("avx2", "avx512", "avx512bf16")  # each one's CPU needs include the previous one's
 ISA_ENV = "SPECDRAFT_KERNELS_ISA"
 _loaded = None
@@ -61,7 +66,9 @@ def chosen_isa() -> str:
 
 def _flags() -> list[str]:
     isa = chosen_isa()
-    return _FLAGS + (_AVX512_FLAGS if isa != "avx2" else []) + (_BF16_FLAGS if isa == "avx512bf16" else [])
+    vnni = isa != "avx2" and _VNNI_NEEDS <= _cpu_flags()
+    return (_FLAGS + (_AVX512_FLAGS if isa != "avx2" else []) + (_BF16_FLAGS if isa == "avx512bf16" else [])
+            + (_VNNI_FLAGS if vnni else []))
 
 
 def build_dir() -> Path:
@@ -71,7 +78,7 @@ def build_dir() -> Path:
 
     from .. import fetch
 
-    fingerprint = _SOURCE.read_bytes() + torch.__version__.encode() + " ".join(_flags()).encode()
+    fingerprint = b"".join(source.read_bytes() for source in _SOURCES) + torch.__version__.encode() + " ".join(_flags()).encode()
     key = hashlib.sha256(fingerprint).hexdigest()[:12]
     return fetch.cache_root(None) / "kernels" / f"{sys.implementation.cache_tag}-{key}"
 
@@ -111,7 +118,7 @@ def load_kernels():
             _startup.update(kernels="imported", seconds=time.perf_counter() - started, isa=_loaded.isa())
             return _loaded
         directory.mkdir(parents=True, exist_ok=True)
-        _loaded = load(name="specdraft_kernels", sources=[str(_SOURCE)], build_directory=str(directory),
+        _loaded = load(name="specdraft_kernels", sources=[str(source) for source in _SOURCES], build_directory=str(directory),
                        extra_cflags=_flags(), extra_ldflags=["-fopenmp"], verbose=False)
         _startup.update(kernels="built", seconds=time.perf_counter() - started, isa=_loaded.isa())
     except Exception as exc:  # a compiler or toolchain problem: fall back to transformers, say why

@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
+from .gguf_weights import GGUFTensors, QuantWeight, unpermute_rows
 from .kernels import load_kernels, unavailable_reason
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
@@ -29,15 +30,11 @@ STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # inverse frequenci
 MAX_KERNEL_ROWS = 32
 
 
-def native_unsupported_reason(hf_model) -> str | None:
-    """Why this model cannot run natively (None when it can)."""
-    config = hf_model.config
+def config_unsupported_reason(config) -> str | None:
+    """Why a model of this Hugging Face config cannot run natively (None when it can), whatever its weights."""
     model_type = getattr(config, "model_type", "")
     if model_type not in SUPPORTED_MODEL_TYPES:
         return f"model type {model_type!r} is not in the native family ({', '.join(SUPPORTED_MODEL_TYPES)})"
-    dtype = next(hf_model.parameters()).dtype
-    if dtype not in (torch.float32, torch.bfloat16):
-        return f"native weights must be float32 or bfloat16, not {dtype}"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"activation {config.hidden_act!r} (native supports silu)"
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
@@ -55,21 +52,32 @@ def native_unsupported_reason(hf_model) -> str | None:
     return unavailable_reason()
 
 
+def native_unsupported_reason(hf_model) -> str | None:
+    """Why this loaded model cannot run natively (None when it can)."""
+    dtype = next(hf_model.parameters()).dtype
+    if dtype not in (torch.float32, torch.bfloat16):
+        return f"native weights must be float32 or bfloat16, not {dtype}"
+    return config_unsupported_reason(hf_model.config)
+
+
+Weight = torch.Tensor | QuantWeight  # a float32/bfloat16 matrix, or one in a GGUF block format
+
+
 @dataclass
 class _Layer:
     input_norm: torch.Tensor  # [D] float32
-    q: torch.Tensor  # [H * Dh, D]
+    q: Weight  # [H * Dh, D]
     q_bias: torch.Tensor | None
-    k: torch.Tensor  # [Hkv * Dh, D]
+    k: Weight  # [Hkv * Dh, D]
     k_bias: torch.Tensor | None
-    v: torch.Tensor  # [Hkv * Dh, D]
+    v: Weight  # [Hkv * Dh, D]
     v_bias: torch.Tensor | None
-    o: torch.Tensor  # [D, H * Dh]
+    o: Weight  # [D, H * Dh]
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor  # [D] float32
-    gate: torch.Tensor  # [I, D]
-    up: torch.Tensor  # [I, D]
-    down: torch.Tensor  # [D, I]
+    gate: Weight  # [I, D]
+    up: Weight  # [I, D]
+    down: Weight  # [D, I]
 
 
 def _bias(linear: torch.nn.Linear) -> torch.Tensor | None:
@@ -80,25 +88,15 @@ class NativeLlama:
     """Forward passes of a Llama/Qwen2 model over a `NativeCache`."""
 
     def __init__(self, hf_model):
+        """The native forward over an already loaded Hugging Face model's weights (shared, not copied)."""
         reason = native_unsupported_reason(hf_model)
         if reason:
             raise ValueError(reason)
-        self.ops = load_kernels()
-        config = hf_model.config
         base = hf_model.model
-        self.n_heads = config.num_attention_heads
-        self.n_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
-        self.eps = float(config.rms_norm_eps)
-        self.max_positions = int(getattr(config, "max_position_embeddings", 4096))
-        self.weight_dtype = base.embed_tokens.weight.dtype
-        self.embed = base.embed_tokens.weight.detach()  # [V, D]
-        self.lm_head = hf_model.get_output_embeddings().weight.detach()  # [V, D] (may be the embedding)
-        self.final_norm = base.norm.weight.detach().float().contiguous()
-        self.layers = []
+        layers = []
         for layer in base.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            self.layers.append(_Layer(
+            layers.append(_Layer(
                 input_norm=layer.input_layernorm.weight.detach().float().contiguous(),
                 q=attn.q_proj.weight.detach(), q_bias=_bias(attn.q_proj),
                 k=attn.k_proj.weight.detach(), k_bias=_bias(attn.k_proj),
@@ -107,8 +105,63 @@ class NativeLlama:
                 post_norm=layer.post_attention_layernorm.weight.detach().float().contiguous(),
                 gate=mlp.gate_proj.weight.detach(), up=mlp.up_proj.weight.detach(),
                 down=mlp.down_proj.weight.detach()))
+        self._setup(hf_model.config, base.rotary_emb, base.embed_tokens.weight.detach(),
+                    hf_model.get_output_embeddings().weight.detach(), base.norm.weight.detach().float().contiguous(),
+                    layers, base.embed_tokens.weight.dtype)
+
+    @classmethod
+    def from_gguf(cls, weights: GGUFTensors, config, rotary) -> "NativeLlama":
+        """The native forward over a GGUF file's tensors (llama.cpp's names), matrices in their block formats.
+        config: the model's Hugging Face config; rotary: its rotary-embedding module (a real, not meta, one)."""
+        reason = config_unsupported_reason(config)
+        if reason:
+            raise ValueError(reason)
+        native = cls.__new__(cls)
+        n_heads, n_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        llama_order = weights.architecture == "llama"  # its converter interleaves the Q and K rows of each head
+
+        def rows_of(name: str, heads: int) -> Weight | None:
+            tensor = weights.get(name)
+            return unpermute_rows(tensor, heads) if tensor is not None and llama_order else tensor
+
+        def norm(name: str) -> torch.Tensor:
+            return weights.need(name).float().contiguous()
+
+        layers = []
+        for i in range(config.num_hidden_layers):
+            prefix = f"blk.{i}."
+            weights.need(prefix + "attn_q.weight")
+            layers.append(_Layer(
+                input_norm=norm(prefix + "attn_norm.weight"),
+                q=rows_of(prefix + "attn_q.weight", n_heads), q_bias=rows_of(prefix + "attn_q.bias", n_heads),
+                k=rows_of(prefix + "attn_k.weight", n_kv_heads), k_bias=rows_of(prefix + "attn_k.bias", n_kv_heads),
+                v=weights.need(prefix + "attn_v.weight"), v_bias=weights.get(prefix + "attn_v.bias"),
+                o=weights.need(prefix + "attn_output.weight"), o_bias=weights.get(prefix + "attn_output.bias"),
+                post_norm=norm(prefix + "ffn_norm.weight"),
+                gate=weights.need(prefix + "ffn_gate.weight"), up=weights.need(prefix + "ffn_up.weight"),
+                down=weights.need(prefix + "ffn_down.weight")))
+        embed = weights.need("token_embd.weight")
+        lm_head = weights.get("output.weight")
+        native._setup(config, rotary, embed, embed if lm_head is None else lm_head, norm("output_norm.weight"),
+                      layers, "gguf")
+        native.gguf_formats = dict(weights.formats)
+        return native
+
+    def _setup(self, config, rotary, embed: Weight, lm_head: Weight, final_norm: torch.Tensor,
+               layers: list[_Layer], weight_dtype) -> None:
+        self.ops = load_kernels()
+        self.n_heads = config.num_attention_heads
+        self.n_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
+        self.eps = float(config.rms_norm_eps)
+        self.max_positions = int(getattr(config, "max_position_embeddings", 4096))
+        self.weight_dtype = weight_dtype  # torch.float32 / torch.bfloat16, or "gguf" (block formats)
+        self.gguf_formats: dict[str, int] = {}
+        self.embed = embed  # [V, D]
+        self.lm_head = lm_head  # [V, D] (may be the embedding)
+        self.final_norm = final_norm  # [D] float32
+        self.layers = layers
         # rotary tables for every position, computed once as transformers does (float32 angles)
-        rotary = base.rotary_emb
         inv_freq = rotary.inv_freq.detach().float()  # [Dh / 2]
         positions = torch.arange(self.max_positions, dtype=torch.float32)
         angles = positions[:, None] * inv_freq[None, :]  # [P, Dh / 2]
@@ -129,9 +182,11 @@ class NativeLlama:
         if len(self.layers) < depth or len(other.layers) < depth:
             return False
 
-        def same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+        def same(a: Weight | None, b: Weight | None) -> bool:
             if a is None or b is None:
                 return a is b
+            if isinstance(a, QuantWeight) or isinstance(b, QuantWeight):
+                return a is b or (isinstance(a, QuantWeight) and isinstance(b, QuantWeight) and a.equal(b))
             return a is b or (a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b))
 
         return (same(self.embed, other.embed) and same(self.cos, other.cos) and same(self.sin, other.sin)
@@ -142,8 +197,10 @@ class NativeLlama:
     def new_cache(self, capacity: int = 256) -> "NativeCache":
         return NativeCache(len(self.layers), self.n_kv_heads, self.head_dim, capacity)
 
-    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None) -> torch.Tensor:
         """x [T, K] float32 @ weight [N, K]^T (+ bias) -> [T, N] float32."""
+        if isinstance(weight, QuantWeight):
+            return self.ops.qlinear(x, weight.blocks, weight.qtype, bias)
         if x.shape[0] <= MAX_KERNEL_ROWS or weight.dtype != torch.float32:
             return self.ops.linear(x, weight, bias)
         return F.linear(x, weight, bias)
@@ -157,7 +214,10 @@ class NativeLlama:
 
     def embed_tokens(self, token_ids: list[int]) -> torch.Tensor:
         """The residual stream entering layer 0: float32 [T, D]."""
-        return self.embed[torch.tensor(token_ids, dtype=torch.long)].float()
+        ids = torch.tensor(token_ids, dtype=torch.long)  # [T]
+        if isinstance(self.embed, QuantWeight):
+            return self.embed.dequantize(self.ops, ids)
+        return self.embed[ids].float()
 
     def layer_forward(self, index: int, hidden: torch.Tensor, cache: "NativeCache", start: int,
                       positions: slice | torch.Tensor | None = None,
@@ -187,7 +247,7 @@ class NativeLlama:
         gated = ops.silu_mul(self._linear(x, layer.gate, None), self._linear(x, layer.up, None))  # [T, I]
         return hidden + self._linear(gated, layer.down, None)
 
-    def logits(self, hidden: torch.Tensor, lm_head: torch.Tensor | None = None) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, lm_head: Weight | None = None) -> torch.Tensor:
         """The final norm and the LM head over residual-stream rows: [T, D] -> float32 [T, V]. Any layer's
         output can go through them: that is an early exit (S2D, LayerSkip). lm_head: other rows to score
         instead of the model's head ([V_draft, D], a reduced draft vocabulary)."""
@@ -205,7 +265,7 @@ class NativeLlama:
 
     def forward_with_features(self, token_ids: list[int], cache: "NativeCache", n_logits: int,
                               feature_layers: tuple[int, ...] = (), positions: torch.Tensor | None = None,
-                              tree_mask: torch.Tensor | None = None, lm_head: torch.Tensor | None = None
+                              tree_mask: torch.Tensor | None = None, lm_head: Weight | None = None
                               ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`forward`, also returning the residual stream of every new token at `feature_layers`
         (Hugging Face's `output_hidden_states` indexing: 0 is the embedding, i the input of layer i, and

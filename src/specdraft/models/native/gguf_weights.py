@@ -1,0 +1,203 @@
+"""Weights read from a GGUF file and kept in its own block formats (`--dtype gguf`).
+
+The file is memory-mapped: a weight matrix in a supported block format (Q4_K, Q6_K, Q8_0, Q5_0, Q4_1) is a
+`QuantWeight`, a view of the file's bytes that `quant_kernels.cpp` multiplies as it is (no copy, no widening: a
+step of the 1.5B reads its 1.0 GiB instead of 3.1 GB of bf16). Matrices in other formats are dequantized once at
+load (F32 and F16 to float32, BF16 kept, any other block format to bfloat16 through the `gguf` package's own
+dequantization); norms and biases are float32.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...errors import SpecdraftError
+
+# ggml type number -> name, for the block formats the kernels multiply directly
+BLOCK_TYPES = {3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
+
+
+@dataclass
+class QuantWeight:
+    """A [rows, cols] matrix in a GGUF block format: `blocks` uint8 [rows, row_bytes], each row its own blocks.
+
+    Rows can be selected, copied and assigned like a tensor's (a draft vocabulary takes some rows of a head)."""
+
+    blocks: torch.Tensor  # uint8 [N, row_bytes]
+    qtype: int  # ggml type number, a key of BLOCK_TYPES
+    cols: int  # K, the weights of one row
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.blocks.shape[0], self.cols)
+
+    @property
+    def type_name(self) -> str:
+        return BLOCK_TYPES[self.qtype]
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.numel()
+
+    def __len__(self) -> int:
+        return self.blocks.shape[0]
+
+    def __getitem__(self, rows) -> QuantWeight:
+        """Rows by slice, index tensor or list (an int keeps one row, as a [1, cols] matrix)."""
+        if isinstance(rows, int):
+            rows = slice(rows, rows + 1) if rows != -1 else slice(-1, None)
+        return QuantWeight(self.blocks[rows], self.qtype, self.cols)
+
+    def __setitem__(self, rows, value: QuantWeight) -> None:
+        if not isinstance(value, QuantWeight) or (value.qtype, value.cols) != (self.qtype, self.cols):
+            raise TypeError("rows of a quantized matrix take rows of the same format and width")
+        self.blocks[rows] = value.blocks
+
+    def new_empty(self, rows: int, cols: int) -> QuantWeight:
+        if cols != self.cols:
+            raise ValueError(f"a quantized matrix keeps its row width {self.cols}, not {cols}")
+        return QuantWeight(self.blocks.new_empty(rows, self.blocks.shape[1]), self.qtype, self.cols)
+
+    def equal(self, other: QuantWeight) -> bool:
+        return (self.qtype, self.cols) == (other.qtype, other.cols) and torch.equal(self.blocks, other.blocks)
+
+    def dequantize(self, ops, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 [n, cols]: the rows `rows` [n] int64 (all by default), as the file's format defines them."""
+        ids = torch.arange(len(self)) if rows is None else rows.to(torch.long)
+        return ops.qdequantize_rows(self.blocks.contiguous(), self.qtype, self.cols, ids)
+
+
+@dataclass
+class GGUFTensors:
+    """The tensors of one GGUF file by name, and what the loader did with each format."""
+
+    path: Path
+    architecture: str
+    tensors: dict[str, torch.Tensor | QuantWeight]
+    formats: dict[str, int]  # format name -> how many matrices are in it ("BF16 (dequantized)" for a fallback)
+
+    def get(self, name: str) -> torch.Tensor | QuantWeight | None:
+        return self.tensors.get(name)
+
+    def need(self, name: str) -> torch.Tensor | QuantWeight:
+        if name not in self.tensors:
+            raise SpecdraftError(f"{self.path.name} has no tensor {name!r}: not a {self.architecture} model "
+                                 f"file the native backend can read")
+        return self.tensors[name]
+
+
+# GGUF metadata value types: struct formats of the fixed-size ones, 8 a string, 9 an array
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+
+
+class _Header:
+    """Reads a GGUF file's header: the metadata this module needs, and the tensor table. (The `gguf` package's
+    reader builds numpy objects for every vocabulary entry, seconds for a 150k vocabulary; here those arrays are
+    stepped over with `struct`.)"""
+
+    def __init__(self, buffer):
+        self.buffer, self.at = buffer, 0
+
+    def read(self, fmt: str):
+        (value,) = struct.unpack_from("<" + fmt, self.buffer, self.at)
+        self.at += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        length = self.read("Q")
+        text = bytes(self.buffer[self.at: self.at + length]).decode("utf-8", errors="replace")
+        self.at += length
+        return text
+
+    def value(self, kind: int):
+        """A metadata value (arrays are skipped and read as None)."""
+        if kind in _SCALARS:
+            return self.read(_SCALARS[kind])
+        if kind == _STRING:
+            return self.string()
+        if kind != _ARRAY:
+            raise ValueError(f"unknown metadata type {kind}")
+        item_kind, count = self.read("I"), self.read("Q")
+        if item_kind in _SCALARS:
+            self.at += count * struct.calcsize(_SCALARS[item_kind])
+        elif item_kind == _STRING:
+            for _ in range(count):
+                self.at += 8 + struct.unpack_from("<Q", self.buffer, self.at)[0]
+        else:
+            for _ in range(count):
+                self.value(item_kind)
+        return None
+
+
+def read_gguf(path: str | Path) -> GGUFTensors:
+    """Every tensor of a GGUF file: block-format matrices as memory-mapped QuantWeights, the rest as tensors."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    path = Path(path)
+    try:
+        data = np.memmap(path, dtype=np.uint8, mode="c")  # copy-on-write: writable views, nothing written back
+        header = _Header(memoryview(data))
+        if bytes(data[:4]) != b"GGUF":
+            raise ValueError("no GGUF magic number")
+        header.at = 4
+        version, n_tensors, n_values = header.read("I"), header.read("Q"), header.read("Q")
+        if version < 2:
+            raise ValueError(f"GGUF version {version} is older than this reader (2 and later)")
+        metadata = {}
+        for _ in range(n_values):
+            key = header.string()
+            metadata[key] = header.value(header.read("I"))
+        table = []
+        for _ in range(n_tensors):
+            name = header.string()
+            dims = [header.read("Q") for _ in range(header.read("I"))]  # fastest-varying first
+            table.append((name, dims, header.read("I"), header.read("Q")))
+        alignment = int(metadata.get("general.alignment") or 32)
+        start = (header.at + alignment - 1) // alignment * alignment
+    except (OSError, ValueError, IndexError, struct.error) as error:
+        raise SpecdraftError(f"cannot read {path} as a GGUF file: {error}") from None
+    tensors: dict[str, torch.Tensor | QuantWeight] = {}
+    formats: dict[str, int] = {}
+    for name, dims, qtype, offset in table:
+        kind = GGMLQuantizationType(qtype)
+        per_block, block_bytes = GGML_QUANT_SIZES[kind]
+        n_rows = int(np.prod(dims[1:])) if len(dims) > 1 else 1
+        row_bytes = dims[0] // per_block * block_bytes
+        if start + offset + n_rows * row_bytes > len(data):
+            raise SpecdraftError(f"{path} is cut short: tensor {name!r} runs past the end of the file")
+        raw = data[start + offset: start + offset + n_rows * row_bytes].reshape(n_rows, row_bytes)
+        shape = [int(n) for n in reversed(dims)]
+        if qtype in BLOCK_TYPES and len(dims) == 2:
+            tensors[name] = QuantWeight(torch.from_numpy(raw), qtype, int(dims[0]))
+            label = BLOCK_TYPES[qtype]
+        elif kind == GGMLQuantizationType.BF16:
+            tensors[name] = torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16).reshape(shape)
+            label = "BF16"
+        elif kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            values = raw.view(np.float32 if kind == GGMLQuantizationType.F32 else np.float16).astype(np.float32)
+            tensors[name] = torch.from_numpy(values).reshape(shape)
+            label = kind.name if len(dims) == 1 else f"{kind.name} (as float32)"
+        else:  # another block format: dequantized once, kept as bfloat16 for the bf16 kernels
+            tensors[name] = torch.from_numpy(dequantize(np.asarray(raw), kind)).reshape(shape).to(torch.bfloat16)
+            label = f"{kind.name} (dequantized to bfloat16)"
+        if len(dims) == 2:
+            formats[label] = formats.get(label, 0) + 1
+    return GGUFTensors(path, str(metadata.get("general.architecture", "unknown")), tensors, formats)
+
+
+def unpermute_rows(weight: torch.Tensor | QuantWeight, n_heads: int) -> torch.Tensor | QuantWeight:
+    """llama.cpp's converter reorders the rows of a Llama model's Q and K projections, head by head, from the
+    half-split rotary layout of Hugging Face to interleaved pairs (row 2i + s of a head holds row s * Dh/2 + i);
+    this puts them back. Rows move whole, so a block-format matrix is reordered without touching its blocks."""
+    n_rows = weight.shape[0]
+    order = torch.arange(n_rows).reshape(n_heads, n_rows // n_heads // 2, 2).transpose(1, 2).reshape(-1)
+    if isinstance(weight, QuantWeight):
+        return QuantWeight(weight.blocks[order].contiguous(), weight.qtype, weight.cols)
+    return weight[order].contiguous()

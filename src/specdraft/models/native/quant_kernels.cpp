@@ -1,0 +1,477 @@
+// Matrix products over weights kept in their GGUF block formats (Q4_K, Q6_K, Q8_0, Q5_0, Q4_1).
+//
+// Activations are quantized per row to int8 blocks (one float scale per 256 values for the k-quants, per 32 for
+// the 32-value formats; each row on its own, so a row quantizes the same whatever else is in the call). A
+// weight block is unpacked once per pass into registers (unsigned or signed bytes, and its scales as int16
+// vectors) and then used for every token of the pass: integer dot products (`vpmaddubsw` + `vpmaddwd`, or
+// AVX512-VNNI `vpdpbusd`/`vpdpwssd` where the build has them) give per-lane int32 sums, exact, so their order
+// does not matter; the float part, per (weight row, token): lane-wise multiply-adds into 8 float lanes, block after
+// block in order, and one fixed-order lane sum at the end. Every output element sees the same instruction
+// sequence whatever the number of tokens in the call (batch invariance: a verify pass of k tokens gives the
+// logits of k single steps, bit for bit), and the VNNI and plain-AVX2 builds give the same bits (the integer
+// sums are the same numbers; the float part is the same 256-bit code in both).
+//
+// Block layouts (ggml's, little-endian; "d" fields are IEEE half floats):
+//   Q4_K, 256 weights in 144 bytes: d, dmin, scales[12] (8 six-bit scales and 8 six-bit mins), qs[128];
+//         weight 64j + 32s + l is nibble s of qs[32j + l]; its value d * scale[2j+s] * q - dmin * min[2j+s].
+//   Q6_K, 256 weights in 210 bytes: ql[128], qh[64], scales[16] (int8, one per 16 weights), d;
+//         in half h, weight 128h + 32k + l has low bits: nibble k/2 of ql[64h + 32(k%2) + l], high bits:
+//         bits 2k..2k+1 of qh[32h + l]; value d * scale * (q - 32).
+//   Q8_0, 32 weights in 34 bytes: d, int8 qs[32]; value d * q.
+//   Q5_0, 32 weights in 22 bytes: d, qh (32 bits: bit j the 5th bit of weight j), qs[16] (weight j: low nibble of
+//         qs[j], weight j + 16: high nibble); value d * (q - 16).
+//   Q4_1, 32 weights in 20 bytes: d, m, qs[16] (as Q5_0's nibbles); value d * q + m.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// ggml's type numbers
+enum QType : int64_t { kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
+
+inline float half_to_float(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return _cvtsh_ss(bits);
+}
+
+// ------------------------------------------------------------------------------------------- integer dot products
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+constexpr bool kVnni = true;
+// acc + per lane: the sum of 4 products of unsigned bytes `u` and signed bytes `s`
+inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+// acc + per lane: the sum of 2 products of int16 `a` and `b`
+inline __m256i dot_s16(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_epi32(acc, a, b); }
+#else
+constexpr bool kVnni = false;
+inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
+  // no saturation: every format below keeps |u * s + u' * s'| <= 2 * 128 * 127 < 32768
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+inline __m256i dot_s16(__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+#endif
+
+inline int32_t hsum_i32(__m256i v) {  // exact: integer addition in any order gives the same sum
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// Fixed-order lane sum of 8 floats.
+inline float hsum_f32(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// acc + (int32 lanes as floats) * scale, lane by lane
+inline __m256 scaled_add(__m256 acc, __m256i lanes, float scale) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(scale), acc);
+}
+
+// ----------------------------------------------------------------------------------------------- activations
+// x [T, K] float32 as int8 blocks of `block` values (256 or 32) with one float scale each, and the sums of every 16
+// consecutive int8 values (the k-quants' mins and offsets, Q4_1's min, need them).
+struct QuantizedRows {
+  int64_t T = 0, K = 0, block = 0;
+  std::vector<int8_t> q;     // [T, K]
+  std::vector<float> d;      // [T, K / block]
+  std::vector<int16_t> s16;  // [T, K / 16]
+
+  const int8_t* row(int64_t t) const { return q.data() + t * K; }
+  float scale(int64_t t, int64_t b) const { return d[t * (K / block) + b]; }
+  const int16_t* sums(int64_t t) const { return s16.data() + t * (K / 16); }
+};
+
+QuantizedRows quantize_rows(const float* x, int64_t T, int64_t K, int64_t block) {
+  QuantizedRows out;
+  out.T = T, out.K = K, out.block = block;
+  out.q.resize(T * K);
+  out.d.resize(T * (K / block));
+  out.s16.resize(T * (K / 16));
+  at::parallel_for(0, T, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* row = x + t * K;
+      int8_t* q = out.q.data() + t * K;
+      for (int64_t b = 0; b < K / block; ++b) {
+        const float* v = row + b * block;
+        float amax = 0.f;
+        for (int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(v[i]));
+        const float d = amax / 127.f;
+        const float inverse = d > 0.f ? 127.f / amax : 0.f;
+        for (int64_t i = 0; i < block; ++i) q[b * block + i] = static_cast<int8_t>(std::nearbyint(v[i] * inverse));
+        out.d[t * (K / block) + b] = d;
+      }
+      for (int64_t g = 0; g < K / 16; ++g) {
+        int sum = 0;
+        for (int i = 0; i < 16; ++i) sum += q[g * 16 + i];
+        out.s16[t * (K / 16) + g] = static_cast<int16_t>(sum);
+      }
+    }
+  });
+  return out;
+}
+
+// ------------------------------------------------------------------------------------------------- formats
+// Each format: kWeights per block, kBytes per block, kActBlock (the activation block it pairs with), an Unpacked
+// block (filled once per weight block and pass) and `accumulate` (one token's contribution to its accumulator).
+
+struct Q4K {
+  static constexpr int64_t kWeights = 256, kBytes = 144, kActBlock = 256;
+  struct Unpacked {
+    __m256i w[8];      // unsigned 4-bit weights, chunk c = sub-block c (32 weights)
+    __m256i scale[8];  // chunk c's 6-bit scale as 16 int16 lanes
+    __m256i mins;      // the 8 mins, each twice (one per 16 activations) as int16
+    float d, dmin;
+  };
+  static void unpack(const uint8_t* block, Unpacked& u) {
+    u.d = half_to_float(block);
+    u.dmin = half_to_float(block + 2);
+    const uint8_t* packed = block + 4;  // 12 bytes: scales 0-3 and mins 0-3 in six bits, then the rest split up
+    uint8_t scales[8], mins[8];
+    for (int j = 0; j < 4; ++j) {
+      scales[j] = packed[j] & 63;
+      mins[j] = packed[j + 4] & 63;
+      scales[j + 4] = (packed[j + 8] & 0x0F) | ((packed[j] >> 6) << 4);
+      mins[j + 4] = (packed[j + 8] >> 4) | ((packed[j + 4] >> 6) << 4);
+    }
+    const uint8_t* qs = block + 16;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int j = 0; j < 4; ++j) {
+      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * j));
+      u.w[2 * j] = _mm256_and_si256(bytes, low);
+      u.w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+    }
+    for (int c = 0; c < 8; ++c) u.scale[c] = _mm256_set1_epi16(scales[c]);
+    u.mins = _mm256_setr_epi16(mins[0], mins[0], mins[1], mins[1], mins[2], mins[2], mins[3], mins[3],
+                               mins[4], mins[4], mins[5], mins[5], mins[6], mins[6], mins[7], mins[7]);
+  }
+  // sum_i w_i x_i = d dx sum_c scale_c (sum_{i in c} q_i xq_i) - dmin dx sum_c min_c (sum_{i in c} xq_i)
+  static __m256 accumulate(const Unpacked& u, const int8_t* xq, const int16_t* xsums, float dx, __m256 acc) {
+    __m256i products = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * c));
+      products = dot_s16(products, _mm256_maddubs_epi16(u.w[c], x), u.scale[c]);
+    }
+    const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xsums));  // 16 sums of 16
+    const __m256i offsets = _mm256_madd_epi16(u.mins, sums);
+    acc = scaled_add(acc, products, u.d * dx);
+    return scaled_add(acc, offsets, -(u.dmin * dx));
+  }
+};
+
+struct Q6K {
+  static constexpr int64_t kWeights = 256, kBytes = 210, kActBlock = 256;
+  struct Unpacked {
+    __m256i w[8];      // q + 32 in 0..63, unsigned; chunk c = weights 32c..32c+31
+    __m256i scale[8];  // chunk c: 8 lanes of scale 2c, then 8 of scale 2c + 1 (int16)
+    __m256i scales;    // the 16 scales as int16
+    float d;
+  };
+  static void unpack(const uint8_t* block, Unpacked& u) {
+    const uint8_t* ql = block;
+    const uint8_t* qh = block + 128;
+    const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
+    u.d = half_to_float(block + 208);
+    const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 64 * h));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 64 * h + 32));
+      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * h));
+      // bits 2k..2k+1 of hb moved to bits 4..5
+      u.w[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(hb, 4), high));
+      u.w[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(_mm256_slli_epi16(hb, 2), high));
+      u.w[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), _mm256_and_si256(hb, high));
+      u.w[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                                       _mm256_and_si256(_mm256_srli_epi16(hb, 2), high));
+    }
+    for (int c = 0; c < 8; ++c)
+      u.scale[c] = _mm256_setr_m128i(_mm_set1_epi16(scales[2 * c]), _mm_set1_epi16(scales[2 * c + 1]));
+    u.scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+  }
+  // sum_i w_i x_i = d dx (sum_g scale_g sum_{i in g} (q_i + 32) xq_i - 32 sum_g scale_g sum_{i in g} xq_i)
+  static __m256 accumulate(const Unpacked& u, const int8_t* xq, const int16_t* xsums, float dx, __m256 acc) {
+    __m256i products = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * c));
+      products = dot_s16(products, _mm256_maddubs_epi16(u.w[c], x), u.scale[c]);
+    }
+    const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xsums));
+    products = _mm256_sub_epi32(products, _mm256_slli_epi32(_mm256_madd_epi16(u.scales, sums), 5));
+    return scaled_add(acc, products, u.d * dx);
+  }
+};
+
+// The 32-weight formats with signed weights: |q| as unsigned bytes against x carrying q's sign.
+struct SignedBlock {
+  __m256i magnitude, sign;
+  float d;
+  void set(__m256i q, float scale) {
+    magnitude = _mm256_sign_epi8(q, q);
+    sign = q;
+    d = scale;
+  }
+  __m256 accumulate(const int8_t* xq, float dx, __m256 acc) const {
+    const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq)), sign);
+    return scaled_add(acc, dot_u8s8(_mm256_setzero_si256(), magnitude, x), d * dx);
+  }
+};
+
+// Unsigned nibbles of 16 bytes as 32 bytes: low nibbles first (weights 0-15), then high nibbles (16-31).
+inline __m256i nibbles32(const uint8_t* qs) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i low = _mm_set1_epi8(0x0F);
+  return _mm256_setr_m128i(_mm_and_si128(bytes, low), _mm_and_si128(_mm_srli_epi16(bytes, 4), low));
+}
+
+struct Q80 {
+  static constexpr int64_t kWeights = 32, kBytes = 34, kActBlock = 32;
+  using Unpacked = SignedBlock;
+  static void unpack(const uint8_t* block, Unpacked& u) {
+    u.set(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2)), half_to_float(block));
+  }
+  static __m256 accumulate(const Unpacked& u, const int8_t* xq, const int16_t*, float dx, __m256 acc) {
+    return u.accumulate(xq, dx, acc);
+  }
+};
+
+struct Q50 {
+  static constexpr int64_t kWeights = 32, kBytes = 22, kActBlock = 32;
+  using Unpacked = SignedBlock;
+  static void unpack(const uint8_t* block, Unpacked& u) {
+    uint32_t high_bits;
+    std::memcpy(&high_bits, block + 2, 4);
+    // byte j takes bit j of high_bits: spread the 4 bytes over 8 lanes each, keep each lane's own bit
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(static_cast<int32_t>(high_bits)),
+        _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+    const __m256i is_set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    const __m256i q = _mm256_or_si256(nibbles32(block + 6), _mm256_and_si256(is_set, _mm256_set1_epi8(0x10)));
+    u.set(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), half_to_float(block));
+  }
+  static __m256 accumulate(const Unpacked& u, const int8_t* xq, const int16_t*, float dx, __m256 acc) {
+    return u.accumulate(xq, dx, acc);
+  }
+};
+
+struct Q41 {
+  static constexpr int64_t kWeights = 32, kBytes = 20, kActBlock = 32;
+  struct Unpacked {
+    __m256i w;
+    float d, m;
+  };
+  static void unpack(const uint8_t* block, Unpacked& u) {
+    u.d = half_to_float(block);
+    u.m = half_to_float(block + 2);
+    u.w = nibbles32(block + 4);
+  }
+  // sum_i w_i x_i = d dx sum_i q_i xq_i + m dx sum_i xq_i (the second as 2 lanes: the block's two sums of 16)
+  static __m256 accumulate(const Unpacked& u, const int8_t* xq, const int16_t* xsums, float dx, __m256 acc) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+    acc = scaled_add(acc, dot_u8s8(_mm256_setzero_si256(), u.w, x), u.d * dx);
+    const __m256i sums = _mm256_setr_epi32(xsums[0], xsums[1], 0, 0, 0, 0, 0, 0);
+    return scaled_add(acc, sums, u.m * dx);
+  }
+};
+
+// ------------------------------------------------------------------------------------------------ the product
+constexpr int64_t kTokenTile = 64;  // tokens whose accumulators a row keeps at once (a pass longer than this
+                                    // unpacks each weight block once per tile of tokens)
+
+template <typename F>
+void qlinear_impl(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
+                  float* out) {
+  const int64_t blocks = K / F::kWeights, row_bytes = blocks * F::kBytes;
+  const int64_t T = x.T;
+  // Threads split the weight rows; a row's arithmetic is the same whoever computes it.
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    __m256 acc[kTokenTile];
+    typename F::Unpacked unpacked;
+    for (int64_t n = begin; n < end; ++n) {
+      const uint8_t* row = weight + n * row_bytes;
+      for (int64_t t0 = 0; t0 < T; t0 += kTokenTile) {
+        const int64_t tile = std::min(kTokenTile, T - t0);
+        for (int64_t t = 0; t < tile; ++t) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < blocks; ++b) {
+          if (b + 2 < blocks) _mm_prefetch(reinterpret_cast<const char*>(row + (b + 2) * F::kBytes), _MM_HINT_T0);
+          F::unpack(row + b * F::kBytes, unpacked);
+          const int64_t offset = b * F::kWeights;
+          const int64_t act_block = offset / F::kActBlock;
+          for (int64_t t = 0; t < tile; ++t) {
+            const int64_t token = t0 + t;
+            acc[t] = F::accumulate(unpacked, x.row(token) + offset, x.sums(token) + offset / 16,
+                                   x.scale(token, act_block), acc[t]);
+          }
+        }
+        for (int64_t t = 0; t < tile; ++t) {
+          float v = hsum_f32(acc[t]);
+          if (bias) v += bias[n];
+          out[(t0 + t) * N + n] = v;
+        }
+      }
+    }
+  });
+}
+
+int64_t block_weights(int64_t type) {
+  switch (type) {
+    case kQ4_K: return Q4K::kWeights;
+    case kQ6_K: return Q6K::kWeights;
+    case kQ8_0: return Q80::kWeights;
+    case kQ5_0: return Q50::kWeights;
+    case kQ4_1: return Q41::kWeights;
+    default: return 0;
+  }
+}
+
+int64_t block_bytes(int64_t type) {
+  switch (type) {
+    case kQ4_K: return Q4K::kBytes;
+    case kQ6_K: return Q6K::kBytes;
+    case kQ8_0: return Q80::kBytes;
+    case kQ5_0: return Q50::kBytes;
+    case kQ4_1: return Q41::kBytes;
+    default: return 0;
+  }
+}
+
+// ----------------------------------------------------------------------------------- dequantization (scalar)
+void dequantize_block(int64_t type, const uint8_t* block, float* y) {
+  switch (type) {
+    case kQ4_K: {
+      const float d = half_to_float(block), dmin = half_to_float(block + 2);
+      const uint8_t* packed = block + 4;
+      const uint8_t* qs = block + 16;
+      for (int j = 0; j < 4; ++j) {
+        for (int s = 0; s < 2; ++s) {
+          const int c = 2 * j + s;
+          const int scale = c < 4 ? packed[c] & 63 : (packed[c + 4] & 0x0F) | ((packed[c - 4] >> 6) << 4);
+          const int min = c < 4 ? packed[c + 4] & 63 : (packed[c + 4] >> 4) | ((packed[c] >> 6) << 4);
+          for (int l = 0; l < 32; ++l) {
+            const int q = (qs[32 * j + l] >> (4 * s)) & 0x0F;
+            y[64 * j + 32 * s + l] = d * scale * q - dmin * min;
+          }
+        }
+      }
+      break;
+    }
+    case kQ6_K: {
+      const uint8_t* ql = block;
+      const uint8_t* qh = block + 128;
+      const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
+      const float d = half_to_float(block + 208);
+      for (int h = 0; h < 2; ++h)
+        for (int k = 0; k < 4; ++k)
+          for (int l = 0; l < 32; ++l) {
+            const int i = 128 * h + 32 * k + l;
+            const int low = (ql[64 * h + 32 * (k % 2) + l] >> (4 * (k / 2))) & 0x0F;
+            const int high = (qh[32 * h + l] >> (2 * k)) & 3;
+            y[i] = d * scales[i / 16] * ((low | (high << 4)) - 32);
+          }
+      break;
+    }
+    case kQ8_0: {
+      const float d = half_to_float(block);
+      for (int i = 0; i < 32; ++i) y[i] = d * static_cast<int8_t>(block[2 + i]);
+      break;
+    }
+    case kQ5_0: {
+      const float d = half_to_float(block);
+      uint32_t high_bits;
+      std::memcpy(&high_bits, block + 2, 4);
+      for (int j = 0; j < 16; ++j) {
+        const int q0 = (block[6 + j] & 0x0F) | (((high_bits >> j) & 1) << 4);
+        const int q1 = (block[6 + j] >> 4) | (((high_bits >> (j + 16)) & 1) << 4);
+        y[j] = d * (q0 - 16);
+        y[j + 16] = d * (q1 - 16);
+      }
+      break;
+    }
+    case kQ4_1: {
+      const float d = half_to_float(block), m = half_to_float(block + 2);
+      for (int j = 0; j < 16; ++j) {
+        y[j] = d * (block[4 + j] & 0x0F) + m;
+        y[j + 16] = d * (block[4 + j] >> 4) + m;
+      }
+      break;
+    }
+    default: TORCH_CHECK(false, "unsupported block type ", type);
+  }
+}
+
+void check_weight(const torch::Tensor& weight, int64_t type, int64_t K) {
+  TORCH_CHECK(block_weights(type) > 0, "unsupported block type ", type, " (supported: Q4_K, Q6_K, Q8_0, Q5_0, Q4_1)");
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kUInt8 && weight.is_contiguous(),
+              "quantized weight must be [N, row_bytes] uint8");
+  TORCH_CHECK(K % block_weights(type) == 0, "row length ", K, " is not a multiple of the block size");
+  TORCH_CHECK(weight.size(1) == K / block_weights(type) * block_bytes(type), "row bytes do not match the type");
+}
+
+}  // namespace
+
+// x: [T, K] float32, weight: [N, K / block * block_bytes] uint8 blocks of `type`, bias: [N] float32 or None
+// -> [T, N] float32
+torch::Tensor qlinear(torch::Tensor x, torch::Tensor weight, int64_t type, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x must be [T, K] float32");
+  const int64_t T = x.size(0), K = x.size(1), N = weight.size(0);
+  check_weight(weight, type, K);
+  const float* bias_ptr = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->numel() == N && bias->is_contiguous(), "bad bias");
+    bias_ptr = bias->data_ptr<float>();
+  }
+  const int64_t act_block = (type == kQ4_K || type == kQ6_K) ? 256 : 32;
+  const QuantizedRows rows = quantize_rows(x.data_ptr<float>(), T, K, act_block);
+  auto out = torch::empty({T, N}, x.options());
+  const uint8_t* w = weight.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  switch (type) {
+    case kQ4_K: qlinear_impl<Q4K>(w, N, K, rows, bias_ptr, o); break;
+    case kQ6_K: qlinear_impl<Q6K>(w, N, K, rows, bias_ptr, o); break;
+    case kQ8_0: qlinear_impl<Q80>(w, N, K, rows, bias_ptr, o); break;
+    case kQ5_0: qlinear_impl<Q50>(w, N, K, rows, bias_ptr, o); break;
+    case kQ4_1: qlinear_impl<Q41>(w, N, K, rows, bias_ptr, o); break;
+  }
+  return out;
+}
+
+// weight as in qlinear, rows: [n] int64  ->  [n, K] float32, the rows dequantized (embedding lookups, tests)
+torch::Tensor qdequantize_rows(torch::Tensor weight, int64_t type, int64_t K, torch::Tensor rows) {
+  check_weight(weight, type, K);
+  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == torch::kLong, "rows must be [n] int64");
+  auto ids = rows.contiguous();
+  const int64_t n = ids.size(0), N = weight.size(0), per_block = block_weights(type), bytes = block_bytes(type);
+  auto out = torch::empty({n, K}, torch::kFloat);
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(id[i] >= 0 && id[i] < N, "row ", id[i], " out of range");
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const uint8_t* row = weight.data_ptr<uint8_t>() + id[i] * weight.size(1);
+      for (int64_t b = 0; b < K / per_block; ++b)
+        dequantize_block(type, row + b * bytes, out.data_ptr<float>() + i * K + b * per_block);
+    }
+  });
+  return out;
+}
+
+// The activations as the kernels see them: x [T, K] float32 -> (int8 [T, K], scales [T, K / block] float32), for
+// tests that recompute a product from the quantized operands.
+std::vector<torch::Tensor> quantize_activations(torch::Tensor x, int64_t block) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x must be [T, K] float32");
+  TORCH_CHECK((block == 32 || block == 256) && x.size(1) % block == 0, "block must be 32 or 256 and divide K");
+  const QuantizedRows rows = quantize_rows(x.data_ptr<float>(), x.size(0), x.size(1), block);
+  auto q = torch::from_blob(const_cast<int8_t*>(rows.q.data()), {x.size(0), x.size(1)}, torch::kChar).clone();
+  auto d = torch::from_blob(const_cast<float*>(rows.d.data()), {x.size(0), x.size(1) / block}, torch::kFloat).clone();
+  return {q, d};
+}
+
+bool quant_vnni() { return kVnni; }
