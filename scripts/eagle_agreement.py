@@ -1,7 +1,10 @@
 """Is a weak EAGLE head weak, or is the engine wrong? The head's offline agreement with the target on a benchmark
 run's own greedy answers, next to the acceptance the engine measured on the same turns.
 
-    python scripts/eagle_agreement.py --head qwen1.5b-chats --bench docs/bench/eagle-chats --label "eagle[gamma=1]"
+    python scripts/eagle_agreement.py --head qwen1.5b-s15 --bench out/bench-eagle --label eagle
+
+(`--bench` is a benchmark run's folder with its records.jsonl; the runs under docs/bench keep only their summaries,
+so run the bench command docs/benchmarks.md gives for one, with `--out out/bench-eagle`.)
 
 For every first turn of the run's `ar` records: the target (bf16 weights, native backend) runs once over the
 prompt and its answer with the head's feature taps; the training unroll (`ttt_logits`, tested equal to the
@@ -18,9 +21,9 @@ the same prompts answered by the 1.5B tells whether the head is weak on the targ
 Step-1 answer agreement is also split by whether lookup first (its default: n-grams of 2-3 tokens) would copy
 at that position: the engine asks the head only where it would not, so that part is the one that shows online.
 Besides top-1 agreement (what greedy decoding keeps), it gives the expected acceptance of a guess sampled from the
-head at temperature 1, sum_x min(p, q) (what sampling keeps; session 15).
-With `--bench`, runs recorded since session 12 also give the engine's own acceptance of the head's drafts per
-step (given the steps before it) on the same first turns, to set beside it.
+head at temperature 1, sum_x min(p, q) (what sampling keeps).
+With `--bench`, runs whose records carry `steps_by_source` also give the engine's own acceptance of the head's
+drafts per step (given the steps before it) on the same first turns, to set beside it.
 """
 
 from __future__ import annotations
@@ -77,8 +80,8 @@ def agreement(target, head, prompt_ids: list[int], answer_ids: list[int], steps:
 
 
 def online_steps(args) -> str:
-    """The engine's own per-step acceptance of the drafter's guesses (SpecStats.steps_by_source, records from
-    session 12 on) over the `--label` records' first turns: the online twin of the split below."""
+    """The engine's own per-step acceptance of the drafter's guesses (SpecStats.steps_by_source, in records
+    that carry it) over the `--label` records' first turns: the online twin of the split below."""
     records = [json.loads(line) for line in (Path(args.bench) / "records.jsonl").read_text().splitlines()]
     reached, kept = [0] * args.steps, [0] * args.steps
     for record in records:

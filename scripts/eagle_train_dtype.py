@@ -6,8 +6,8 @@
 Speed: 12 training steps (after one warm-up) on 512-token windows per dtype, fp32 and bf16 alternated twice.
 Quality (`--steps N`): the same N steps from the same start and data order in each dtype (a cosine schedule
 over N steps), then the held-out agreement and loss per draft step and the mean training loss of the last 40
-steps. Session 15 (2 threads, AVX512-BF16): 199-204 vs 336-351 tokens/s; after 240 steps held out 0.403 /
-0.376 / 0.322 (fp32) vs 0.428 / 0.372 / 0.331 (bf16).
+steps. 2026-12-01 (AMD EPYC Zen 4, 2 threads, AVX512-BF16): 199-204 vs 336-351 tokens/s; after 240 steps held
+out 0.403 / 0.376 / 0.322 (fp32) vs 0.428 / 0.372 / 0.331 (bf16).
 """
 
 from __future__ import annotations

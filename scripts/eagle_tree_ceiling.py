@@ -1,7 +1,11 @@
 """How far can trees take this head? The best static tree for each node budget, chosen on the benchmark's own
 greedy answers (an optimistic ceiling: the shape is fitted to the very text it is scored on).
 
-    python scripts/eagle_tree_ceiling.py --head qwen1.5b-s15 --bench docs/bench/s19-s2d-1.5b-heldout
+    python scripts/eagle_tree_ceiling.py --head qwen1.5b-s15 --bench out/heldout-1.5b \
+        --curve docs/perf/verify-curve-1.5b-32-zen4-2026-12-02.json
+
+(`--bench` is a greedy benchmark run's folder with its records.jsonl: run the bench command of
+docs/bench/2026-12-02-heldout-1.5b, given in docs/benchmarks.md, with `--out out/heldout-1.5b`.)
 
 For every `ar` turn of the run (all turns; later turns see the earlier `ar` answers, as the benchmark builds
 them): the target (bf16, native) runs once over prompt + answer with the head's feature taps, and the training
@@ -26,7 +30,7 @@ lookup columns' trees are fitted on the anchors where lookup would not copy.
 
 Decode speedup over AR per pass: τ / (verify cost + head steps), the verify cost from the target's measured
 curve (`--curve`, relative to one token; past its last point extrapolated along its last slope, marked *), a
-head step at `--head-step` of a target step (γ auto's price, session 15). End to end at the run's own prefill
+head step at `--head-step` of a target step (γ auto's price of a head step). End to end at the run's own prefill
 share of our AR's time: 1 / (share + (1 − share) / decode). `--alpha` adds what a better head would give,
 `--fit-on` fits the shapes on another run's vectors.
 """

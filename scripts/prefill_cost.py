@@ -3,7 +3,7 @@ against torch's bf16 `F.linear`, then whole prefills of 150 and 300 tokens with 
 
     python scripts/prefill_cost.py
 
-Session 15 (AMD EPYC Zen 4, AVX512-BF16, 2 threads): the kernel 370-410 GFLOP/s at 64-300 rows, torch 340-420;
+2026-12-01 (AMD EPYC Zen 4, AVX512-BF16, 2 threads): the kernel 370-410 GFLOP/s at 64-300 rows, torch 340-420;
 prefill 126-129 tokens/s (the model's products are about 2.6 GFLOP a token).
 """
 

@@ -3,7 +3,7 @@ torch.multinomial, and the whole acceptance step (`accept_draft`, temperature 1)
 
     python scripts/time_sampling.py [THREADS]
 
-Medians of 40 calls on random distributions; docs/performance.md "Session 12" has the figures.
+Medians of 40 calls on random distributions; docs/performance.md "Sampling one token" has the figures.
 """
 
 from __future__ import annotations

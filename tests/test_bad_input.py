@@ -1,4 +1,4 @@
-"""A user's mistakes end in a clear SpecdraftError, before anything is lost or loaded (session 20's audit of the
+"""A user's mistakes end in a clear SpecdraftError, before anything is lost or loaded (an audit of the
 CLI, the server and the trainers: each case here was a traceback, or emptied a file, before)."""
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ def test_answers_out_that_is_a_file_is_refused(tmp_path):
     assert (tmp_path / "out").read_text(encoding="utf-8") == "mine"
 
 
-# ---- the Python API (session 20's second audit: wrong types ended in TypeErrors inside torch, or wrong output) ----
+# ---- the Python API (a second audit: wrong types ended in TypeErrors inside torch, or wrong output) ----
 
 @pytest.mark.parametrize("bad", [
     {"stop": "return"},  # a string would have stopped at each of its characters

@@ -272,7 +272,7 @@ def test_a_method_can_carry_its_own_drafter_settings(tiny_models, tiny_dirs, tmp
 
 def test_every_drafter_knob_of_the_command_line_reaches_the_bench_and_its_methods():
     """The bench takes the drafter knobs `generate` and `serve` take (a knob missing from BenchSettings was a
-    traceback in session 16, since removed with its knob), run-wide and per method."""
+    traceback once, since removed with its knob), run-wide and per method."""
     import argparse
     import dataclasses
 

@@ -225,9 +225,9 @@ def test_the_curve_is_measured_once_and_kept_per_machine_setting(tiny_models, mo
                 if json.loads(p.read_text())["relative"] == list(curve.short))
     stored = json.loads(path.read_text())
     path.write_text(json.dumps({k: v for k, v in stored.items() if k not in ("contexts", "relative_long")}))
-    assert vc.verify_curve(target, 5) == ones and len(measured) == 4  # a file from before session 12: measured
+    assert vc.verify_curve(target, 5) == ones and len(measured) == 4  # a file without the long curve: measured
     stored = json.loads(path.read_text())
-    path.write_text(json.dumps({**stored, "estimator": "best of 3"}))  # before session 16: measured again
+    path.write_text(json.dumps({**stored, "estimator": "best of 3"}))  # another estimator: measured again
     assert vc.verify_curve(target, 5) == ones and len(measured) == 6
     measured[4:] = []
     path.write_text("{not json")  # a damaged file is measured again, not an error

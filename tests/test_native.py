@@ -173,7 +173,7 @@ def test_attention_kernel_stays_finite_when_every_score_is_far_below_zero(tiny_n
     """Every key scored near `top_score` (a query pointing away from all keys; Qwen2's q/k biases make such
     rows). Key counts not a multiple of 8 leave lanes past the end in the last group of 8, scored 0: their weight
     must be 0, not exp(0 - max), whose exponent field overflows near 0 - max = 88.7 or 266 (2^128, 2^384) into an
-    inf, times 0 a NaN. Session 13 found NaN logits from position 124 of a real conversation this way."""
+    inf, times 0 a NaN. NaN logits from position 124 of a real conversation were found this way (2026-12-01)."""
     ops = tiny_native["qwen2", "float32"].native.ops
     generator = torch.Generator().manual_seed(4)
     head_dim, start, queries, heads, kv_heads, capacity = 128, 90, 5, 12, 2, 128

@@ -515,7 +515,7 @@ def test_full_queue_answers_429_with_retry_after_and_loses_nothing(idle_server, 
 def test_queued_requests_are_served_in_arrival_order(idle_server):
     """The worker serves one request at a time, so answer i + 1 is sent a whole generation after answer i. Each
     asks for QUEUED_TOKENS tokens so that gap dwarfs thread scheduling: with 3-token answers a client thread that
-    read its answer late was once recorded after the next one (CI, session 13), the server's order being right."""
+    read its answer late was once recorded after the next one (in CI), the server's order being right."""
     finished: list[int] = []
     long = idle_server.start_long_stream()
     idle_server.wait_for(running=1, queued=0)

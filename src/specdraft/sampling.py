@@ -42,7 +42,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     Token i is drawn when a uniform draw over [0, row total) lands in [cdf[i - 1], cdf[i]), an interval of
     width probs[i] (summed in float64, so rounding is far below any test's resolution); a zero-probability token
     has an empty interval and is never drawn. Same distribution as torch.multinomial, which on CPU costs 30-60x
-    more over a 152k vocabulary (docs/performance.md "Session 12"): a sampled pass draws once per draft token
+    more over a 152k vocabulary (docs/performance.md "Sampling one token"): a sampled pass draws once per draft token
     and once at the target."""
     cdf = probs.double().cumsum(dim=-1)  # [n, V]
     draws = torch.rand(cdf.shape[0], 1, dtype=torch.float64, generator=generator) * cdf[:, -1:]  # [n, 1]

@@ -5,7 +5,7 @@ directory, sockets), the host surviving every one:
   - a fresh temporary working directory, removed afterwards;
   - resource limits set in the child before exec: CPU seconds (RLIMIT_CPU), address space (RLIMIT_AS),
     processes (RLIMIT_NPROC), file size (RLIMIT_FSIZE), no core dumps;
-  - a wall-clock timeout, after which the child's whole process group is killed (it runs in its own session);
+  - a wall-clock timeout, after which the child's whole process group is killed (it leads its own group: setsid);
     the group is killed at the end in any case;
   - where the platform allows it (root, util-linux `unshare`/`setpriv`): new network and PID namespaces
     (no interface but a down loopback; every process of the run dies with its first one) and an unprivileged

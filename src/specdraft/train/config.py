@@ -13,7 +13,7 @@ class TrainConfig:
     out: str  # a head name (saved under ~/.cache/specdraft/heads/NAME) or a folder
     steps: int | None = None  # optimizer steps (one window each); None: `epochs` passes over the data
     # 3 passes: held-out agreement 0.512 / 0.453 / 0.408 (draft steps 1-3) after 1.5 -> 0.552 / 0.513 / 0.474 after
-    # 3 on the same 145k tokens (session 11, docs/eagle.md); the training loss then sits below the held-out one,
+    # 3 on the same 145k tokens (2026-12-01, docs/eagle.md); the training loss then sits below the held-out one,
     # so more passes would need more data
     epochs: float = 3.0
     ttt_steps: int = 3  # unrolled draft steps per training step
@@ -31,7 +31,7 @@ class TrainConfig:
     seed: int = 0
     # the products' dtype in a training step: "bfloat16" runs them under torch.autocast (the parameters, the
     # optimizer and the loss's softmax stay float32); auto: bfloat16 where the CPU computes it natively. Same 240
-    # steps from the same start (session 15, prose-s14 features): held out 0.428 / 0.372 / 0.331 in bf16 against
+    # steps from the same start (2026-12-01, prose-s14 features): held out 0.428 / 0.372 / 0.331 in bf16 against
     # 0.403 / 0.376 / 0.322 in fp32, at 1.7x the speed (195 s against 320 s)
     compute_dtype: str = "auto"
     # go on from this trained head (a name under ~/.cache/specdraft/heads or a folder) instead of a fresh one:

@@ -171,7 +171,7 @@ class Trainer:
         ckpt_path = self.folder / CHECKPOINT
         if ckpt_path.is_file():
             ckpt = torch.load(ckpt_path, weights_only=False)
-            # runs before session 15 were fp32, before session 16 none went on from a head
+            # checkpoints from before --compute-dtype were fp32, from before --init none went on from a head
             stored = {"compute_dtype": "float32", "init": None, **ckpt["train_config"]}
             if stored != self._identity():
                 raise SpecdraftError(f"{self.folder} holds a run with other settings; choose another --out or "

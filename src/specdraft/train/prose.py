@@ -3,10 +3,10 @@
 Why: the package-built kinds (train/chats.py) ask about APIs and translate docstrings, while the benchmark asks
 world-knowledge questions, answers over news passages, summarizes news articles and translates German
 encyclopedic prose. The EAGLE head agreed with the 1.5B target on 0.42 of new chat answers but on 0.11-0.17 of
-those four categories (docs/eagle.md, session 9). The pinned packages hold little general prose, so these kinds
-make it: seeded subjects and events from the lists below (our own, disjoint from the benchmark's sources by
-construction), a first turn that asks for a paragraph, an article or a question, and a second turn (`restart`:
-the first exchange is dropped) that uses the first answer as its material:
+those four categories (docs/eagle.md; measured 2026-11-30). The pinned packages hold little general prose, so
+these kinds make it: seeded subjects and events from the lists below (our own, disjoint from the benchmark's
+sources by construction), a first turn that asks for a paragraph, an article or a question, and a second turn
+(`restart`: the first exchange is dropped) that uses the first answer as its material:
 
   trivia    write a trivia question about a subject   -> the question alone, answered closed-book
   passage   write an encyclopedia paragraph            -> answer a question using that paragraph as the passage
@@ -14,7 +14,7 @@ the first exchange is dropped) that uses the first answer as its material:
   german    write two or three German lexicon sentences -> translate them into English
   article   write a longer news article (~300 words)    -> summarize it in one sentence, or answer a question
                                                            over it (long inputs, as the suite's summarization
-                                                           and rag prompts have; session 11)
+                                                           and rag prompts have)
 
 A second turn runs only when its first answer passes the kind's check (`followup_accepts`): a question that
 ends in "?", a German text that reads as German, a passage long enough to be one.
