@@ -33,18 +33,20 @@ SETTINGS = {
 }
 
 
-@pytest.fixture(scope="module", params=["native", "transformers"])
+@pytest.fixture(scope="module", params=["native", "transformers", "gguf"])
 def small_vocab(tmp_path_factory, request):
-    """Target and draft on each backend: the statistical tests (and their negative controls) run on both."""
+    """Target and draft on each backend, and natively from GGUF files in Q8_0 blocks (the quantized kernels): the
+    statistical tests (and their negative controls) run on all three."""
     from tiny import build_model
+    from tiny_gguf import write_gguf
 
     root = tmp_path_factory.mktemp("small_vocab")
-    backend = request.param
-    target = load_model(str(build_model(root / "t", seed=11, chars="abcde", init_range=0.5)), "float32",
-                        backend=backend)
-    draft = load_model(str(build_model(root / "d", seed=12, chars="abcde", init_range=0.5, layers=1)), "float32",
-                       backend=backend)
-    return target, draft
+    models = {"t": build_model(root / "t", seed=11, chars="abcde", init_range=0.5),
+              "d": build_model(root / "d", seed=12, chars="abcde", init_range=0.5, layers=1)}
+    if request.param == "gguf":
+        return tuple(load_model(str(write_gguf(path, root / "cache", name, "Q8_0")), "gguf")
+                     for name, path in models.items())
+    return tuple(load_model(str(path), "float32", backend=request.param) for path in models.values())
 
 
 def exact_joint(target, params: SamplingParams) -> dict[tuple, float]:

