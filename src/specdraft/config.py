@@ -19,7 +19,7 @@ MAX_TREE_BUDGET = 64
 # methods that already draft by prompt lookup, or do not draft: lookup_first has nothing to put lookup in front of
 NO_LOOKUP_FIRST = ("ar", "prompt-lookup", "prompt-lookup-tree")
 # lookup_first "auto" for every other method: copies after a repeated pair of tokens. Measured on two prompts per
-# category, greedy, bf16 (docs/bench/s8-lookup-trees): eagle-tree 1.07x -> 1.39x our AR, draft 1.23x -> 1.31x
+# category, greedy, bf16 (docs/bench/2026-11-30-xeon-lookup-first-trees): eagle-tree 1.07x -> 1.39x our AR, draft 1.23x -> 1.31x
 AUTO_LOOKUP_FIRST = 2
 # gamma "auto" (None) on a chain method: each pass drafts 0..AUTO_GAMMA_MAX tokens, chosen from the request's
 # acceptance so far and the target's measured verify-cost curve (draft_length.py)
@@ -127,7 +127,7 @@ class SpecConfig:
 
     method: str = "draft"
     # None is auto: each pass of a chain method chooses its length (see AUTO_GAMMA_MAX); tree methods ignore
-    # gamma. Auto is the default since session 11: greedy it beat gamma 2 in three runs for prompt lookup and the
+    # gamma. Auto is the default since 2026-12-01: greedy it beat gamma 2 in three runs for prompt lookup and the
     # 0.5B draft (1.05-1.10x); at temperature 1 two 16-turn runs are inconclusive (-7 % to +1 %, sampling noise;
     # docs/performance.md, "Draft length per pass").
     gamma: int | None = None
@@ -149,8 +149,8 @@ class SpecConfig:
     # tokens. Default from the verify-cost curve T(k)/T(1) measured on a quiet machine, 2 threads, bf16 native,
     # 1.5B target (2026-11-29): k=2 1.22, 3 1.44, 4 1.75, 6 2.04, 8 2.66, 16 4.30. The step from 4 to 6 tokens
     # is the cheapest per token on that curve, so 5 nodes (a 6-token pass, about 2 steps). A faster k > 1 kernel
-    # flattens the curve and favours larger budgets: re-measure and override (--tree-budget). Session 6's kernel
-    # (next-group prefetch): k=2 1.08, 3 1.15, 4 1.42, 6 1.89, 16 4.57 against a faster T(1); the budget has
+    # flattens the curve and favours larger budgets: re-measure and override (--tree-budget). The kernel with
+    # next-group prefetch (2026-11-29): k=2 1.08, 3 1.15, 4 1.42, 6 1.89, 16 4.57 against a faster T(1); the budget has
     # not been re-tuned end to end against it (docs/performance.md).
     tree_budget: int = 5
     tree_depth: int = 4

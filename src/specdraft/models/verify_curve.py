@@ -2,7 +2,7 @@
 machine and cached, so `gamma=auto` (draft_length.py) weighs draft lengths by what they cost here.
 
 It is measured after a short and after a long cached context: each new row attends over the whole context, so
-a longer context makes the extra rows dearer (session 12 on the 1.5B target: T(6) / T(1) 1.15 after 64 tokens,
+a longer context makes the extra rows dearer (2026-12-01, Xeon, on the 1.5B target: T(6) / T(1) 1.15 after 64 tokens,
 1.23 after 512, 1.39 after 1,536). `VerifyCurve.at` interpolates linearly in the context length between the two,
 and extrapolates past the long one (attention's cost grows linearly with the context).
 
@@ -29,8 +29,8 @@ from .adapter import LoadedModel
 PREFIX_TOKENS = 64  # cached positions before the timed passes: attention over a short prompt, like a chat turn
 LONG_PREFIX_TOKENS = 512  # the second curve's: a long prompt (summarization, rag), still quick to prefill
 # Timed rounds; each round times every length once, interleaved, so slow drift hits a round's lengths alike.
-# The curve is the median over rounds of each round's T(n) / T(1). Session 15 measured the curve as the fastest
-# of 3 passes per length and got T(4) / T(1) = 1.11 and 1.25 in two measurements back to back: one lucky or
+# The curve is the median over rounds of each round's T(n) / T(1). The earlier estimator, the fastest of 3
+# passes per length, gave T(4) / T(1) = 1.11 and 1.25 in two measurements back to back (2026-12-01): one lucky or
 # unlucky T(1) pass moved the whole curve.
 ROUNDS = 9
 # stored beside the curve: files from another estimator are measured again
@@ -57,7 +57,7 @@ def curve_key(target: LoadedModel, max_tokens: int) -> dict:
     config = target.model.config
     key = {"model": Path(target.path).name, "layers": target.n_layers, "hidden": target.hidden_size,
            "vocab": target.vocab_size, "kv_heads": getattr(config, "num_key_value_heads", None),
-           "dtype": str(target.dtype).removeprefix("torch."), "backend": target.backend,
+           "dtype": target.dtype_name, "backend": target.backend,
            "threads": torch.get_num_threads(), "torch": torch.__version__, "cpu": _cpu_name(),
            "cores": os.cpu_count(), "max_tokens": max_tokens}
     if target.native is not None:
@@ -121,7 +121,7 @@ def verify_curve(target: LoadedModel, max_tokens: int) -> VerifyCurve:
     path = curves_root() / f"{key['model']}-{digest}.json"
     try:
         stored = json.loads(path.read_text())
-        # files from before session 12 hold the short curve only, before session 16 another estimator: measured again
+        # older files hold the short curve only, or another estimator: measured again
         if stored.get("key") == key and stored.get("contexts") == list(contexts) and stored.get(
                 "estimator") == ESTIMATOR and all(
                 len(stored.get(name, ())) == max_tokens for name in ("relative", "relative_long")):

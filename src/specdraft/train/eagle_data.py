@@ -190,7 +190,7 @@ def collect(config: CollectConfig, progress: bool = True) -> Path:
     meta = {"target": config.target, "target_path": target.path, "hidden_size": target.hidden_size,
             "vocab_size": target.vocab_size, "n_layers": target.n_layers, "layers": list(layers),
             "vocab_hash": vocab_hash(target.tokenizer), "max_len": config.max_len,
-            "collect_dtype": str(target.dtype).removeprefix("torch."), "backend": target.backend,
+            "collect_dtype": target.dtype_name, "backend": target.backend,
             "sources": "data/eagle/SOURCES.md", "packages": list(PINNED_PACKAGES), "corpus": config.corpus}
     meta_path = out / "meta.json"
     if meta_path.is_file():
