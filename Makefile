@@ -71,3 +71,11 @@ serve: fetch
 bench-server: fetch
 	$(PY) scripts/load_server.py --url http://127.0.0.1:8031 --serve "--port 8031 --dtype float32 --max-queue 16 --log-level warning" \
 		--concurrency 1,4,16 --methods draft,ar --requests 4 --max-tokens 32 --out docs/server/load.json
+
+# llama.cpp, the benchmark's outside peer (bench methods llama.cpp and llama.cpp-spec; `specdraft profile verify`):
+# built once from the sdist of llama-cpp-python==0.3.36 on the package index (its vendor/llama.cpp; cmake Release,
+# GGML_NATIVE=ON, llama-server and llama-bench only) into ~/.cache/specdraft/peers (or $SPECDRAFT_CACHE/peers);
+# about 10 minutes on the 2-core machine; a finished build is kept. `make test` needs no peer.
+.PHONY: peers
+peers: $(STAMP)
+	$(PY) -m specdraft.bench.peer_build
