@@ -76,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_arguments(sub.add_parser("bench", help="benchmark methods side by side on a prompt suite"))
 
+    from .bench.profile import add_profile_arguments
+
+    add_profile_arguments(sub.add_parser("profile", help="measure costs on this machine: `profile verify`, the "
+                                         "verify curve T(k)/T(1), ours beside llama.cpp's"))
+
     from .train.options import add_train_arguments
 
     add_train_arguments(sub.add_parser("train", help="train a drafter on this machine (EAGLE head, sorted draft), export it"))
@@ -134,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_train(args)
         if args.command == "serve":
             return cmd_serve(args)
+        if args.command == "profile":
+            from .bench.profile import cmd_profile
+
+            return cmd_profile(args)
     except SpecdraftError as exc:
         print(f"specdraft: error: {exc}", file=sys.stderr)
         return 2

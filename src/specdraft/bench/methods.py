@@ -2,8 +2,10 @@
 configuration, a function that generates one turn and times the whole call.
 
 Our own methods are derived from `config.METHODS` (each backed by `load_engine`), so a drafter that joins the
-engine's registry joins the benchmark too; the transformers baselines are registered below. A new method that
-is neither calls `register(Method(...))`; the runner never names a method.
+engine's registry joins the benchmark too; the transformers baselines and the llama.cpp peer (peers.py) are
+registered below. A new method that is none of these calls `register(Method(...))`; the runner never names a
+method. A method's generate function may have a `close()` (a server to stop): the runner calls it at the end of
+the run, errors included.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..config import TREE_METHODS, ModelConfig, SamplingParams, SpecConfig
 from ..drafters import NEEDS_DRAFT_MODEL
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel
+from .peers import PEER_DRAFT_N_MAX, PeerCompletion
 
 
 @dataclass
@@ -53,6 +56,10 @@ class Method:
     build: Callable[[BenchModels, SpecConfig], GenerateTurn]  # spec carries gamma and the drafter's knobs
     needs_draft: bool = False
     uses_gamma: bool = False
+    # what gamma auto means for a method outside our loop (it has no per-pass choice); None: HF_AUTO_GAMMA
+    auto_gamma: int | None = None
+    # a check that needs no model, run before any model loads (e.g. an outside program is not built)
+    preflight: Callable[[ModelConfig], None] | None = None
 
 
 METHODS: dict[str, Method] = {}
@@ -143,3 +150,79 @@ register(Method("hf-prompt-lookup",
                     models, lambda s: {"prompt_lookup_num_tokens": s.gamma,
                                        "max_matching_ngram_size": s.lookup_max_ngram}, spec),
                 uses_gamma=True))
+
+
+# ------------------------------------------------------------------------------------------------ llama.cpp
+
+def _peer_preflight(speculative: bool) -> Callable[[ModelConfig], None]:
+    def check(config: ModelConfig) -> None:
+        from ..models.fetch import cache_root
+        from .peers import gguf_path, require_peer
+
+        cache = cache_root(config.cache_dir)
+        require_peer(cache)
+        gguf_path(config.target, cache)
+        if speculative:
+            if not config.draft:
+                raise SpecdraftError("method 'llama.cpp-spec' needs a draft model (--draft NAME)")
+            gguf_path(config.draft, cache)
+
+    return check
+
+
+def peer_stats(completion: PeerCompletion, version: str = "") -> dict:
+    """A llama-server completion's figures as a record's stats: its own timings (`peer_*`), and the fields our
+    records share (finish reason, backend). No target_passes: the report keeps the peer out of our loop's figures."""
+    timings = completion.timings
+    stats = {"backend": "llama.cpp", "peer_version": version,
+             "finish_reason": {"eos": "stop", "word": "stop", "limit": "length"}.get(completion.stop_type,
+                                                                                   completion.stop_type),
+             # prefill by its clock: the report's decode-only figures leave it out, as they do our prefill
+             "time_prefill_s": timings["prompt_ms"] / 1000,
+             "peer_stop_type": completion.stop_type, "peer_eos_token": completion.eos_token,
+             "peer_http_wall_s": completion.http_wall_s}
+    for name in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "draft_n", "draft_n_accepted", "cache_n"):
+        if name in timings:
+            stats[f"peer_{name}"] = timings[name]
+    return stats
+
+
+def _build_llama_cpp(speculative: bool) -> Callable[[BenchModels, SpecConfig], GenerateTurn]:
+    """llama-server on the target's GGUF file (and the draft's, for its speculative decoding), started once per
+    run; each turn's prompt ids go to it as they are, and its tokens/s come from its own timings."""
+    def build(models: BenchModels, spec: SpecConfig) -> GenerateTurn:
+        from ..models.fetch import cache_root
+        from .peers import (DEFAULT_CONTEXT, PEER_VERSION, LlamaServer, ServerSpec, existing_gguf, peer_binary,
+                            peer_info, require_peer)
+
+        config = models.config
+        cache = cache_root(config.cache_dir)
+        require_peer(cache)
+        server_spec = ServerSpec(
+            binary=peer_binary(cache, "llama-server"), model=existing_gguf(config.target, cache),
+            threads=config.threads or torch.get_num_threads(),
+            context=min(DEFAULT_CONTEXT, models.target.max_positions or DEFAULT_CONTEXT),
+            draft=existing_gguf(config.draft, cache) if speculative else None,
+            draft_n_max=spec.gamma or PEER_DRAFT_N_MAX)
+        server = LlamaServer(server_spec).start()
+        commit = (peer_info(cache).get("llama_cpp_commit") or "")[:10] or "commit unknown"
+        version = f"llama-cpp-python {PEER_VERSION}'s llama.cpp ({commit})"
+        tokenizer = models.target.tokenizer
+
+        def generate(prompt_ids: list[int], params: SamplingParams) -> TurnOutput:
+            completion = server.complete(prompt_ids, params.max_new_tokens, params.temperature, params.top_k,
+                                         params.top_p, params.seed)
+            text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)  # as our engine's text
+            return TurnOutput(completion.token_ids, text, completion.own_wall_s, peer_stats(completion, version))
+
+        generate.close = server.stop  # type: ignore[attr-defined]
+        return generate
+
+    return build
+
+
+register(Method("llama.cpp", "llama.cpp's llama-server (make peers), plain decoding on the target's GGUF",
+                _build_llama_cpp(False), preflight=_peer_preflight(False)))
+register(Method("llama.cpp-spec", "llama.cpp's llama-server, its speculative decoding with the draft's GGUF "
+                f"(draft length gamma; auto: {PEER_DRAFT_N_MAX}, its default)", _build_llama_cpp(True),
+                uses_gamma=True, auto_gamma=PEER_DRAFT_N_MAX, preflight=_peer_preflight(True)))

@@ -1,11 +1,12 @@
 """llama.cpp as the benchmark's outside peer: its build in the cache, its server for the bench methods `llama.cpp`
 and `llama.cpp-spec`, and its llama-bench for `specdraft profile verify`.
 
-The peer runs on the same GGUF file our target was converted from (the packaged models keep theirs in
-`<cache>/gguf/`), so both sides compute with the same 4-bit weights: llama.cpp on the quantized blocks with
-8-bit activations, our native backend on the weights dequantized. Prompts go to llama-server as token ids, the
-ids our chat template made, so it sees exactly what our methods see; it decodes greedily (temperature 0, top-k 1,
-every penalty off) with no prompt cache, and its tokens and its own timings come back.
+The peer runs on the GGUF file our target came from (the packaged models keep theirs in `<cache>/gguf/`), so
+both sides compute with the same quantized weights: llama.cpp with its kernels, our native backend with ours on the
+same blocks (--dtype gguf, auto's choice for a GGUF model) or on the weights dequantized (bfloat16, float32).
+Prompts go to llama-server as token ids, the ids our chat template made, so it sees exactly what our methods see;
+it decodes greedily (temperature 0, top-k 1, every penalty off) with no prompt cache, and its tokens and its own
+timings come back.
 
 Build: `make peers` (peer_build.py). Without it the methods are refused before any model loads.
 
@@ -74,27 +75,21 @@ def peer_info(cache: Path) -> dict:
 # ------------------------------------------------------------------------------------------------ GGUF files
 
 def gguf_path(name_or_path: str, cache: Path) -> Path:
-    """The GGUF file a model came from: a packaged name (its file in <cache>/gguf), a .gguf file, or a converted
-    model folder whose specdraft.json names its GGUF. Not checked for existence (a packaged model is fetched
-    with the target); `existing_gguf` checks."""
-    from ..models.fetch import COMPLETE_MARKER, PACKAGED_MODELS
+    """The GGUF file a model came from: a packaged name (its file in <cache>/gguf, fetched with the target, so not
+    checked here; `existing_gguf` checks), a .gguf file, or a fetched model folder (its marker names the file)."""
+    from ..models.fetch import PACKAGED_MODELS, gguf_source
 
     if name_or_path in PACKAGED_MODELS:
         return cache / "gguf" / PACKAGED_MODELS[name_or_path].gguf_filename
     path = Path(name_or_path).expanduser()
     if path.suffix == ".gguf":
         return path
-    marker = path / COMPLETE_MARKER
-    if marker.is_file():
-        try:
-            source = json.loads(marker.read_text()).get("gguf")
-        except (OSError, ValueError, AttributeError):
-            source = None
-        if source:
-            return path.resolve().parent.parent / "gguf" / source  # <cache>/models/NAME -> <cache>/gguf/FILE
-    raise SpecdraftError(f"llama.cpp runs on GGUF files, and {name_or_path!r} has none that specdraft knows of: use a "
-                         f"packaged model ({', '.join(PACKAGED_MODELS)}), a .gguf file, or a folder `specdraft models "
-                         "fetch` converted")
+    source = gguf_source(path) if path.is_dir() else None
+    if source is None:
+        raise SpecdraftError(f"llama.cpp runs on GGUF files, and {name_or_path!r} has none that specdraft knows of: "
+                             f"use a packaged model ({', '.join(PACKAGED_MODELS)}), a .gguf file, or a folder "
+                             "`specdraft models fetch` made (with its GGUF still in the cache)")
+    return source
 
 
 def existing_gguf(name_or_path: str, cache: Path) -> Path:

@@ -10,6 +10,8 @@
   the one it rejected), the per-token estimate under which τ should follow (1 − α^(γ+1)) / (1 − α);
 - identical_to_ar: the fraction of turns whose greedy output equals the `ar` output token for token, length
   included; first_divergence lists, for the others, the first position that differs;
+- peers (llama.cpp, when it ran): its prompt and generation rates from its own timings beside ours, pooled over
+  turns, and whether its outputs equal our `ar`'s (its speculative decoding's also against its plain decoding);
 - speedup_interval: a 95 % interval of the overall speedup, from a paired bootstrap over prompts
   (`paired_speed_ratio`); `versus` holds the same paired ratio and interval of every method against each
   method named by --versus.
@@ -129,6 +131,17 @@ def versus_table(records: list[dict], labels: list[str], reference: str) -> dict
             for label in labels if label != reference}
 
 
+def compare_tokens(candidate: list[int], reference: list[int]) -> tuple[bool, int | None]:
+    """(identical, first divergence): identical only if every token AND the length agree; the first divergence
+    is the first differing position, or the shorter length when one output is a prefix of the other."""
+    for position, (a, b) in enumerate(zip(candidate, reference, strict=False)):  # lengths checked below
+        if a != b:
+            return False, position
+    if len(candidate) != len(reference):
+        return False, min(len(candidate), len(reference))
+    return True, None
+
+
 def read_records(path: Path) -> list[dict]:
     """The records of a run; a line cut off by a kill mid-write (the last one) is dropped."""
     records, _ = read_jsonl(path, "the records file was edited or is corrupt, use --overwrite to start afresh")
@@ -196,6 +209,66 @@ def step_tallies(records: list[dict]) -> dict | None:
     return sums or None
 
 
+PEER_REFERENCE = "llama.cpp"  # the peer's plain decoding: its speculative decoding is also compared with it
+
+
+def _is_peer(record: dict) -> bool:
+    return (record.get("stats") or {}).get("peer_predicted_ms") is not None
+
+
+def _peer_sum(records: list[dict], name: str) -> float:
+    return sum((r["stats"] or {}).get(f"peer_{name}") or 0 for r in records)
+
+
+def peer_rates(records: list[dict]) -> dict | None:
+    """Prompt and generation rates, pooled over turns (all tokens over all seconds). llama.cpp's from its own
+    timings: prompt_n / prompt_ms and predicted_n / predicted_ms (predicted_n counts its end-of-generation
+    token), and, for its speculative decoding, draft_n_accepted / draft_n; also its tokens over the whole request
+    as our side saw it (HTTP and JSON included). Ours: prompt tokens over prefill time and new tokens over the
+    rest of the wall time. None for a method that times neither (transformers)."""
+    if not records:
+        return None
+    if all(_is_peer(r) for r in records):
+        drafted = _peer_sum(records, "draft_n")
+        http_s = _peer_sum(records, "http_wall_s")
+        return {"source": "its own timings",
+                "prompt_tokens_per_s": _ratio(_peer_sum(records, "prompt_n"), _peer_sum(records, "prompt_ms") / 1000),
+                "decode_tokens_per_s": _ratio(_peer_sum(records, "predicted_n"),
+                                              _peer_sum(records, "predicted_ms") / 1000),
+                "request_tokens_per_s": _ratio(sum(r["new_tokens"] for r in records), http_s),
+                "draft_acceptance": _ratio(_peer_sum(records, "draft_n_accepted"), drafted) if drafted else None,
+                "version": (records[0]["stats"] or {}).get("peer_version")}
+    if all(r.get("time_prefill_s") is not None for r in records):
+        prefill_s = sum(r["time_prefill_s"] for r in records)
+        return {"source": "our loop's timers",
+                "prompt_tokens_per_s": _ratio(sum(r["prompt_tokens"] for r in records), prefill_s),
+                "decode_tokens_per_s": _ratio(sum(r["new_tokens"] for r in records),
+                                              sum(r["wall_s"] for r in records) - prefill_s),
+                "request_tokens_per_s": None, "draft_acceptance": None, "version": None}
+    return None
+
+
+def peer_table(records: list[dict], labels: list[str]) -> dict | None:
+    """Per label, `peer_rates`, and for llama.cpp's speculative decoding the equality with its plain decoding
+    (greedy outputs of the same prompt and turn). None when no peer ran."""
+    if not any(_is_peer(r) for r in records):
+        return None
+    reference = {(r["question_id"], r["turn"]): r["output_ids"] for r in records if r["label"] == PEER_REFERENCE}
+    table = {}
+    for label in labels:
+        mine = [r for r in records if r["label"] == label]
+        rates = peer_rates(mine)
+        if rates is None:
+            continue
+        if label != PEER_REFERENCE and all(_is_peer(r) for r in mine) and reference:
+            pairs = [compare_tokens(r["output_ids"], reference[(r["question_id"], r["turn"])]) for r in mine
+                     if (r["question_id"], r["turn"]) in reference]
+            rates["identical_to_peer_turns"] = f"{sum(same for same, _ in pairs)}/{len(pairs)}"
+            rates["first_divergence_from_peer"] = sorted(at for same, at in pairs if not same)
+        table[label] = rates
+    return table
+
+
 def check_versus(versus: tuple[str, ...], labels: list[str]) -> None:
     """A clear error for a --versus label that is not one of the run's methods."""
     unknown = [v for v in versus if v not in labels]
@@ -232,7 +305,8 @@ def summarize(records: list[dict], info: dict, versus: tuple[str, ...] = ()) -> 
                 ours, base = stats["decode_tokens_per_s"], results["ar"][group]["decode_tokens_per_s"]
                 stats["decode_speedup"] = _ratio(ours, base) if ours is not None and base is not None else None
     return {**info, "baseline": baseline, "categories": categories, "methods": methods, "results": results,
-            "versus": {reference: versus_table(records, labels, reference) for reference in versus}}
+            "versus": {reference: versus_table(records, labels, reference) for reference in versus},
+            "peers": peer_table(records, labels)}
 
 
 # ------------------------------------------------------------------------------------------------ tables
@@ -252,8 +326,8 @@ def format_table(summary: dict) -> str:
                      + " |")
     if any(groups[OVERALL]["decode_speedup"] is not None for groups in res.values()):
         lines += ["", ("Decode-only speedup against `ar` (each turn's prefill left out, a draft model's own prefill with it, "
-                  "which flatters model drafters; our methods only; the end-to-end speedup above is the figure "
-                  "of record):"), "",
+                  "which flatters model drafters; our methods, and llama.cpp by its own prompt timing; the "
+                  "end-to-end speedup above is the figure of record):"), "",
                   "| method | " + " | ".join(cats) + f" | {OVERALL} |", "|---" * (len(cats) + 2) + "|"]
         for label, groups in res.items():
             if groups[OVERALL]["decode_speedup"] is not None:
@@ -298,6 +372,41 @@ def versus_section(summary: dict) -> list[str]:
                          f"{verdict} |")
         lines.append("")
     return lines
+
+
+def peer_section(summary: dict) -> list[str]:
+    """llama.cpp beside ours: prompt and generation rates, and whether its greedy outputs equal our `ar`'s."""
+    table = summary.get("peers")
+    if not table:
+        return []
+    results = summary["results"]
+    version = next((row["version"] for row in table.values() if row.get("version")), None)
+    dtype = summary["settings"].get("dtype_resolved")
+    arithmetic = ("Both compute on the GGUF's quantized blocks with 8-bit activations, each with its own kernels "
+                  "(sums ordered and rounded differently)" if dtype == "gguf" else
+                  f"It computes on the GGUF's quantized blocks with 8-bit activations, ours on the weights "
+                  f"dequantized to {dtype}")
+    lines = ["## Outside peer: llama.cpp", "",
+             f"{version or 'llama.cpp'} (`make peers`) on the GGUF file our target was converted from, the same prompt "
+             "token ids, greedy, no prompt cache, interleaved with our methods. Its rows are timed by its own clock "
+             "(prompt_ms + predicted_ms: the tokens/s and speedups above use them, and leave out the HTTP "
+             "request, whose rate is the request column); rates are pooled over turns. Its generation rate is "
+             "predicted_n / predicted_ms, its end-of-generation token counted; ours is new tokens over the wall "
+             f"time after prefill. {arithmetic}, so greedy outputs may part where two logits nearly tie.", "",
+             "| method | timed by | prompt tok/s | generation tok/s | request tok/s | tok/s (end to end) "
+             "| draft acceptance | identical to ar | first divergence from ar | identical to llama.cpp |",
+             "|---" * 10 + "|"]
+    for label, row in table.items():
+        overall = results[label][OVERALL]
+        divergence = ", ".join(map(str, overall["first_divergence"])) or "-"
+        to_peer = row.get("identical_to_peer_turns") or "-"
+        if row.get("first_divergence_from_peer"):
+            to_peer += f" (first divergence at {', '.join(map(str, row['first_divergence_from_peer']))})"
+        lines.append(f"| {label} | {row['source']} | {_fmt(row['prompt_tokens_per_s'], '.1f')} | "
+                     f"{_fmt(row['decode_tokens_per_s'])} | {_fmt(row['request_tokens_per_s'])} | "
+                     f"{_fmt(overall['tokens_per_s'])} | {_fmt(row['draft_acceptance'])} | "
+                     f"{overall['identical_turns'] or '-'} | {divergence} | {to_peer} |")
+    return lines + [""]
 
 
 def _few_prompts(summary: dict) -> str:
@@ -359,6 +468,7 @@ def format_report(summary: dict, figures: list[str]) -> str:
            "the overall speedup: it shows how much the figure rests on which prompts were drawn."
            + _few_prompts(summary), ""] if summary["baseline"] else []),
         *versus_section(summary),
+        *peer_section(summary),
         "τ counts the tokens each target pass produced (accepted + 1); α = accepted / examined; predicted τ = "
         "(1 − α^(γ+1)) / (1 − α) at the configured γ, or for γ auto averaged over the lengths the passes drafted "
         "(prompt lookup drafts fewer than γ when nothing matches, so its prediction at a fixed γ is an upper "
@@ -449,9 +559,10 @@ def divergence_section(summary: dict) -> list[str]:
             lines += [f"**{', '.join(ours)}: outputs of our own loop that differ from `ar` are not expected "
                       "(same forward, greedy): investigate before trusting a number.**", ""]
         if len(ours) < len(diverged):
-            lines += ["Methods outside our loop (transformers) run a different forward implementation (in "
-                      f"{s['dtype_resolved']} arithmetic) whose sums are ordered differently; where two logits "
-                      "nearly tie, the argmax can flip.", ""]
+            lines += ["Methods outside our loop run a different forward implementation (transformers in "
+                      f"{s['dtype_resolved']} arithmetic; llama.cpp on the GGUF's quantized blocks with its own "
+                      "kernels) whose sums are ordered and rounded differently; where two logits nearly tie, "
+                      "the argmax can flip.", ""]
     else:
         lines += [f"In {s['dtype_resolved']} the target is not batch-invariant: a k-token verify rounds differently "
                   "from a 1-token step, and a near-tie argmax can flip. The divergence rate is reported as its "

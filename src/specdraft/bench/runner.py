@@ -38,7 +38,7 @@ from ..models.adapter import LoadedModel, load_model, set_threads, weight_bytes
 from ..models.native.kernels import startup_info as kernel_startup_info
 from .methods import HF_AUTO_GAMMA, BenchModels, GenerateTurn, Method, TurnOutput, get_method
 from .options import BenchSettings, parse_method
-from .report import read_records
+from .report import compare_tokens, read_records
 from .suite import DEFAULT_PROMPTS, load_prompts
 
 
@@ -70,20 +70,25 @@ def check_methods(settings: BenchSettings) -> list[tuple[str, Method, dict]]:
     for gamma in settings.gammas:
         for _, method, overrides in methods:
             variant_spec(settings, method, gamma, overrides)  # validates
+    config = settings.model_config()
+    for method in dict.fromkeys(m for _, m, _ in methods):  # e.g. an outside program that is not built
+        if method.preflight is not None:
+            method.preflight(config)
     return methods
 
 
 def variant_spec(settings: BenchSettings, method: Method, gamma: int | None, overrides: dict) -> SpecConfig:
     """The run-wide drafter settings with the method's own. A run-wide --lookup-first applies to the methods that
     have a drafter to put prompt lookup in front of; the others keep their auto value (off). Gamma auto on a
-    transformers method is transformers' own default length (it has no per-pass choice)."""
+    transformers method is transformers' own default length (it has no per-pass choice), the method's own
+    (`auto_gamma`) where it says."""
     fields = dict(method=method.name if method.name in SPEC_METHODS else "draft", gamma=gamma,
                   draft_confidence=settings.draft_confidence, eagle_head=settings.eagle_head, **tree_knobs(settings))
     if fields["method"] in NO_LOOKUP_FIRST:
         fields["lookup_first"] = None
     fields.update(overrides)
     if method.name not in SPEC_METHODS and fields["gamma"] is None:
-        fields["gamma"] = HF_AUTO_GAMMA
+        fields["gamma"] = method.auto_gamma if method.auto_gamma is not None else HF_AUTO_GAMMA
     return SpecConfig(**fields)
 
 
@@ -102,19 +107,22 @@ def plan_variants(settings: BenchSettings) -> list[tuple[str, Method, int | None
 
 
 def build_variants(settings: BenchSettings, models: BenchModels) -> list[Variant]:
-    return [Variant(label, method, gamma, method.build(models, spec))
-            for label, method, gamma, spec in plan_variants(settings)]
+    variants: list[Variant] = []
+    try:
+        for label, method, gamma, spec in plan_variants(settings):
+            variants.append(Variant(label, method, gamma, method.build(models, spec)))
+    except BaseException:
+        close_variants(variants)  # a server one of them started must not outlive a failed build
+        raise
+    return variants
 
 
-def compare_tokens(candidate: list[int], reference: list[int]) -> tuple[bool, int | None]:
-    """(identical, first divergence): identical only if every token AND the length agree; the first divergence
-    is the first differing position, or the shorter length when one output is a prefix of the other."""
-    for position, (a, b) in enumerate(zip(candidate, reference, strict=False)):  # lengths checked below
-        if a != b:
-            return False, position
-    if len(candidate) != len(reference):
-        return False, min(len(candidate), len(reference))
-    return True, None
+def close_variants(variants: list[Variant]) -> None:
+    """Stop what the variants hold (a method's generate function may have a `close`, e.g. a peer's server)."""
+    for variant in variants:
+        close = getattr(variant.generate, "close", None)
+        if close is not None:
+            close()
 
 
 class Conversation:
@@ -376,7 +384,7 @@ def run_info(settings: BenchSettings, models: BenchModels) -> dict:
 
 def run_bench(settings: BenchSettings, progress: bool = True, models: BenchModels | None = None) -> dict:
     """Run the benchmark described by `settings`; write records, summary and report into settings.out."""
-    from .report import check_versus, summarize, write_report
+    from .report import check_versus
 
     prompts = load_prompts(settings.prompts, list(settings.categories) or None, settings.limit)
     plan = plan_variants(settings)  # fail before loading gigabytes
@@ -402,6 +410,17 @@ def run_bench(settings: BenchSettings, progress: bool = True, models: BenchModel
         models = BenchModels(config, target, draft)
     startup["native_kernels"] = kernel_startup_info()
     variants = build_variants(settings, models)
+    try:
+        return _run_variants(settings, progress, models, variants, prompts, kept, done, run, startup)
+    finally:
+        close_variants(variants)
+
+
+def _run_variants(settings: BenchSettings, progress: bool, models: BenchModels, variants: list[Variant],
+                  prompts: list[dict], kept: list[dict], done: set[str], run: dict, startup: dict) -> dict:
+    from .report import summarize, write_report
+
+    out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
     info = run_info(settings, models)
     # one segment per call: a resumed run says when each part ran and how loaded the machine was
@@ -455,4 +474,4 @@ def cmd_bench(args, argv: list[str]) -> int:
 
 
 __all__ = ["run_bench", "cmd_bench", "compare_tokens", "mark_equality", "kv_cache_bytes", "weight_bytes",
-           "build_variants", "Variant"]
+           "build_variants", "close_variants", "Variant"]
