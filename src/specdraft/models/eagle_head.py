@@ -28,6 +28,7 @@ from safetensors import SafetensorError
 from torch import nn
 
 from ..errors import SpecdraftError
+from .native.gguf_weights import take_rows
 
 HEAD_FORMAT = "specdraft-eagle-head-1"
 
@@ -207,7 +208,7 @@ class EagleHead(nn.Module):
         """hidden [T, D], next_ids [T] (the token after each position), positions [T] ->
         q [T, H, Dh], k [T, Hkv, Dh], v [T, Hkv, Dh] (q and k rotated)."""
         c, layer = self.config, self.midlayer
-        embeds = self.embed[next_ids].to(hidden.dtype)  # [T, D]
+        embeds = take_rows(self.embed, next_ids).to(hidden.dtype)  # [T, D]
         x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # [T, 2D]
         attn = layer.self_attn
         q = self.linear(attn.q_proj, x).view(-1, c.num_attention_heads, c.head_dim)
@@ -364,7 +365,8 @@ def load_head(name_or_path: str, target) -> EagleHead:
     if problems:
         raise SpecdraftError(f"EAGLE head {name_or_path!r} was trained for {config.target!r}, not for "
                              f"{target.name!r} ({'; '.join(problems)}); train a head for this target")
-    embed = target.model.get_input_embeddings().weight.detach()  # the target's own tensor, no copy
+    # the target's own matrix, no copy (the native one: a GGUF target's embedding stays in its block format)
+    embed = target.native.embed if target.native is not None else target.model.get_input_embeddings().weight.detach()
     head = head_from_tensors(config, tensors, embed, f"EAGLE head {name_or_path!r}")
     head.eval()
     return head

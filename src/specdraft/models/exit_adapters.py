@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecdraftError
+from .native.gguf_weights import take_rows
 
 FORMAT = "specdraft-exit-adapters-1"
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "sorted"
@@ -62,7 +63,8 @@ def draft_fingerprint(final_norm: torch.Tensor, lm_head: torch.Tensor) -> str:
     def data(t: torch.Tensor) -> bytes:
         return t.detach().to(torch.bfloat16).float().contiguous().numpy().tobytes()
 
-    return hashlib.sha256(data(final_norm) + data(lm_head[:16]) + str(lm_head.shape[0]).encode()).hexdigest()[:16]
+    first_rows = take_rows(lm_head, torch.arange(min(16, lm_head.shape[0])))  # a GGUF head's rows dequantized: the packaged fp32 values
+    return hashlib.sha256(data(final_norm) + data(first_rows) + str(lm_head.shape[0]).encode()).hexdigest()[:16]
 
 
 class ExitAdapters(torch.nn.Module):

@@ -66,10 +66,19 @@ class QuantWeight:
     def equal(self, other: QuantWeight) -> bool:
         return (self.qtype, self.cols) == (other.qtype, other.cols) and torch.equal(self.blocks, other.blocks)
 
-    def dequantize(self, ops, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """float32 [n, cols]: the rows `rows` [n] int64 (all by default), as the file's format defines them."""
+        from .kernels import load_kernels
+
         ids = torch.arange(len(self)) if rows is None else rows.to(torch.long)
-        return ops.qdequantize_rows(self.blocks.contiguous(), self.qtype, self.cols, ids)
+        return load_kernels().qdequantize_rows(self.blocks.contiguous(), self.qtype, self.cols, ids)
+
+
+def take_rows(weight: torch.Tensor | QuantWeight, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` [n] int64 of a matrix as float32 [n, cols], whatever its format (embedding lookups)."""
+    if isinstance(weight, QuantWeight):
+        return weight.dequantize(ids)
+    return weight[ids].float()
 
 
 @dataclass

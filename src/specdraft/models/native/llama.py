@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
-from .gguf_weights import GGUFTensors, QuantWeight, unpermute_rows
+from .gguf_weights import GGUFTensors, QuantWeight, take_rows, unpermute_rows
 from .kernels import load_kernels, unavailable_reason
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
@@ -214,10 +214,7 @@ class NativeLlama:
 
     def embed_tokens(self, token_ids: list[int]) -> torch.Tensor:
         """The residual stream entering layer 0: float32 [T, D]."""
-        ids = torch.tensor(token_ids, dtype=torch.long)  # [T]
-        if isinstance(self.embed, QuantWeight):
-            return self.embed.dequantize(self.ops, ids)
-        return self.embed[ids].float()
+        return take_rows(self.embed, torch.tensor(token_ids, dtype=torch.long))
 
     def layer_forward(self, index: int, hidden: torch.Tensor, cache: "NativeCache", start: int,
                       positions: slice | torch.Tensor | None = None,

@@ -81,19 +81,19 @@ inline __m256 scaled_add(__m256 acc, __m256i lanes, float scale) {
 // x [T, K] float32 as int8 blocks of `block` values (256 or 32) with one float scale each, and the sums of every 16
 // consecutive int8 values (the k-quants' mins and offsets, Q4_1's min, need them).
 struct QuantizedRows {
-  int64_t T = 0, K = 0, block = 0;
+  int64_t T = 0, K = 0, block = 0, blocks = 0;  // blocks = K / block
   std::vector<int8_t> q;     // [T, K]
   std::vector<float> d;      // [T, K / block]
   std::vector<int16_t> s16;  // [T, K / 16]
 
   const int8_t* row(int64_t t) const { return q.data() + t * K; }
-  float scale(int64_t t, int64_t b) const { return d[t * (K / block) + b]; }
-  const int16_t* sums(int64_t t) const { return s16.data() + t * (K / 16); }
+  float scale(int64_t t, int64_t b) const { return d[t * blocks + b]; }
+  const int16_t* sums(int64_t t) const { return s16.data() + t * K / 16; }
 };
 
 QuantizedRows quantize_rows(const float* x, int64_t T, int64_t K, int64_t block) {
   QuantizedRows out;
-  out.T = T, out.K = K, out.block = block;
+  out.T = T, out.K = K, out.block = block, out.blocks = K / block;
   out.q.resize(T * K);
   out.d.resize(T * (K / block));
   out.s16.resize(T * (K / 16));
@@ -122,49 +122,108 @@ QuantizedRows quantize_rows(const float* x, int64_t T, int64_t K, int64_t block)
 
 // ------------------------------------------------------------------------------------------------- formats
 // Each format: kWeights per block, kBytes per block, kActBlock (the activation block it pairs with), an Unpacked
-// block (filled once per weight block and pass) and `accumulate` (one token's contribution to its accumulator).
+// block (filled once per weight block and pass) and `accumulate<G>`: the block's contribution for G tokens at once
+// (each weight vector is loaded once for the G tokens). Token g's arithmetic is the same for every G, so the
+// grouping never changes a result.
+
+// One token's view of an activation block: its int8 values, its sums of 16, its scale.
+struct TokenBlock {
+  const int8_t* q;
+  const int16_t* sums;
+  float d;
+};
+
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// Byte-shuffle masks that spread byte c of a 16-byte table (broadcast to both 128-bit halves) over int16 lanes.
+struct SpreadMasks {
+  __m256i low_byte[8];   // every int16 lane's low byte = byte c, high byte zero (an unsigned value as int16)
+  __m256i both_bytes[8]; // low half: byte 2c in both bytes of every lane; high half: byte 2c + 1 (sign-extend with srai)
+  __m256i pairs;         // int16 lane i = byte 8 + i / 2 (lanes 0-7) and byte 12 + (i - 8) / 2 (lanes 8-15)
+  SpreadMasks() {
+    for (int c = 0; c < 8; ++c) {
+      alignas(32) int8_t a[32], b[32];
+      for (int i = 0; i < 32; ++i) {
+        a[i] = i % 2 ? static_cast<int8_t>(0x80) : static_cast<int8_t>(c);
+        b[i] = static_cast<int8_t>(i < 16 ? 2 * c : 2 * c + 1);
+      }
+      low_byte[c] = load256(a);
+      both_bytes[c] = load256(b);
+    }
+    alignas(32) int8_t m[32];
+    for (int i = 0; i < 32; ++i) {
+      const int lane = i / 2;
+      m[i] = i % 2 ? static_cast<int8_t>(0x80) : static_cast<int8_t>(8 + lane / 2);
+    }
+    pairs = load256(m);
+  }
+};
+const SpreadMasks kSpread;
+
+// Per token g: the sum over the 8 chunks c of scale[c] * (w[c] . x[g] chunk c), as int32 lanes. Each token keeps
+// kChains running sums (chunk c goes to sum c % kChains): with VNNI a multiply-add into a sum waits for the previous
+// one (5 cycles), so one sum per token would leave a pass of few tokens waiting on latency. Integer sums: the
+// split changes no result.
+template <int G>
+inline void scaled_chunk_sums(const __m256i* w, const __m256i* scale, const TokenBlock* x, __m256i* products) {
+  constexpr int kChains = G == 1 ? 4 : 2;
+  __m256i sums[G][kChains];
+  for (int g = 0; g < G; ++g)
+    for (int a = 0; a < kChains; ++a) sums[g][a] = _mm256_setzero_si256();
+  for (int c = 0; c < 8; ++c) {
+    const __m256i wc = w[c], sc = scale[c];
+    for (int g = 0; g < G; ++g)
+      sums[g][c % kChains] = dot_s16(sums[g][c % kChains], _mm256_maddubs_epi16(wc, load256(x[g].q + 32 * c)), sc);
+  }
+  for (int g = 0; g < G; ++g) {
+    __m256i total = sums[g][0];
+    for (int a = 1; a < kChains; ++a) total = _mm256_add_epi32(total, sums[g][a]);
+    products[g] = total;
+  }
+}
 
 struct Q4K {
   static constexpr int64_t kWeights = 256, kBytes = 144, kActBlock = 256;
   struct Unpacked {
     __m256i w[8];      // unsigned 4-bit weights, chunk c = sub-block c (32 weights)
-    __m256i scale[8];  // chunk c's 6-bit scale as 16 int16 lanes
+    __m256i scale[8];  // chunk c's 6-bit scale in all 16 int16 lanes
     __m256i mins;      // the 8 mins, each twice (one per 16 activations) as int16
     float d, dmin;
   };
   static void unpack(const uint8_t* block, Unpacked& u) {
     u.d = half_to_float(block);
     u.dmin = half_to_float(block + 2);
-    const uint8_t* packed = block + 4;  // 12 bytes: scales 0-3 and mins 0-3 in six bits, then the rest split up
-    uint8_t scales[8], mins[8];
-    for (int j = 0; j < 4; ++j) {
-      scales[j] = packed[j] & 63;
-      mins[j] = packed[j + 4] & 63;
-      scales[j + 4] = (packed[j + 8] & 0x0F) | ((packed[j] >> 6) << 4);
-      mins[j + 4] = (packed[j + 8] >> 4) | ((packed[j + 4] >> 6) << 4);
-    }
+    // 12 bytes: bytes 0-3 scales 0-3 (low 6 bits), 4-7 mins 0-3; bytes 8-11 the low 4 bits of scales 4-7 (low
+    // nibble) and mins 4-7 (high nibble), whose top 2 bits are the top bits of bytes 0-3 and 4-7
+    uint32_t packed[3];
+    std::memcpy(packed, block + 4, 12);
+    const uint32_t scales_low = packed[0] & 0x3f3f3f3f, mins_low = packed[1] & 0x3f3f3f3f;
+    const uint32_t scales_high = (packed[2] & 0x0f0f0f0f) | ((packed[0] >> 2) & 0x30303030);
+    const uint32_t mins_high = ((packed[2] >> 4) & 0x0f0f0f0f) | ((packed[1] >> 2) & 0x30303030);
+    // bytes 0-7: scales 0-7, bytes 8-15: mins 0-7, in both halves
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_setr_epi32(
+        static_cast<int>(scales_low), static_cast<int>(scales_high), static_cast<int>(mins_low),
+        static_cast<int>(mins_high)));
+    for (int c = 0; c < 8; ++c) u.scale[c] = _mm256_shuffle_epi8(table, kSpread.low_byte[c]);
+    u.mins = _mm256_shuffle_epi8(table, kSpread.pairs);
     const uint8_t* qs = block + 16;
     const __m256i low = _mm256_set1_epi8(0x0F);
     for (int j = 0; j < 4; ++j) {
-      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * j));
+      const __m256i bytes = load256(qs + 32 * j);
       u.w[2 * j] = _mm256_and_si256(bytes, low);
       u.w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
     }
-    for (int c = 0; c < 8; ++c) u.scale[c] = _mm256_set1_epi16(scales[c]);
-    u.mins = _mm256_setr_epi16(mins[0], mins[0], mins[1], mins[1], mins[2], mins[2], mins[3], mins[3],
-                               mins[4], mins[4], mins[5], mins[5], mins[6], mins[6], mins[7], mins[7]);
   }
   // sum_i w_i x_i = d dx sum_c scale_c (sum_{i in c} q_i xq_i) - dmin dx sum_c min_c (sum_{i in c} xq_i)
-  static __m256 accumulate(const Unpacked& u, const int8_t* xq, const int16_t* xsums, float dx, __m256 acc) {
-    __m256i products = _mm256_setzero_si256();
-    for (int c = 0; c < 8; ++c) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * c));
-      products = dot_s16(products, _mm256_maddubs_epi16(u.w[c], x), u.scale[c]);
+  template <int G>
+  static void accumulate(const Unpacked& u, const TokenBlock* x, __m256* acc) {
+    __m256i products[G];
+    scaled_chunk_sums<G>(u.w, u.scale, x, products);
+    for (int g = 0; g < G; ++g) {
+      const __m256i offsets = _mm256_madd_epi16(u.mins, load256(x[g].sums));  // 16 sums of 16
+      acc[g] = scaled_add(acc[g], products[g], u.d * x[g].d);
+      acc[g] = scaled_add(acc[g], offsets, -(u.dmin * x[g].d));
     }
-    const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xsums));  // 16 sums of 16
-    const __m256i offsets = _mm256_madd_epi16(u.mins, sums);
-    acc = scaled_add(acc, products, u.d * dx);
-    return scaled_add(acc, offsets, -(u.dmin * dx));
   }
 };
 
@@ -179,13 +238,15 @@ struct Q6K {
   static void unpack(const uint8_t* block, Unpacked& u) {
     const uint8_t* ql = block;
     const uint8_t* qh = block + 128;
-    const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
     u.d = half_to_float(block + 208);
+    const __m128i scale_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192));  // 16 int8
+    const __m256i table = _mm256_broadcastsi128_si256(scale_bytes);
+    for (int c = 0; c < 8; ++c)
+      u.scale[c] = _mm256_srai_epi16(_mm256_shuffle_epi8(table, kSpread.both_bytes[c]), 8);
+    u.scales = _mm256_cvtepi8_epi16(scale_bytes);
     const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
     for (int h = 0; h < 2; ++h) {
-      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 64 * h));
-      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 64 * h + 32));
-      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 * h));
+      const __m256i l0 = load256(ql + 64 * h), l1 = load256(ql + 64 * h + 32), hb = load256(qh + 32 * h);
       // bits 2k..2k+1 of hb moved to bits 4..5
       u.w[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(hb, 4), high));
       u.w[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(_mm256_slli_epi16(hb, 2), high));
@@ -193,20 +254,16 @@ struct Q6K {
       u.w[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
                                        _mm256_and_si256(_mm256_srli_epi16(hb, 2), high));
     }
-    for (int c = 0; c < 8; ++c)
-      u.scale[c] = _mm256_setr_m128i(_mm_set1_epi16(scales[2 * c]), _mm_set1_epi16(scales[2 * c + 1]));
-    u.scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
   }
   // sum_i w_i x_i = d dx (sum_g scale_g sum_{i in g} (q_i + 32) xq_i - 32 sum_g scale_g sum_{i in g} xq_i)
-  static __m256 accumulate(const Unpacked& u, const int8_t* xq, const int16_t* xsums, float dx, __m256 acc) {
-    __m256i products = _mm256_setzero_si256();
-    for (int c = 0; c < 8; ++c) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * c));
-      products = dot_s16(products, _mm256_maddubs_epi16(u.w[c], x), u.scale[c]);
+  template <int G>
+  static void accumulate(const Unpacked& u, const TokenBlock* x, __m256* acc) {
+    __m256i products[G];
+    scaled_chunk_sums<G>(u.w, u.scale, x, products);
+    for (int g = 0; g < G; ++g) {
+      const __m256i offsets = _mm256_slli_epi32(_mm256_madd_epi16(u.scales, load256(x[g].sums)), 5);
+      acc[g] = scaled_add(acc[g], _mm256_sub_epi32(products[g], offsets), u.d * x[g].d);
     }
-    const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xsums));
-    products = _mm256_sub_epi32(products, _mm256_slli_epi32(_mm256_madd_epi16(u.scales, sums), 5));
-    return scaled_add(acc, products, u.d * dx);
   }
 };
 
@@ -219,9 +276,12 @@ struct SignedBlock {
     sign = q;
     d = scale;
   }
-  __m256 accumulate(const int8_t* xq, float dx, __m256 acc) const {
-    const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq)), sign);
-    return scaled_add(acc, dot_u8s8(_mm256_setzero_si256(), magnitude, x), d * dx);
+  template <int G>
+  void accumulate(const TokenBlock* x, __m256* acc) const {
+    for (int g = 0; g < G; ++g) {
+      const __m256i xs = _mm256_sign_epi8(load256(x[g].q), sign);
+      acc[g] = scaled_add(acc[g], dot_u8s8(_mm256_setzero_si256(), magnitude, xs), d * x[g].d);
+    }
   }
 };
 
@@ -235,12 +295,9 @@ inline __m256i nibbles32(const uint8_t* qs) {
 struct Q80 {
   static constexpr int64_t kWeights = 32, kBytes = 34, kActBlock = 32;
   using Unpacked = SignedBlock;
-  static void unpack(const uint8_t* block, Unpacked& u) {
-    u.set(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2)), half_to_float(block));
-  }
-  static __m256 accumulate(const Unpacked& u, const int8_t* xq, const int16_t*, float dx, __m256 acc) {
-    return u.accumulate(xq, dx, acc);
-  }
+  static void unpack(const uint8_t* block, Unpacked& u) { u.set(load256(block + 2), half_to_float(block)); }
+  template <int G>
+  static void accumulate(const Unpacked& u, const TokenBlock* x, __m256* acc) { u.accumulate<G>(x, acc); }
 };
 
 struct Q50 {
@@ -258,9 +315,8 @@ struct Q50 {
     const __m256i q = _mm256_or_si256(nibbles32(block + 6), _mm256_and_si256(is_set, _mm256_set1_epi8(0x10)));
     u.set(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), half_to_float(block));
   }
-  static __m256 accumulate(const Unpacked& u, const int8_t* xq, const int16_t*, float dx, __m256 acc) {
-    return u.accumulate(xq, dx, acc);
-  }
+  template <int G>
+  static void accumulate(const Unpacked& u, const TokenBlock* x, __m256* acc) { u.accumulate<G>(x, acc); }
 };
 
 struct Q41 {
@@ -275,17 +331,29 @@ struct Q41 {
     u.w = nibbles32(block + 4);
   }
   // sum_i w_i x_i = d dx sum_i q_i xq_i + m dx sum_i xq_i (the second as 2 lanes: the block's two sums of 16)
-  static __m256 accumulate(const Unpacked& u, const int8_t* xq, const int16_t* xsums, float dx, __m256 acc) {
-    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
-    acc = scaled_add(acc, dot_u8s8(_mm256_setzero_si256(), u.w, x), u.d * dx);
-    const __m256i sums = _mm256_setr_epi32(xsums[0], xsums[1], 0, 0, 0, 0, 0, 0);
-    return scaled_add(acc, sums, u.m * dx);
+  template <int G>
+  static void accumulate(const Unpacked& u, const TokenBlock* x, __m256* acc) {
+    for (int g = 0; g < G; ++g) {
+      acc[g] = scaled_add(acc[g], dot_u8s8(_mm256_setzero_si256(), u.w, load256(x[g].q)), u.d * x[g].d);
+      const __m256i sums = _mm256_setr_epi32(x[g].sums[0], x[g].sums[1], 0, 0, 0, 0, 0, 0);
+      acc[g] = scaled_add(acc[g], sums, u.m * x[g].d);
+    }
   }
 };
 
 // ------------------------------------------------------------------------------------------------ the product
 constexpr int64_t kTokenTile = 64;  // tokens whose accumulators a row keeps at once (a pass longer than this
                                     // unpacks each weight block once per tile of tokens)
+constexpr int kGroup = 4;           // tokens that share each load of an unpacked weight vector
+
+template <typename F, int G>
+inline void accumulate_tokens(const typename F::Unpacked& u, const QuantizedRows& x, int64_t first, int64_t offset,
+                              __m256* acc) {
+  TokenBlock blocks[G];
+  for (int g = 0; g < G; ++g)
+    blocks[g] = {x.row(first + g) + offset, x.sums(first + g) + offset / 16, x.scale(first + g, offset / F::kActBlock)};
+  F::template accumulate<G>(u, blocks, acc);
+}
 
 template <typename F>
 void qlinear_impl(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
@@ -302,14 +370,15 @@ void qlinear_impl(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRo
         const int64_t tile = std::min(kTokenTile, T - t0);
         for (int64_t t = 0; t < tile; ++t) acc[t] = _mm256_setzero_ps();
         for (int64_t b = 0; b < blocks; ++b) {
-          if (b + 2 < blocks) _mm_prefetch(reinterpret_cast<const char*>(row + (b + 2) * F::kBytes), _MM_HINT_T0);
           F::unpack(row + b * F::kBytes, unpacked);
           const int64_t offset = b * F::kWeights;
-          const int64_t act_block = offset / F::kActBlock;
-          for (int64_t t = 0; t < tile; ++t) {
-            const int64_t token = t0 + t;
-            acc[t] = F::accumulate(unpacked, x.row(token) + offset, x.sums(token) + offset / 16,
-                                   x.scale(token, act_block), acc[t]);
+          int64_t t = 0;
+          for (; t + kGroup <= tile; t += kGroup) accumulate_tokens<F, kGroup>(unpacked, x, t0 + t, offset, acc + t);
+          switch (tile - t) {
+            case 1: accumulate_tokens<F, 1>(unpacked, x, t0 + t, offset, acc + t); break;
+            case 2: accumulate_tokens<F, 2>(unpacked, x, t0 + t, offset, acc + t); break;
+            case 3: accumulate_tokens<F, 3>(unpacked, x, t0 + t, offset, acc + t); break;
+            default: break;
           }
         }
         for (int64_t t = 0; t < tile; ++t) {
