@@ -27,23 +27,23 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not real"
 
-# Quick benchmark: two prompts per category, 64 new tokens, bf16 weights; about 15 minutes on the quiet 2-core
-# CI machine (the sum of these turns' wall times in the full run, docs/benchmarks.md). Results in
-# docs/bench/quick. (transformers' assisted generation is left out: in bf16 its verify passes are emulated
-# matmuls on this AVX2 CPU, several times slower than hf-ar; docs/benchmarks.md has it in fp32.)
-# The full suite (all 140 prompts) is `make bench-full`: about 2.5 hours on this machine; it resumes where it
-# stopped (`--resume`), so it can run in parts. See docs/benchmarks.md.
-BENCH_QUICK := --limit 2 --max-new-tokens 64 --dtype auto --threads 2 --methods ar,hf-ar,draft,prompt-lookup
+# Quick benchmark: two prompts per category, 64 new tokens, the GGUF's own weights (--dtype auto), our plain
+# decoding and speculation side by side with llama.cpp on the same files (built once by `make peers`), interleaved
+# turn by turn; about 15 minutes on a 2-core machine. Results in out/bench-quick (docs/benchmarks.md keeps the
+# dated tables). The full suite (all 140 prompts) is `make bench-full`: about 2.5 hours on this machine; it resumes
+# where it stopped (`--resume`), so it can run in parts. See docs/benchmarks.md.
+BENCH_QUICK := --limit 2 --max-new-tokens 64 --dtype auto --threads 2 \
+	--methods ar,draft,prompt-lookup,llama.cpp,llama.cpp-spec
 # EAGLE needs a trained head: `make head` (docs/eagle.md); drop eagle from the list without one.
 BENCH_FULL := --max-new-tokens 64 --dtype auto --threads 2 --gamma 2 --eagle-head $(HEAD) \
 	--methods 'ar,hf-ar,draft[draft_vocab=32768],prompt-lookup,eagle'
-bench: fetch
-	$(VENV)/bin/specdraft bench $(BENCH_QUICK) --overwrite --out docs/bench/quick
+bench: fetch peers
+	$(VENV)/bin/specdraft bench $(BENCH_QUICK) --overwrite --out out/bench-quick
 
 bench-full: fetch
 	$(VENV)/bin/specdraft bench $(BENCH_FULL) --resume --out out/bench-full
 
-# The EAGLE head the benchmarks name (docs/eagle.md "Session 15"): the 1.5B target's features (bf16, the taps the
+# The EAGLE head the benchmarks name (docs/eagle.md, "The heads": qwen1.5b-s15): the 1.5B target's features (bf16, the taps the
 # head reads at inference) over the three committed chats files (data/eagle/chats), then two passes of training in
 # bf16 autocast where the CPU has native bf16; about 75 minutes on the 2-core machine (collection 10 + 17 + 17
 # min, training 34 min). Trained heads live in ~/.cache/specdraft/heads and load by name (--eagle-head).

@@ -18,8 +18,10 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--target", default=DEFAULT_TARGET, help="packaged name, model directory or hub id")
     parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for --method draft")
-    parser.add_argument("--dtype", default="auto", help=f"one of {', '.join(DTYPES)} (bf16, fp32 also work); auto: "
-                        "bf16 where the CPU has native bf16 (AVX512-BF16/AMX), else fp32")
+    parser.add_argument("--dtype", default="auto", help=f"one of {', '.join(DTYPES)} (bf16, fp32 also work); gguf: the "
+                        "GGUF file's own quantized weights on the native backend; auto: gguf for a model that came from a "
+                        "GGUF (the packaged ones), else bf16 on the native backend; on transformers bf16 where the CPU "
+                        "has native bf16 (AVX512-BF16/AMX), else fp32")
     parser.add_argument("--cache-dir", default=None, help="where packaged models live (default $SPECDRAFT_CACHE "
                                                           "or ~/.cache/specdraft)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
@@ -229,7 +231,7 @@ def cmd_generate(args) -> int:
     if args.json:
         out = result.to_dict()
         out["target"], out["draft"] = models.target, models.draft if spec.method == "draft" else None
-        out["dtype"] = str(engine.target.dtype).removeprefix("torch.")
+        out["dtype"] = engine.target.dtype_name
         if baseline is not None:
             out["baseline"] = baseline.to_dict()
             out["identical"] = baseline.token_ids == result.token_ids
@@ -237,7 +239,7 @@ def cmd_generate(args) -> int:
         return 0
     print(format_stats(result.stats), file=sys.stderr)
     if baseline is not None:
-        print(format_comparison(result, baseline, str(engine.target.dtype).removeprefix("torch."), params),
+        print(format_comparison(result, baseline, engine.target.dtype_name, params),
               file=sys.stderr)
     return 0
 
@@ -275,7 +277,8 @@ def format_comparison(spec_result, ar_result, dtype: str, params: SamplingParams
         common = next((i for i, (x, y) in enumerate(zip(spec_result.token_ids, ar_result.token_ids)) if x != y),
                       min(len(spec_result.token_ids), len(ar_result.token_ids)))
         why = ("sampling: equal in distribution, not token by token" if not params.greedy else
-               "bf16 rounds a k-token verify differently from 1-token decoding" if dtype != "float32" else
+               "bf16 rounds a k-token verify differently from 1-token decoding" if dtype == "bfloat16"
+               and spec_result.stats.backend != "native" else
                "UNEXPECTED in fp32 greedy: please report")
         verdict = f"differ from token {common} ({why})"
     return "\n".join([

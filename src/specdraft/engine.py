@@ -22,7 +22,7 @@ from .config import SamplingParams, SpecConfig
 from .draft_length import AdaptiveLength, DraftLength, FixedLength, VerifyCurve
 from .drafters.base import Drafter, NoDrafter
 from .errors import SpecdraftError
-from .models.adapter import LoadedModel, weight_bytes
+from .models.adapter import LoadedModel
 from .types import DRAFTER_SOURCE, Acceptance, Draft, GenerationResult, SpecStats
 
 
@@ -177,7 +177,7 @@ class Engine:
 
             self.curve = verify_curve(target, self.spec.draft_len + 1)
             # decoding is bound by weight reads on a CPU: a draft token costs its weight bytes over the target's
-            self.target_bytes = target_bytes = weight_bytes(target.model)
+            self.target_bytes = target_bytes = target.weight_bytes
             self.source_costs = {source: n / target_bytes
                                  for source, n in getattr(self.drafter, "source_bytes", {}).items()}
 

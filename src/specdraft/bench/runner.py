@@ -262,7 +262,7 @@ def complete_records(records: list[dict], prompts: list[dict], labels: list[str]
 
 
 # settings whose default changed after they were added: what a run made before the setting existed used
-RAN_BEFORE_SETTING = {"lookup_first": 0}  # off until the auto default (session 9)
+RAN_BEFORE_SETTING = {"lookup_first": 0}  # off until the auto default (2026-11-30)
 
 
 def open_run(settings: BenchSettings, prompts: list[dict], labels: list[str]) -> tuple[list[dict], set[str], dict]:
@@ -331,12 +331,12 @@ def peak_rss_bytes() -> int:
 def memory_info(models: BenchModels, variants: list[Variant], records: list[dict]) -> dict:
     longest = max(records, key=lambda r: r["prompt_tokens"] + r["new_tokens"])
     n_tokens = longest["prompt_tokens"] + longest["new_tokens"]
-    info = {"target_weight_bytes": weight_bytes(models.target.model),
+    info = {"target_weight_bytes": models.target.weight_bytes,
             "longest_turn": {"question_id": longest["question_id"], "turn": longest["turn"], "tokens": n_tokens},
             "target_kv_bytes_longest_turn": kv_cache_bytes(models.target.model, n_tokens),
             "peak_rss_bytes": peak_rss_bytes()}
     if models.draft is not None and any(v.method.needs_draft for v in variants):
-        info["draft_weight_bytes"] = weight_bytes(models.draft.model)
+        info["draft_weight_bytes"] = models.draft.weight_bytes
         info["draft_kv_bytes_longest_turn"] = kv_cache_bytes(models.draft.model, n_tokens)
     return info
 
@@ -360,7 +360,7 @@ def model_info(loaded: LoadedModel) -> dict:
         value = getattr(loaded, name, None)
         if isinstance(value, (str, int, float, bool)) and not name.startswith("_"):
             info[name] = value
-    info.update(dtype=str(loaded.dtype).removeprefix("torch."), model_class=type(loaded.model).__name__)
+    info.update(dtype=loaded.dtype_name, model_class=type(loaded.model).__name__)
     return info
 
 
@@ -369,7 +369,7 @@ def run_info(settings: BenchSettings, models: BenchModels) -> dict:
 
     return {
         # the dtype the target was loaded in (auto gives the native backend bf16 weights, see load_model)
-        "settings": {**asdict(settings), "dtype_resolved": str(models.target.dtype).removeprefix("torch.")},
+        "settings": {**asdict(settings), "dtype_resolved": models.target.dtype_name},
         "date": _now(),
         "machine": {"cpu": _cpu_model(), "cores": len(os.sched_getaffinity(0)),
                     "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),

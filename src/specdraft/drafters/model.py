@@ -6,7 +6,7 @@ import torch
 
 from ..config import SamplingParams
 from ..errors import SpecdraftError
-from ..models.adapter import LoadedModel, weight_bytes
+from ..models.adapter import LoadedModel
 from ..sampling import processed_probs, sample
 from ..types import Draft
 from .vocab import DraftVocab, HasDraftVocab, resolve_rows
@@ -34,9 +34,11 @@ class ModelDrafter(HasDraftVocab):
             self.vocab = DraftVocab.for_model(draft.native.lm_head, draft.tokenizer, draft_vocab)
         # weight bytes one draft token reads (gamma auto weighs draft lengths by it, every pass): the whole draft
         # model, less the head rows a reduced vocabulary skips
-        head = self.draft.model.get_output_embeddings().weight  # [V, D]
-        skipped = 0 if self.vocab is None else (head.shape[0] - self.vocab.size) * head[0].nbytes
-        self.draft_bytes = weight_bytes(self.draft.model) - skipped
+        skipped = 0
+        if self.vocab is not None:  # a reduced vocabulary is native only
+            head = self.draft.native.lm_head  # [V, D], in its stored format
+            skipped = (head.shape[0] - self.vocab.size) * head[0].nbytes
+        self.draft_bytes = self.draft.weight_bytes - skipped
 
 
     def begin(self, prompt_ids: list[int], features=None) -> None:

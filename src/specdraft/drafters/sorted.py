@@ -31,6 +31,7 @@ from ..config import SamplingParams, parse_exit_rule
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel, SequenceState
 from ..models.exit_adapters import ExitAdapters, find_shipped, load_adapters
+from ..models.native.gguf_weights import stored_bytes
 from ..models.native.llama import NativeCache, NativeLlama
 from ..sampling import processed_probs, sample
 from ..types import Draft
@@ -180,13 +181,12 @@ class CostAwareExit:
 
 def layer_bytes(native: NativeLlama, index: int) -> int:
     layer = native.layers[index]
-    return sum(t.numel() * t.element_size() for t in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up,
-                                                       layer.down))
+    return sum(stored_bytes(t) for t in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down))
 
 
 def cost_aware_rule(draft: NativeLlama, target: LoadedModel, exits: tuple[int, ...], weight: float,
                     signal: str = "top1") -> CostAwareExit:
-    target_bytes = sum(p.numel() * p.element_size() for p in target.model.parameters())
+    target_bytes = target.weight_bytes
     per_layer = [layer_bytes(draft, i) for i in range(len(draft.layers))]
     remaining = tuple(sum(per_layer[e: exits[-1]]) / target_bytes for e in exits)
     return CostAwareExit(remaining, weight, signal)

@@ -46,6 +46,15 @@ class LoadedModel:
         return str(self.dtype).removeprefix("torch.")
 
     @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights a one-token step reads: on the native backend its layers, final norm and LM head (in
+        their stored formats: a GGUF's blocks, bf16 or fp32; the embedding is read a row at a time), else every
+        parameter and buffer of the model."""
+        if self.native is None:
+            return weight_bytes(self.model)
+        return self.native.weight_bytes
+
+    @property
     def backend(self) -> str:
         return "native" if self.native is not None else "transformers"
 

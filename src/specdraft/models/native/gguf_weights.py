@@ -74,6 +74,13 @@ class QuantWeight:
         return load_kernels().qdequantize_rows(self.blocks.contiguous(), self.qtype, self.cols, ids)
 
 
+def stored_bytes(weight: torch.Tensor | QuantWeight | None) -> int:
+    """Bytes a matrix (or vector) occupies in its stored format (0 for None)."""
+    if weight is None:
+        return 0
+    return weight.nbytes if isinstance(weight, QuantWeight) else weight.numel() * weight.element_size()
+
+
 def take_rows(weight: torch.Tensor | QuantWeight, ids: torch.Tensor) -> torch.Tensor:
     """Rows `ids` [n] int64 of a matrix as float32 [n, cols], whatever its format (embedding lookups)."""
     if isinstance(weight, QuantWeight):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
-from .gguf_weights import GGUFTensors, QuantWeight, take_rows, unpermute_rows
+from .gguf_weights import GGUFTensors, QuantWeight, stored_bytes, take_rows, unpermute_rows
 from .kernels import load_kernels, unavailable_reason
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
@@ -168,6 +168,12 @@ class NativeLlama:
         table = torch.cat([angles, angles], dim=-1)  # [P, Dh]
         scaling = float(getattr(rotary, "attention_scaling", 1.0))
         self.cos, self.sin = table.cos() * scaling, table.sin() * scaling
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes one step reads: every layer's matrices, norms and biases, the final norm and the LM head."""
+        layers = sum(stored_bytes(getattr(layer, field.name)) for layer in self.layers for field in fields(_Layer))
+        return layers + stored_bytes(self.final_norm) + stored_bytes(self.lm_head)
 
     def same_first_layers(self, other: "NativeLlama", depth: int) -> bool:
         """Whether `other` computes exactly what this model computes through its first `depth` layers: the same
