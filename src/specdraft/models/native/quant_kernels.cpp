@@ -133,10 +133,11 @@ QuantizedRows quantize_rows(const float* x, int64_t T, int64_t K, int64_t block)
 }
 
 // ------------------------------------------------------------------------------------------------- formats
-// Each format: kWeights per block, kBytes per block, kActBlock (the activation block it pairs with), an Unpacked
-// block (filled once per weight block and pass) and `accumulate<G>`: the block's contribution for G tokens at once
-// (each weight vector is loaded once for the G tokens). Token g's arithmetic is the same for every G, so the
-// grouping never changes a result.
+// Each format: kWeights per block, kBytes per block, kActBlock (the activation block it pairs with) and `dot<G>`:
+// one weight block's contribution to G tokens' accumulators. The block is unpacked in registers once for the G
+// tokens (a pass re-unpacks it for each group of kGroup tokens: a few instructions against 8 multiply-adds per
+// token and chunk). Token g's arithmetic is the same for every G and every position in the group, so the grouping
+// never changes a result.
 
 // One token's view of an activation block: its int8 values, its sums of 16, its scale.
 struct TokenBlock {
@@ -172,40 +173,19 @@ struct SpreadMasks {
 };
 const SpreadMasks kSpread;
 
-// Per token g: the sum over the 8 chunks c of scale[c] * (w[c] . x[g] chunk c), as 8 int32 lanes (lane i: bytes
-// 4i..4i+3 of every chunk). Each token keeps kChains running sums (chunk c goes to sum c % kChains): with VNNI a
-// multiply-add into a sum waits for the previous one, so one sum per token would leave a pass of few tokens waiting
-// on latency. Integer sums: the chains and their order give the same lanes, so every build gives the same result.
-// (512-bit vectors, two chunks per instruction, measured no faster here: the per-token float work dominates.)
+// The k-quants' integer part for G tokens: sums[g] += scale_c * (w_c . x[g] chunk c) for the chunks c of one
+// weight vector; two running sums per token (even and odd chunks) so that a pass of few tokens does not wait on
+// the latency of one chain (integer sums: the split changes no lane).
 template <int G>
-inline void scaled_chunk_sums(const __m256i* w, const __m256i* scale, const TokenBlock* x, __m256i* products) {
-  constexpr int kChains = G == 1 ? 4 : 2;
-  __m256i sums[G][kChains];
-  for (int g = 0; g < G; ++g)
-    for (int a = 0; a < kChains; ++a) sums[g][a] = _mm256_setzero_si256();
-  for (int c = 0; c < 8; ++c) {
-    const __m256i wc = w[c], sc = scale[c];
-    for (int g = 0; g < G; ++g)
-      sums[g][c % kChains] = dot_s16(sums[g][c % kChains], _mm256_maddubs_epi16(wc, load256(x[g].q + 32 * c)), sc);
-  }
-  for (int g = 0; g < G; ++g) {
-    __m256i total = sums[g][0];
-    for (int a = 1; a < kChains; ++a) total = _mm256_add_epi32(total, sums[g][a]);
-    products[g] = total;
-  }
+inline void chunk_products(__m256i w, __m256i scale, const TokenBlock* x, int64_t at, __m256i* sums) {
+  for (int g = 0; g < G; ++g) sums[g] = dot_s16(sums[g], _mm256_maddubs_epi16(w, load256(x[g].q + at)), scale);
 }
 
 struct Q4K {
   static constexpr int64_t kWeights = 256, kBytes = 144, kActBlock = 256;
-  struct Unpacked {
-    __m256i w[8];      // unsigned 4-bit weights, chunk c = sub-block c (32 weights)
-    __m256i scale[8];  // chunk c's 6-bit scale in all 16 int16 lanes
-    __m256i mins;      // the 8 mins, each twice (one per 16 activations) as int16
-    float d, dmin;
-  };
-  static void unpack(const uint8_t* block, Unpacked& u) {
-    u.d = half_to_float(block);
-    u.dmin = half_to_float(block + 2);
+  // sum_i w_i x_i = d dx sum_c scale_c (sum_{i in c} q_i xq_i) - dmin dx sum_c min_c (sum_{i in c} xq_i)
+  template <int G>
+  static void dot(const uint8_t* block, const TokenBlock* x, __m256* acc) {
     // 12 bytes: bytes 0-3 scales 0-3 (low 6 bits), 4-7 mins 0-3; bytes 8-11 the low 4 bits of scales 4-7 (low
     // nibble) and mins 4-7 (high nibble), whose top 2 bits are the top bits of bytes 0-3 and 4-7
     uint32_t packed[3];
@@ -217,142 +197,73 @@ struct Q4K {
     const __m256i table = _mm256_broadcastsi128_si256(_mm_setr_epi32(
         static_cast<int>(scales_low), static_cast<int>(scales_high), static_cast<int>(mins_low),
         static_cast<int>(mins_high)));
-    for (int c = 0; c < 8; ++c) u.scale[c] = _mm256_shuffle_epi8(table, kSpread.low_byte[c]);
-    u.mins = _mm256_shuffle_epi8(table, kSpread.pairs);
-    const uint8_t* qs = block + 16;
+    const uint8_t* qs = block + 16;  // weight 64j + 32s + l: nibble s of qs[32j + l] (sub-block 2j + s)
     const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256i even[G], odd[G];
+    for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j) {
       const __m256i bytes = load256(qs + 32 * j);
-      u.w[2 * j] = _mm256_and_si256(bytes, low);
-      u.w[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+      chunk_products<G>(_mm256_and_si256(bytes, low), _mm256_shuffle_epi8(table, kSpread.low_byte[2 * j]), x,
+                        64 * j, even);
+      chunk_products<G>(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low),
+                        _mm256_shuffle_epi8(table, kSpread.low_byte[2 * j + 1]), x, 64 * j + 32, odd);
     }
-  }
-  // One token (a decode step): `unpack` and `accumulate<1>` fused, nothing stored between them. The same lanes and
-  // float operations as accumulate<G> (the chunks' integer sums in two chains instead of four: exact either way).
-  static __m256 dot1(const uint8_t* block, const TokenBlock& x, __m256 acc) {
-    uint32_t packed[3];
-    std::memcpy(packed, block + 4, 12);
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_setr_epi32(
-        static_cast<int>(packed[0] & 0x3f3f3f3f), static_cast<int>((packed[2] & 0x0f0f0f0f) | ((packed[0] >> 2) & 0x30303030)),
-        static_cast<int>(packed[1] & 0x3f3f3f3f),
-        static_cast<int>(((packed[2] >> 4) & 0x0f0f0f0f) | ((packed[1] >> 2) & 0x30303030))));
-    const uint8_t* qs = block + 16;
-    const __m256i low = _mm256_set1_epi8(0x0F);
-    __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
-    for (int j = 0; j < 4; ++j) {
-      const __m256i bytes = load256(qs + 32 * j);
-      even = dot_s16(even, _mm256_maddubs_epi16(_mm256_and_si256(bytes, low), load256(x.q + 64 * j)),
-                     _mm256_shuffle_epi8(table, kSpread.low_byte[2 * j]));
-      odd = dot_s16(odd, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low), load256(x.q + 64 * j + 32)),
-                    _mm256_shuffle_epi8(table, kSpread.low_byte[2 * j + 1]));
-    }
-    const __m256i offsets = _mm256_madd_epi16(_mm256_shuffle_epi8(table, kSpread.pairs), load256(x.sums));
-    acc = scaled_add(acc, _mm256_add_epi32(even, odd), half_to_float(block) * x.d);
-    return scaled_add(acc, offsets, -(half_to_float(block + 2) * x.d));
-  }
-  // sum_i w_i x_i = d dx sum_c scale_c (sum_{i in c} q_i xq_i) - dmin dx sum_c min_c (sum_{i in c} xq_i)
-  template <int G>
-  static void accumulate(const Unpacked& u, const TokenBlock* x, __m256* acc) {
-    __m256i products[G];
-    scaled_chunk_sums<G>(u.w, u.scale, x, products);
+    const __m256i mins = _mm256_shuffle_epi8(table, kSpread.pairs);  // each min twice, one per 16 activations
+    const float d = half_to_float(block), dmin = half_to_float(block + 2);
     for (int g = 0; g < G; ++g) {
-      const __m256i offsets = _mm256_madd_epi16(u.mins, load256(x[g].sums));  // 16 sums of 16
-      acc[g] = scaled_add(acc[g], products[g], u.d * x[g].d);
-      acc[g] = scaled_add(acc[g], offsets, -(u.dmin * x[g].d));
+      const __m256i offsets = _mm256_madd_epi16(mins, load256(x[g].sums));
+      acc[g] = scaled_add(acc[g], _mm256_add_epi32(even[g], odd[g]), d * x[g].d);
+      acc[g] = scaled_add(acc[g], offsets, -(dmin * x[g].d));
     }
   }
 };
 
 struct Q6K {
   static constexpr int64_t kWeights = 256, kBytes = 210, kActBlock = 256;
-  struct Unpacked {
-    __m256i w[8];      // q + 32 in 0..63, unsigned; chunk c = weights 32c..32c+31
-    __m256i scale[8];  // chunk c: 8 lanes of scale 2c, then 8 of scale 2c + 1 (int16)
-    __m256i scales;    // the 16 scales as int16
-    float d;
-  };
-  static void unpack(const uint8_t* block, Unpacked& u) {
-    const uint8_t* ql = block;
-    const uint8_t* qh = block + 128;
-    u.d = half_to_float(block + 208);
-    const __m128i scale_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192));  // 16 int8
-    const __m256i table = _mm256_broadcastsi128_si256(scale_bytes);
-    for (int c = 0; c < 8; ++c)
-      u.scale[c] = _mm256_srai_epi16(_mm256_shuffle_epi8(table, kSpread.both_bytes[c]), 8);
-    u.scales = _mm256_cvtepi8_epi16(scale_bytes);
-    const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
-    for (int h = 0; h < 2; ++h) {
-      const __m256i l0 = load256(ql + 64 * h), l1 = load256(ql + 64 * h + 32), hb = load256(qh + 32 * h);
-      // bits 2k..2k+1 of hb moved to bits 4..5
-      u.w[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(hb, 4), high));
-      u.w[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(_mm256_slli_epi16(hb, 2), high));
-      u.w[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), _mm256_and_si256(hb, high));
-      u.w[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
-                                       _mm256_and_si256(_mm256_srli_epi16(hb, 2), high));
-    }
-  }
-  static __m256 dot1(const uint8_t* block, const TokenBlock& x, __m256 acc) {
-    const uint8_t* ql = block;
-    const uint8_t* qh = block + 128;
-    const __m128i scale_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192));
-    const __m256i table = _mm256_broadcastsi128_si256(scale_bytes);
-    const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
-    __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
-    for (int h = 0; h < 2; ++h) {
-      const __m256i l0 = load256(ql + 64 * h), l1 = load256(ql + 64 * h + 32), hb = load256(qh + 32 * h);
-      const int8_t* xq = x.q + 128 * h;
-      const __m256i w0 = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(hb, 4), high));
-      const __m256i w1 = _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(_mm256_slli_epi16(hb, 2), high));
-      const __m256i w2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), _mm256_and_si256(hb, high));
-      const __m256i w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
-                                         _mm256_and_si256(_mm256_srli_epi16(hb, 2), high));
-      const auto scale = [&](int c) { return _mm256_srai_epi16(_mm256_shuffle_epi8(table, kSpread.both_bytes[c]), 8); };
-      even = dot_s16(even, _mm256_maddubs_epi16(w0, load256(xq)), scale(4 * h));
-      odd = dot_s16(odd, _mm256_maddubs_epi16(w1, load256(xq + 32)), scale(4 * h + 1));
-      even = dot_s16(even, _mm256_maddubs_epi16(w2, load256(xq + 64)), scale(4 * h + 2));
-      odd = dot_s16(odd, _mm256_maddubs_epi16(w3, load256(xq + 96)), scale(4 * h + 3));
-    }
-    const __m256i offsets = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(scale_bytes), load256(x.sums)), 5);
-    return scaled_add(acc, _mm256_sub_epi32(_mm256_add_epi32(even, odd), offsets), half_to_float(block + 208) * x.d);
-  }
   // sum_i w_i x_i = d dx (sum_g scale_g sum_{i in g} (q_i + 32) xq_i - 32 sum_g scale_g sum_{i in g} xq_i)
   template <int G>
-  static void accumulate(const Unpacked& u, const TokenBlock* x, __m256* acc) {
-    __m256i products[G];
-    scaled_chunk_sums<G>(u.w, u.scale, x, products);
+  static void dot(const uint8_t* block, const TokenBlock* x, __m256* acc) {
+    const uint8_t* ql = block;
+    const uint8_t* qh = block + 128;
+    const __m128i scale_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 192));  // 16 int8
+    const __m256i table = _mm256_broadcastsi128_si256(scale_bytes);
+    // chunk c (weights 32c..32c+31): 8 int16 lanes of scale 2c, then 8 of scale 2c + 1
+    const auto scale = [&](int c) { return _mm256_srai_epi16(_mm256_shuffle_epi8(table, kSpread.both_bytes[c]), 8); };
+    const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
+    __m256i even[G], odd[G];
+    for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      // weights q + 32 in 0..63: low 4 bits from ql, bits 2k..2k+1 of qh moved to bits 4..5
+      const __m256i l0 = load256(ql + 64 * h), l1 = load256(ql + 64 * h + 32), hb = load256(qh + 32 * h);
+      const int64_t at = 128 * h;
+      chunk_products<G>(_mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(hb, 4), high)),
+                        scale(4 * h), x, at, even);
+      chunk_products<G>(_mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(_mm256_slli_epi16(hb, 2), high)),
+                        scale(4 * h + 1), x, at + 32, odd);
+      chunk_products<G>(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), _mm256_and_si256(hb, high)),
+                        scale(4 * h + 2), x, at + 64, even);
+      chunk_products<G>(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                                        _mm256_and_si256(_mm256_srli_epi16(hb, 2), high)),
+                        scale(4 * h + 3), x, at + 96, odd);
+    }
+    const __m256i scales = _mm256_cvtepi8_epi16(scale_bytes);
+    const float d = half_to_float(block + 208);
     for (int g = 0; g < G; ++g) {
-      const __m256i offsets = _mm256_slli_epi32(_mm256_madd_epi16(u.scales, load256(x[g].sums)), 5);
-      acc[g] = scaled_add(acc[g], _mm256_sub_epi32(products[g], offsets), u.d * x[g].d);
+      const __m256i offsets = _mm256_slli_epi32(_mm256_madd_epi16(scales, load256(x[g].sums)), 5);
+      acc[g] = scaled_add(acc[g], _mm256_sub_epi32(_mm256_add_epi32(even[g], odd[g]), offsets), d * x[g].d);
     }
   }
 };
-
-// One token through unpack and accumulate<1> (the 32-weight formats' dot1: their blocks unpack cheaply).
-template <typename F>
-inline __m256 unpack_and_accumulate(const uint8_t* block, const TokenBlock& x, __m256 acc) {
-  typename F::Unpacked u;
-  F::unpack(block, u);
-  F::template accumulate<1>(u, &x, &acc);
-  return acc;
-}
 
 // The 32-weight formats with signed weights: |q| as unsigned bytes against x carrying q's sign.
-struct SignedBlock {
-  __m256i magnitude, sign;
-  float d;
-  void set(__m256i q, float scale) {
-    magnitude = _mm256_sign_epi8(q, q);
-    sign = q;
-    d = scale;
+template <int G>
+inline void signed_dot(__m256i q, float d, const TokenBlock* x, __m256* acc) {
+  const __m256i magnitude = _mm256_sign_epi8(q, q);
+  for (int g = 0; g < G; ++g) {
+    const __m256i xs = _mm256_sign_epi8(load256(x[g].q), q);
+    acc[g] = scaled_add(acc[g], dot_u8s8(_mm256_setzero_si256(), magnitude, xs), d * x[g].d);
   }
-  template <int G>
-  void accumulate(const TokenBlock* x, __m256* acc) const {
-    for (int g = 0; g < G; ++g) {
-      const __m256i xs = _mm256_sign_epi8(load256(x[g].q), sign);
-      acc[g] = scaled_add(acc[g], dot_u8s8(_mm256_setzero_si256(), magnitude, xs), d * x[g].d);
-    }
-  }
-};
+}
 
 // Unsigned nibbles of 16 bytes as 32 bytes: low nibbles first (weights 0-15), then high nibbles (16-31).
 inline __m256i nibbles32(const uint8_t* qs) {
@@ -363,19 +274,16 @@ inline __m256i nibbles32(const uint8_t* qs) {
 
 struct Q80 {
   static constexpr int64_t kWeights = 32, kBytes = 34, kActBlock = 32;
-  using Unpacked = SignedBlock;
-  static void unpack(const uint8_t* block, Unpacked& u) { u.set(load256(block + 2), half_to_float(block)); }
   template <int G>
-  static void accumulate(const Unpacked& u, const TokenBlock* x, __m256* acc) { u.accumulate<G>(x, acc); }
-  static __m256 dot1(const uint8_t* block, const TokenBlock& x, __m256 acc) {
-    return unpack_and_accumulate<Q80>(block, x, acc);
+  static void dot(const uint8_t* block, const TokenBlock* x, __m256* acc) {
+    signed_dot<G>(load256(block + 2), half_to_float(block), x, acc);
   }
 };
 
 struct Q50 {
   static constexpr int64_t kWeights = 32, kBytes = 22, kActBlock = 32;
-  using Unpacked = SignedBlock;
-  static void unpack(const uint8_t* block, Unpacked& u) {
+  template <int G>
+  static void dot(const uint8_t* block, const TokenBlock* x, __m256* acc) {
     uint32_t high_bits;
     std::memcpy(&high_bits, block + 2, 4);
     // byte j takes bit j of high_bits: spread the 4 bytes over 8 lanes each, keep each lane's own bit
@@ -385,44 +293,29 @@ struct Q50 {
     const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
     const __m256i is_set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
     const __m256i q = _mm256_or_si256(nibbles32(block + 6), _mm256_and_si256(is_set, _mm256_set1_epi8(0x10)));
-    u.set(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), half_to_float(block));
-  }
-  template <int G>
-  static void accumulate(const Unpacked& u, const TokenBlock* x, __m256* acc) { u.accumulate<G>(x, acc); }
-  static __m256 dot1(const uint8_t* block, const TokenBlock& x, __m256 acc) {
-    return unpack_and_accumulate<Q50>(block, x, acc);
+    signed_dot<G>(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), half_to_float(block), x, acc);
   }
 };
 
 struct Q41 {
   static constexpr int64_t kWeights = 32, kBytes = 20, kActBlock = 32;
-  struct Unpacked {
-    __m256i w;
-    float d, m;
-  };
-  static void unpack(const uint8_t* block, Unpacked& u) {
-    u.d = half_to_float(block);
-    u.m = half_to_float(block + 2);
-    u.w = nibbles32(block + 4);
-  }
   // sum_i w_i x_i = d dx sum_i q_i xq_i + m dx sum_i xq_i (the second as 2 lanes: the block's two sums of 16)
   template <int G>
-  static void accumulate(const Unpacked& u, const TokenBlock* x, __m256* acc) {
+  static void dot(const uint8_t* block, const TokenBlock* x, __m256* acc) {
+    const float d = half_to_float(block), m = half_to_float(block + 2);
+    const __m256i w = nibbles32(block + 4);
     for (int g = 0; g < G; ++g) {
-      acc[g] = scaled_add(acc[g], dot_u8s8(_mm256_setzero_si256(), u.w, load256(x[g].q)), u.d * x[g].d);
+      acc[g] = scaled_add(acc[g], dot_u8s8(_mm256_setzero_si256(), w, load256(x[g].q)), d * x[g].d);
       const __m256i sums = _mm256_setr_epi32(x[g].sums[0], x[g].sums[1], 0, 0, 0, 0, 0, 0);
-      acc[g] = scaled_add(acc[g], sums, u.m * x[g].d);
+      acc[g] = scaled_add(acc[g], sums, m * x[g].d);
     }
-  }
-  static __m256 dot1(const uint8_t* block, const TokenBlock& x, __m256 acc) {
-    return unpack_and_accumulate<Q41>(block, x, acc);
   }
 };
 
 // ------------------------------------------------------------------------------------------------ the product
 constexpr int64_t kTokenTile = 64;  // tokens whose accumulators a row keeps at once (a pass longer than this
-                                    // unpacks each weight block once per tile of tokens)
-constexpr int kGroup = 4;           // tokens that share each load of an unpacked weight vector
+                                    // reads each weight block once per tile of tokens)
+constexpr int kGroup = 4;           // tokens that share one unpacking of a weight block
 constexpr int64_t kPrefetchBytes = 2048;  // how far ahead a pass asks for its weights
 
 // The weight stream kPrefetchBytes past a block (past a row's end: the next row's, contiguous), 3 cache lines: a
@@ -443,10 +336,10 @@ struct TokenRow {
 };
 
 template <typename F, int G>
-inline void accumulate_tokens(const typename F::Unpacked& u, const TokenRow* rows, int64_t offset, __m256* acc) {
+inline void dot_tokens(const uint8_t* block, const TokenRow* rows, int64_t offset, __m256* acc) {
   TokenBlock blocks[G];
   for (int g = 0; g < G; ++g) blocks[g] = {rows[g].q + offset, rows[g].sums + offset / 16, rows[g].d[offset / F::kActBlock]};
-  F::template accumulate<G>(u, blocks, acc);
+  F::template dot<G>(block, blocks, acc);
 }
 
 template <typename F>
@@ -454,41 +347,27 @@ void qlinear_impl(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRo
                   float* out) {
   const int64_t blocks = K / F::kWeights, row_bytes = blocks * F::kBytes;
   const int64_t T = x.T;
-  // Threads split the weight rows; a row's arithmetic is the same whoever computes it.
   std::vector<TokenRow> token_rows(T);
   for (int64_t t = 0; t < T; ++t) token_rows[t] = {x.row(t), x.sums(t), x.d.data() + t * x.blocks};
+  // Threads split the weight rows; a row's arithmetic is the same whoever computes it.
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     __m256 acc[kTokenTile];
-    typename F::Unpacked unpacked;
     for (int64_t n = begin; n < end; ++n) {
       const uint8_t* row = weight + n * row_bytes;
-      if (T == 1) {  // a decode step
-        const TokenRow& x1 = token_rows[0];
-        __m256 sum = _mm256_setzero_ps();
-        for (int64_t b = 0; b < blocks; ++b) {
-          prefetch_ahead(row + b * F::kBytes);
-          const int64_t offset = b * F::kWeights;
-          sum = F::dot1(row + b * F::kBytes, {x1.q + offset, x1.sums + offset / 16, x1.d[offset / F::kActBlock]}, sum);
-        }
-        float v = hsum_f32(sum);
-        if (bias) v += bias[n];
-        out[n] = v;
-        continue;
-      }
       for (int64_t t0 = 0; t0 < T; t0 += kTokenTile) {
         const int64_t tile = std::min(kTokenTile, T - t0);
+        const TokenRow* rows = token_rows.data() + t0;
         for (int64_t t = 0; t < tile; ++t) acc[t] = _mm256_setzero_ps();
         for (int64_t b = 0; b < blocks; ++b) {
-          prefetch_ahead(row + b * F::kBytes);
-          F::unpack(row + b * F::kBytes, unpacked);
+          const uint8_t* block = row + b * F::kBytes;
+          prefetch_ahead(block);
           const int64_t offset = b * F::kWeights;
-          const TokenRow* rows = token_rows.data() + t0;
           int64_t t = 0;
-          for (; t + kGroup <= tile; t += kGroup) accumulate_tokens<F, kGroup>(unpacked, rows + t, offset, acc + t);
+          for (; t + kGroup <= tile; t += kGroup) dot_tokens<F, kGroup>(block, rows + t, offset, acc + t);
           switch (tile - t) {
-            case 1: accumulate_tokens<F, 1>(unpacked, rows + t, offset, acc + t); break;
-            case 2: accumulate_tokens<F, 2>(unpacked, rows + t, offset, acc + t); break;
-            case 3: accumulate_tokens<F, 3>(unpacked, rows + t, offset, acc + t); break;
+            case 1: dot_tokens<F, 1>(block, rows + t, offset, acc + t); break;
+            case 2: dot_tokens<F, 2>(block, rows + t, offset, acc + t); break;
+            case 3: dot_tokens<F, 3>(block, rows + t, offset, acc + t); break;
             default: break;
           }
         }
