@@ -8,6 +8,10 @@ within each block) must fail that same check.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +20,7 @@ from specdraft import Engine, SamplingParams, SpecConfig, SpecdraftError, load_m
 from specdraft.drafters import ModelDrafter
 from specdraft.models import fetch
 from specdraft.models.native.gguf_weights import BLOCK_TYPES, QuantWeight, read_gguf
+from specdraft.models.native import kernels
 from specdraft.models.native.kernels import load_kernels
 
 TYPES = {"Q4_K": (12, 256, 144), "Q6_K": (14, 256, 210), "Q8_0": (8, 32, 34), "Q5_0": (6, 32, 22),
@@ -105,6 +110,35 @@ def test_each_row_is_bit_identical_alone_and_in_a_pass_of_k_tokens(name):
     alone = torch.cat([ops.qlinear(x[t: t + 1].contiguous(), weight.blocks, weight.qtype, None) for t in range(16)])
     for k in range(1, 17):
         assert torch.equal(ops.qlinear(x[:k].contiguous(), weight.blocks, weight.qtype, None), alone[:k]), k
+
+
+CHILD = """
+import sys, torch
+from specdraft.models.native import kernels
+from specdraft.models.native.kernels import load_kernels
+cases = torch.load(sys.argv[1])
+ops = load_kernels()
+torch.save([ops.qlinear(x, blocks, qtype, None) for x, blocks, qtype in cases], sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("isa", kernels.runnable_isas())
+def test_every_kernel_build_gives_the_same_bits(isa, tmp_path):
+    """The integer sums are exact and the float part is the same 256-bit code in every build (AVX2, AVX-512 with or
+    without VNNI): a child process running the `isa` build (built once into the cache) must reproduce this
+    process's products bit for bit, for every format and for 1, 5 and 16 tokens."""
+    cases = []
+    for name in TYPES:
+        weight = random_blocks(name, 24, 512, seed=7)
+        cases += [(torch.randn(k, 512), weight.blocks, weight.qtype) for k in (1, 5, 16)]
+    torch.save(cases, tmp_path / "cases.pt")
+    result = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "cases.pt"), str(tmp_path / "out.pt")],
+                            env=dict(os.environ, **{kernels.ISA_ENV: isa}), capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    theirs = torch.load(tmp_path / "out.pt")
+    for (x, blocks, qtype), other in zip(cases, theirs, strict=True):
+        assert torch.equal(ops.qlinear(x, blocks, qtype, None), other), (qtype, x.shape)
 
 
 def test_more_tokens_than_a_tile_stay_bit_identical():

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ...errors import SpecdraftError
+from .kernels import load_kernels
 
 # ggml type number -> name, for the block formats the kernels multiply directly
 BLOCK_TYPES = {3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
@@ -68,8 +69,6 @@ class QuantWeight:
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """float32 [n, cols]: the rows `rows` [n] int64 (all by default), as the file's format defines them."""
-        from .kernels import load_kernels
-
         ids = torch.arange(len(self)) if rows is None else rows.to(torch.long)
         return load_kernels().qdequantize_rows(self.blocks.contiguous(), self.qtype, self.cols, ids)
 
