@@ -295,7 +295,7 @@ def format_comparison(spec_result, ar_result, dtype: str, params: SamplingParams
         why = ("sampling: equal in distribution, not token by token" if not params.greedy else
                "bf16 rounds a k-token verify differently from 1-token decoding" if dtype == "bfloat16"
                and spec_result.stats.backend != "native" else
-               "UNEXPECTED in fp32 greedy: please report")
+               f"UNEXPECTED in {dtype} greedy: please report")
         verdict = f"differ from token {common} ({why})"
     return "\n".join([
         f"{'':14s}{'tok/s':>8s}{'tokens':>8s}{'passes':>8s}{'τ':>6s}{'accept':>8s}",

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import SpecdraftError
+from ..models import fetch
 from ..models.eagle_head import (
     EagleHead,
     EagleHeadConfig,
@@ -64,6 +65,7 @@ class TargetTensors:
         from transformers import AutoConfig
 
         folder = Path(model_path)
+        fetch.add_float_weights(folder)  # a packaged model fetched with its GGUF only: fp32 safetensors, once
         config = AutoConfig.from_pretrained(folder)
         wanted = {"model.embed_tokens.weight": None, "lm_head.weight": None, "model.norm.weight": None}
         for file in sorted(folder.glob("*.safetensors")):

@@ -180,30 +180,34 @@ def read_gguf(path: str | Path) -> GGUFTensors:
         raise SpecdraftError(f"cannot read {path} as a GGUF file: {error}") from None
     tensors: dict[str, torch.Tensor | QuantWeight] = {}
     formats: dict[str, int] = {}
-    for name, dims, qtype, offset in table:
-        kind = GGMLQuantizationType(qtype)
-        per_block, block_bytes = GGML_QUANT_SIZES[kind]
-        n_rows = int(np.prod(dims[1:])) if len(dims) > 1 else 1
-        row_bytes = dims[0] // per_block * block_bytes
-        if start + offset + n_rows * row_bytes > len(data):
-            raise SpecdraftError(f"{path} is cut short: tensor {name!r} runs past the end of the file")
-        raw = data[start + offset: start + offset + n_rows * row_bytes].reshape(n_rows, row_bytes)
-        shape = [int(n) for n in reversed(dims)]
-        if qtype in BLOCK_TYPES and len(dims) == 2:
-            tensors[name] = QuantWeight(torch.from_numpy(raw), qtype, int(dims[0]))
-            label = BLOCK_TYPES[qtype]
-        elif kind == GGMLQuantizationType.BF16:
-            tensors[name] = torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16).reshape(shape)
-            label = "BF16"
-        elif kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-            values = raw.view(np.float32 if kind == GGMLQuantizationType.F32 else np.float16).astype(np.float32)
-            tensors[name] = torch.from_numpy(values).reshape(shape)
-            label = kind.name if len(dims) == 1 else f"{kind.name} (as float32)"
-        else:  # another block format: dequantized once, kept as bfloat16 for the bf16 kernels
-            tensors[name] = torch.from_numpy(dequantize(np.asarray(raw), kind)).reshape(shape).to(torch.bfloat16)
-            label = f"{kind.name} (dequantized to bfloat16)"
-        if len(dims) == 2:
-            formats[label] = formats.get(label, 0) + 1
+    try:
+        for name, dims, qtype, offset in table:
+            kind = GGMLQuantizationType(qtype)
+            per_block, block_bytes = GGML_QUANT_SIZES[kind]
+            n_rows = int(np.prod(dims[1:])) if len(dims) > 1 else 1
+            row_bytes = dims[0] // per_block * block_bytes
+            if start + offset + n_rows * row_bytes > len(data):
+                raise SpecdraftError(f"{path} is cut short: tensor {name!r} runs past the end of the file")
+            raw = data[start + offset: start + offset + n_rows * row_bytes].reshape(n_rows, row_bytes)
+            shape = [int(n) for n in reversed(dims)]
+            if qtype in BLOCK_TYPES and len(dims) == 2:
+                tensors[name] = QuantWeight(torch.from_numpy(raw), qtype, int(dims[0]))
+                label = BLOCK_TYPES[qtype]
+            elif kind == GGMLQuantizationType.BF16:
+                tensors[name] = torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16).reshape(shape)
+                label = "BF16"
+            elif kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+                values = raw.view(np.float32 if kind == GGMLQuantizationType.F32 else np.float16).astype(np.float32)
+                tensors[name] = torch.from_numpy(values).reshape(shape)
+                label = kind.name if len(dims) == 1 else f"{kind.name} (as float32)"
+            else:  # another block format: dequantized once, kept as bfloat16 for the bf16 kernels
+                tensors[name] = torch.from_numpy(dequantize(np.asarray(raw), kind)).reshape(shape).to(torch.bfloat16)
+                label = f"{kind.name} (dequantized to bfloat16)"
+            if len(dims) == 2:
+                formats[label] = formats.get(label, 0) + 1
+    except (ValueError, IndexError, NotImplementedError) as error:  # an unknown type number, a tensor without
+        # dimensions, a format the gguf package cannot dequantize
+        raise SpecdraftError(f"cannot read {path} as a GGUF file: {error}") from None
     return GGUFTensors(path, str(metadata.get("general.architecture", "unknown")), tensors, formats)
 
 

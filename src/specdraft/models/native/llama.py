@@ -121,8 +121,12 @@ class NativeLlama:
         llama_order = weights.architecture == "llama"  # its converter interleaves the Q and K rows of each head
 
         def rows_of(name: str, heads: int) -> Weight | None:
-            tensor = weights.get(name)
+            tensor = weights.need(name) if name.endswith(".weight") else bias(name)
             return unpermute_rows(tensor, heads) if tensor is not None and llama_order else tensor
+
+        def bias(name: str) -> torch.Tensor | None:
+            tensor = weights.get(name)
+            return None if tensor is None else tensor.float().contiguous()
 
         def norm(name: str) -> torch.Tensor:
             return weights.need(name).float().contiguous()
@@ -130,13 +134,12 @@ class NativeLlama:
         layers = []
         for i in range(config.num_hidden_layers):
             prefix = f"blk.{i}."
-            weights.need(prefix + "attn_q.weight")
             layers.append(_Layer(
                 input_norm=norm(prefix + "attn_norm.weight"),
                 q=rows_of(prefix + "attn_q.weight", n_heads), q_bias=rows_of(prefix + "attn_q.bias", n_heads),
                 k=rows_of(prefix + "attn_k.weight", n_kv_heads), k_bias=rows_of(prefix + "attn_k.bias", n_kv_heads),
-                v=weights.need(prefix + "attn_v.weight"), v_bias=weights.get(prefix + "attn_v.bias"),
-                o=weights.need(prefix + "attn_output.weight"), o_bias=weights.get(prefix + "attn_output.bias"),
+                v=weights.need(prefix + "attn_v.weight"), v_bias=bias(prefix + "attn_v.bias"),
+                o=weights.need(prefix + "attn_output.weight"), o_bias=bias(prefix + "attn_output.bias"),
                 post_norm=norm(prefix + "ffn_norm.weight"),
                 gate=weights.need(prefix + "ffn_gate.weight"), up=weights.need(prefix + "ffn_up.weight"),
                 down=weights.need(prefix + "ffn_down.weight")))

@@ -25,6 +25,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -122,7 +123,8 @@ QuantizedRows quantize_rows(const float* x, int64_t T, int64_t K, int64_t block)
       __m128 m = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
       m = _mm_max_ps(m, _mm_movehl_ps(m, m));
       const float amax = std::max(_mm_cvtss_f32(m), _mm_cvtss_f32(_mm_movehdup_ps(m)));
-      const float d = amax / 127.f;
+      // below 127 * FLT_MIN the inverse would overflow to inf (and -inf * 0 quantize to -128): such a block is zero
+      const float d = amax >= 127.f * FLT_MIN ? amax / 127.f : 0.f;
       const __m256 inverse = _mm256_set1_ps(d > 0.f ? 127.f / amax : 0.f);
       for (int64_t i = 0; i < block; i += 32)
         quantize32(v + i, inverse, out.q.data() + t * K + b * block + i, out.s16.data() + (t * K + b * block + i) / 16);
