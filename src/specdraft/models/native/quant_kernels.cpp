@@ -82,13 +82,12 @@ inline __m256 scaled_add(__m256 acc, __m256i lanes, float scale) {
 // x [T, K] float32 as int8 blocks of `block` values (256 or 32) with one float scale each, and the sums of every 16
 // consecutive int8 values (the k-quants' mins and offsets, Q4_1's min, need them).
 struct QuantizedRows {
-  int64_t T = 0, K = 0, block = 0, blocks = 0;  // blocks = K / block
+  int64_t T = 0, K = 0, blocks = 0;  // blocks: activation blocks per row (K / 256 or K / 32)
   std::vector<int8_t> q;     // [T, K]
   std::vector<float> d;      // [T, K / block]
   std::vector<int16_t> s16;  // [T, K / 16]
 
   const int8_t* row(int64_t t) const { return q.data() + t * K; }
-  float scale(int64_t t, int64_t b) const { return d[t * blocks + b]; }
   const int16_t* sums(int64_t t) const { return s16.data() + t * K / 16; }
 };
 
@@ -109,7 +108,7 @@ inline void quantize32(const float* v, __m256 inverse, int8_t* q, int16_t* sums)
 
 QuantizedRows quantize_rows(const float* x, int64_t T, int64_t K, int64_t block) {
   QuantizedRows out;
-  out.T = T, out.K = K, out.block = block, out.blocks = K / block;
+  out.T = T, out.K = K, out.blocks = K / block;
   out.q.resize(T * K);
   out.d.resize(T * (K / block));
   out.s16.resize(T * (K / 16));
