@@ -118,7 +118,8 @@ from specdraft.models.native import kernels
 from specdraft.models.native.kernels import load_kernels
 cases = torch.load(sys.argv[1])
 ops = load_kernels()
-torch.save([ops.qlinear(x, blocks, qtype, None) for x, blocks, qtype in cases], sys.argv[2])
+torch.save([(ops.qlinear_x8 if packed else ops.qlinear)(x, blocks, qtype, None) for x, blocks, qtype, packed in cases],
+           sys.argv[2])
 """
 
 
@@ -130,15 +131,19 @@ def test_every_kernel_build_gives_the_same_bits(isa, tmp_path):
     cases = []
     for name in TYPES:
         weight = random_blocks(name, 24, 512, seed=7)
-        cases += [(torch.randn(k, 512), weight.blocks, weight.qtype) for k in (1, 5, 16)]
+        cases += [(torch.randn(k, 512), weight.blocks, weight.qtype, False) for k in (1, 5, 16)]
+        if name in INTERLEAVED:
+            packed = weight.interleave().blocks
+            cases += [(torch.randn(k, 512), packed, weight.qtype, True) for k in (1, 5, 16)]
     torch.save(cases, tmp_path / "cases.pt")
     result = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "cases.pt"), str(tmp_path / "out.pt")],
                             env=dict(os.environ, **{kernels.ISA_ENV: isa}), capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     theirs = torch.load(tmp_path / "out.pt")
-    for (x, blocks, qtype), other in zip(cases, theirs, strict=True):
-        assert torch.equal(ops.qlinear(x, blocks, qtype, None), other), (qtype, x.shape)
+    for (x, blocks, qtype, packed), other in zip(cases, theirs, strict=True):
+        mine = (ops.qlinear_x8 if packed else ops.qlinear)(x, blocks, qtype, None)
+        assert torch.equal(mine, other), (qtype, packed, x.shape)
 
 
 def test_more_tokens_than_a_tile_stay_bit_identical():
@@ -165,6 +170,82 @@ def test_quant_weight_rows_select_and_assign_like_a_tensor():
     assert torch.equal(buffer[1:3].dequantize(), weight[torch.tensor([7, 2])].dequantize())
     with pytest.raises(TypeError):
         buffer[0:1] = torch.zeros(1, 256)
+
+
+# ----------------------------------------------------------------------------------- interleaved row groups
+
+INTERLEAVED = ["Q4_K", "Q6_K"]
+
+
+def extreme_blocks(name: str, rows: int, cols: int) -> QuantWeight:
+    """Every weight at its format's largest unsigned value and every scale at its largest: the int16 sums of the
+    interleaved kernels reach their stated bounds (30480 for Q4_K, 32004 for Q6_K) against activations of 127."""
+    qtype, per_block, nbytes = TYPES[name]
+    blocks = np.full((rows, cols // per_block, nbytes), 0xFF, dtype=np.uint8)
+    half = np.array([0.001], dtype=np.float16).view(np.uint8)
+    if name == "Q4_K":
+        blocks[:, :, 0:2], blocks[:, :, 2:4] = half, np.array([0.0], dtype=np.float16).view(np.uint8)
+    else:
+        blocks[:, :, 192:208] = 127  # int8 scales
+        blocks[:, :, 208:210] = half
+    return QuantWeight(torch.from_numpy(blocks.reshape(rows, -1)), qtype, cols)
+
+
+@pytest.mark.parametrize("name", INTERLEAVED)
+def test_interleaved_rows_keep_every_byte_and_value(name):
+    weight = random_blocks(name, 24, 512, seed=11)
+    packed = weight.interleave()
+    assert packed.interleaved and packed.shape == weight.shape and len(packed) == 24
+    assert torch.equal(packed.rows_layout(), weight.blocks)
+    picked = torch.tensor([17, 0, 9])
+    assert torch.equal(packed[picked].blocks, weight.blocks[picked])
+    assert torch.equal(packed.dequantize(picked), weight.dequantize(picked))
+    assert not packed.equal(weight) and packed.equal(weight.interleave())
+    with pytest.raises(TypeError, match="read-only"):
+        packed[0:1] = weight[0:1]
+    assert random_blocks(name, 12, 256).interleave().interleaved is False  # 12 rows: not a multiple of 8
+    assert random_blocks("Q8_0", 16, 256).interleave().interleaved is False
+
+
+@pytest.mark.parametrize("name", INTERLEAVED)
+def test_interleaved_product_matches_float64_reference(name):
+    weight = random_blocks(name, 40, 768, seed=12)
+    x = torch.randn(7, 768)
+    got = weight.interleave().linear(x, None)
+    assert relative_error(got, reference_product(x, gguf_dequantize(weight), 256)) < RELATIVE_TOLERANCE
+
+
+@pytest.mark.parametrize("name", INTERLEAVED)
+def test_interleaved_sums_stay_in_range_at_the_extremes(name):
+    weight = extreme_blocks(name, 16, 512)
+    x = torch.ones(3, 512) * torch.tensor([[1.0], [-1.0], [0.5]])  # every activation quantizes to +-127
+    got = weight.interleave().linear(x, None)
+    assert relative_error(got, reference_product(x, gguf_dequantize(weight), 256)) < RELATIVE_TOLERANCE
+
+
+@pytest.mark.parametrize("name", INTERLEAVED)
+def test_negative_control_an_interleaved_layout_read_wrong_fails_the_same_check(name):
+    """The rows of each group read in reverse order within every 4-byte-per-row vector: the check must catch it."""
+    weight = random_blocks(name, 40, 768, seed=12)
+    packed = weight.interleave()
+    payload = 160 if name == "Q4_K" else 144
+    groups = packed.blocks.view(5, 3, -1).clone()  # [groups, super-blocks, group block bytes]
+    body = groups[:, :, payload:].reshape(5, 3, -1, 8, 4)  # [..., vectors, rows, 4 bytes]
+    groups[:, :, payload:] = body.flip(3).reshape(5, 3, -1)
+    misread = QuantWeight(groups.reshape(5, -1).contiguous(), weight.qtype, weight.cols, interleaved=True)
+    x = torch.randn(7, 768)
+    got = misread.linear(x, None)
+    assert relative_error(got, reference_product(x, gguf_dequantize(weight), 256)) > 100 * RELATIVE_TOLERANCE
+
+
+@pytest.mark.parametrize("name", INTERLEAVED)
+def test_interleaved_rows_are_bit_identical_alone_and_in_passes_of_k_tokens(name):
+    packed = random_blocks(name, 48, 768, seed=13).interleave()
+    x = torch.randn(150, 768) * torch.rand(150, 1) * 4
+    bias = torch.randn(48)
+    alone = torch.cat([packed.linear(x[t: t + 1].contiguous(), bias) for t in range(150)])
+    for k in list(range(1, 17)) + [64, 65, 150]:  # 64 tokens make a tile
+        assert torch.equal(packed.linear(x[:k].contiguous(), bias), alone[:k]), k
 
 
 # ------------------------------------------------------------------------------------------ tiny GGUF models
@@ -285,6 +366,9 @@ def test_real_tensors_of_each_format_match_the_reference(model):
         reference = reference_product(x, gguf_dequantize(QuantWeight(rows.blocks.contiguous(), rows.qtype, rows.cols)),
                                       activation_block(rows.type_name))
         assert relative_error(got, reference) < RELATIVE_TOLERANCE, name
+        packed = rows.interleave()
+        if packed.interleaved:
+            assert relative_error(packed.linear(x, None), reference) < RELATIVE_TOLERANCE, name
     assert seen <= set(BLOCK_TYPES.values()) and seen
 
 

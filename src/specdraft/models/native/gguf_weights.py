@@ -9,6 +9,7 @@ dequantization); norms and biases are float32.
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,21 +22,28 @@ from .kernels import load_kernels
 
 # ggml type number -> name, for the block formats the kernels multiply directly
 BLOCK_TYPES = {3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
+BLOCK_SHAPES = {3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}  # (weights, bytes) per block
+INTERLEAVED_TYPES = {12, 14}  # formats whose matrices `interleave` repacks into groups of ROW_GROUP rows
+ROW_GROUP = 8
 
 
 @dataclass
 class QuantWeight:
-    """A [rows, cols] matrix in a GGUF block format: `blocks` uint8 [rows, row_bytes], each row its own blocks.
+    """A [rows, cols] matrix in a GGUF block format: `blocks` uint8 [rows, row_bytes], each row its own blocks; or,
+    `interleaved`, [rows / 8, ...] groups of 8 rows repacked for passes of several tokens (Q4_K and Q6_K: see
+    `interleave`).
 
-    Rows can be selected, copied and assigned like a tensor's (a draft vocabulary takes some rows of a head)."""
+    Rows can be selected, copied and assigned like a tensor's (a draft vocabulary takes some rows of a head);
+    rows selected from an interleaved matrix come back in the file's layout."""
 
-    blocks: torch.Tensor  # uint8 [N, row_bytes]
+    blocks: torch.Tensor  # uint8 [N, row_bytes], or [N / 8, K / 256 * group block bytes] interleaved
     qtype: int  # ggml type number, a key of BLOCK_TYPES
     cols: int  # K, the weights of one row
+    interleaved: bool = False
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (self.blocks.shape[0], self.cols)
+        return (len(self), self.cols)
 
     @property
     def type_name(self) -> str:
@@ -46,31 +54,63 @@ class QuantWeight:
         return self.blocks.numel()
 
     def __len__(self) -> int:
-        return self.blocks.shape[0]
+        return self.blocks.shape[0] * (ROW_GROUP if self.interleaved else 1)
+
+    def rows_layout(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """uint8 [n, row_bytes]: rows `rows` [n] int64 (all by default) in the file's block layout."""
+        if not self.interleaved:
+            return self.blocks if rows is None else self.blocks[rows]
+        ids = torch.arange(len(self)) if rows is None else rows.to(torch.long)
+        return load_kernels().qdeinterleave_rows(self.blocks, self.qtype, self.cols, ids)
 
     def __getitem__(self, rows) -> QuantWeight:
         """Rows by slice, index tensor or list (an int keeps one row, as a [1, cols] matrix)."""
         if isinstance(rows, int):
             rows = slice(rows, rows + 1) if rows != -1 else slice(-1, None)
+        if self.interleaved:
+            rows = torch.arange(len(self))[rows]
+            return QuantWeight(self.rows_layout(torch.as_tensor(rows).reshape(-1)), self.qtype, self.cols)
         return QuantWeight(self.blocks[rows], self.qtype, self.cols)
 
     def __setitem__(self, rows, value: QuantWeight) -> None:
         if not isinstance(value, QuantWeight) or (value.qtype, value.cols) != (self.qtype, self.cols):
             raise TypeError("rows of a quantized matrix take rows of the same format and width")
-        self.blocks[rows] = value.blocks
+        if self.interleaved:
+            raise TypeError("an interleaved matrix is read-only: assign rows of one in the file's layout")
+        self.blocks[rows] = value.rows_layout()
 
     def new_empty(self, rows: int, cols: int) -> QuantWeight:
         if cols != self.cols:
             raise ValueError(f"a quantized matrix keeps its row width {self.cols}, not {cols}")
-        return QuantWeight(self.blocks.new_empty(rows, self.blocks.shape[1]), self.qtype, self.cols)
+        row_bytes = self.cols // BLOCK_SHAPES[self.qtype][0] * BLOCK_SHAPES[self.qtype][1]
+        return QuantWeight(self.blocks.new_empty(rows, row_bytes), self.qtype, self.cols)
 
     def equal(self, other: QuantWeight) -> bool:
-        return (self.qtype, self.cols) == (other.qtype, other.cols) and torch.equal(self.blocks, other.blocks)
+        return ((self.qtype, self.cols, self.interleaved) == (other.qtype, other.cols, other.interleaved)
+                and torch.equal(self.blocks, other.blocks))
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """float32 [n, cols]: the rows `rows` [n] int64 (all by default), as the file's format defines them."""
+        if self.interleaved:
+            blocks = self.rows_layout(rows)
+            return load_kernels().qdequantize_rows(blocks, self.qtype, self.cols, torch.arange(len(blocks)))
         ids = torch.arange(len(self)) if rows is None else rows.to(torch.long)
         return load_kernels().qdequantize_rows(self.blocks.contiguous(), self.qtype, self.cols, ids)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [T, cols] float32 @ this^T (+ bias [rows]) -> [T, rows] float32 (batch-invariant kernels)."""
+        if self.interleaved:
+            return load_kernels().qlinear_x8(x, self.blocks, self.qtype, bias)
+        return load_kernels().qlinear(x, self.blocks, self.qtype, bias)
+
+    def interleave(self) -> QuantWeight:
+        """This matrix repacked into groups of 8 rows for passes of several tokens (quant_kernels.cpp, "interleaved
+        row groups"): a verify pass of 8 tokens then costs about half what it costs row by row. Q4_K and Q6_K with
+        a multiple of 8 rows; any other matrix is returned as it is."""
+        if self.interleaved or self.qtype not in INTERLEAVED_TYPES or len(self) % ROW_GROUP:
+            return self
+        return QuantWeight(load_kernels().qinterleave(self.blocks.contiguous(), self.qtype, self.cols), self.qtype,
+                           self.cols, interleaved=True)
 
 
 def stored_bytes(weight: torch.Tensor | QuantWeight | None) -> int:
@@ -95,6 +135,24 @@ class GGUFTensors:
     architecture: str
     tensors: dict[str, torch.Tensor | QuantWeight]
     formats: dict[str, int]  # format name -> how many matrices are in it ("BF16 (dequantized)" for a fallback)
+    mapping: np.memmap | None = None  # the file, mapped copy-on-write; the tensors above are views of it
+
+    def release(self, weight: torch.Tensor | QuantWeight) -> None:
+        """Tell the kernel that the mapped pages under `weight` (a view of this file) are no longer needed: a
+        matrix copied elsewhere (interleaved) would otherwise stay resident twice. Nothing is lost: the mapping
+        is never written, so a page read again comes back from the file. Anything not inside the mapping is left
+        alone."""
+        tensor = weight.blocks if isinstance(weight, QuantWeight) else weight
+        if self.mapping is None or tensor.numel() == 0:
+            return
+        base = self.mapping.ctypes.data
+        start, end = tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * tensor.element_size()
+        if not (base <= start and end <= base + self.mapping.size):
+            return
+        page = mmap.PAGESIZE
+        first, last = -(-(start - base) // page) * page, (end - base) // page * page  # whole pages inside
+        if last > first:
+            self.mapping._mmap.madvise(mmap.MADV_DONTNEED, first, last - first)
 
     def get(self, name: str) -> torch.Tensor | QuantWeight | None:
         return self.tensors.get(name)
@@ -208,7 +266,7 @@ def read_gguf(path: str | Path) -> GGUFTensors:
     except (ValueError, IndexError, NotImplementedError) as error:  # an unknown type number, a tensor without
         # dimensions, a format the gguf package cannot dequantize
         raise SpecdraftError(f"cannot read {path} as a GGUF file: {error}") from None
-    return GGUFTensors(path, str(metadata.get("general.architecture", "unknown")), tensors, formats)
+    return GGUFTensors(path, str(metadata.get("general.architecture", "unknown")), tensors, formats, data)
 
 
 def unpermute_rows(weight: torch.Tensor | QuantWeight, n_heads: int) -> torch.Tensor | QuantWeight:
@@ -218,5 +276,5 @@ def unpermute_rows(weight: torch.Tensor | QuantWeight, n_heads: int) -> torch.Te
     n_rows = weight.shape[0]
     order = torch.arange(n_rows).reshape(n_heads, n_rows // n_heads // 2, 2).transpose(1, 2).reshape(-1)
     if isinstance(weight, QuantWeight):
-        return QuantWeight(weight.blocks[order].contiguous(), weight.qtype, weight.cols)
+        return QuantWeight(weight.rows_layout(order).contiguous(), weight.qtype, weight.cols)
     return weight[order].contiguous()

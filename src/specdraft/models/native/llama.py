@@ -131,6 +131,14 @@ class NativeLlama:
         def norm(name: str) -> torch.Tensor:
             return weights.need(name).float().contiguous()
 
+        def interleaved(weight: Weight) -> Weight:
+            if not isinstance(weight, QuantWeight):
+                return weight
+            packed = weight.interleave()
+            if packed is not weight:
+                weights.release(weight)
+            return packed
+
         layers = []
         for i in range(config.num_hidden_layers):
             prefix = f"blk.{i}."
@@ -143,10 +151,13 @@ class NativeLlama:
                 post_norm=norm(prefix + "ffn_norm.weight"),
                 gate=weights.need(prefix + "ffn_gate.weight"), up=weights.need(prefix + "ffn_up.weight"),
                 down=weights.need(prefix + "ffn_down.weight")))
-        embed = weights.need("token_embd.weight")
+        for layer in layers:  # the Q4_K/Q6_K matrices in groups of 8 rows, for passes of several tokens
+            for field in ("q", "k", "v", "o", "gate", "up", "down"):
+                setattr(layer, field, interleaved(getattr(layer, field)))
+        embed = weights.need("token_embd.weight")  # rows looked up one by one: kept as the file has it
         lm_head = weights.get("output.weight")
-        native._setup(config, rotary, embed, embed if lm_head is None else lm_head, norm("output_norm.weight"),
-                      layers, "gguf")
+        native._setup(config, rotary, embed, embed if lm_head is None else interleaved(lm_head),
+                      norm("output_norm.weight"), layers, "gguf")
         native.gguf_formats = dict(weights.formats)
         return native
 
@@ -209,7 +220,7 @@ class NativeLlama:
     def _linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None) -> torch.Tensor:
         """x [T, K] float32 @ weight [N, K]^T (+ bias) -> [T, N] float32."""
         if isinstance(weight, QuantWeight):
-            return self.ops.qlinear(x, weight.blocks, weight.qtype, bias)
+            return weight.linear(x, bias)
         if x.shape[0] <= MAX_KERNEL_ROWS or weight.dtype != torch.float32:
             return self.ops.linear(x, weight, bias)
         return F.linear(x, weight, bias)

@@ -86,9 +86,11 @@ struct QuantizedRows {
   std::vector<int8_t> q;     // [T, K]
   std::vector<float> d;      // [T, K / block]
   std::vector<int16_t> s16;  // [T, K / 16]
+  std::vector<int16_t> s32;  // [T, K / 32]: sums of 32 (pairs of s16)
 
   const int8_t* row(int64_t t) const { return q.data() + t * K; }
   const int16_t* sums(int64_t t) const { return s16.data() + t * K / 16; }
+  const int16_t* sums32(int64_t t) const { return s32.data() + t * K / 32; }
 };
 
 // 32 floats times `inverse`, rounded to the nearest integer (ties to even, the default rounding mode), as int8 in
@@ -130,6 +132,8 @@ QuantizedRows quantize_rows(const float* x, int64_t T, int64_t K, int64_t block)
       out.d[t * (K / block) + b] = d;
     }
   }
+  out.s32.resize(T * (K / 32));
+  for (int64_t i = 0; i < T * (K / 32); ++i) out.s32[i] = static_cast<int16_t>(out.s16[2 * i] + out.s16[2 * i + 1]);
   return out;
 }
 
@@ -382,6 +386,257 @@ void qlinear_impl(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRo
   });
 }
 
+// ------------------------------------------------------------------------- interleaved row groups (Q4_K, Q6_K)
+// For passes of several tokens the k-quant matrices are repacked at load into groups of 8 rows whose blocks
+// interleave 4 bytes at a time: one 32-byte load holds 4 consecutive weights of each of the 8 rows, a broadcast
+// of a token's 4 activation bytes meets all of them in one `vpmaddubsw`, and int16 lanes 2r and 2r + 1 are row
+// r's. A sub-block's products add up in int16 (in range: shown per format), one `vpmaddwd` with the rows' sub-
+// block scales leaves row r in int32 lane r, and the float part works on 8 lanes that are 8 rows: per (8 rows,
+// token, super-block) a few float instructions, and no horizontal sum at all. This is what makes a token of a
+// pass cheap: about 10 multiply instructions per (row, super-block) against 17 plus a float reduction in the
+// row-by-row layout. The arithmetic of a token is the same whatever the other tokens of the call (batch
+// invariance), and the same in every build (integer sums exact, one float sequence).
+
+constexpr int64_t kRowGroup = 8;
+
+inline __m256i broadcast4(const void* p) {  // 4 bytes into every 32-bit lane
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// 8 bytes (one per row) as int16 lane pairs (2r, 2r + 1) both holding byte r: unsigned, or signed.
+inline __m256i row_pairs_u8(const uint8_t* p) {
+  const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
+}
+inline __m256i row_pairs_s8(const uint8_t* p) {
+  const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+}
+
+// One token's view of a super-block column: int8 values, sums of 16 and of 32, scale.
+struct TokenSuper {
+  const int8_t* q;
+  const int16_t* sums16;
+  const int16_t* sums32;
+  float d;
+};
+
+// Q4_K, 8 rows x 256 weights in 1184 bytes:
+//   [0, 16) d of rows 0-7 (halves), [16, 32) dmin, [32, 96) byte 8c + r: scale of sub-block c of row r (6 bits),
+//   [96, 160) byte 16p + 2r + e: min of sub-block 2p + e of row r,
+//   [160, 1184) byte 256j + 32k + 4r + i: qs[32j + 4k + i] of row r (its nibble s: weight 64j + 32s + 4k + i).
+struct Q4Kx8 {
+  static constexpr int64_t kBytes = 1184;
+
+  static void scales_mins(const uint8_t* block, int scale[8], int min[8]) {
+    const uint8_t* p = block + 4;
+    for (int c = 0; c < 8; ++c) {
+      scale[c] = c < 4 ? p[c] & 63 : (p[c + 4] & 0x0F) | ((p[c - 4] >> 6) << 4);
+      min[c] = c < 4 ? p[c + 4] & 63 : (p[c + 4] >> 4) | ((p[c] >> 6) << 4);
+    }
+  }
+
+  static void pack(const uint8_t* const rows[8], uint8_t* out) {
+    for (int r = 0; r < 8; ++r) {
+      std::memcpy(out + 2 * r, rows[r], 2);
+      std::memcpy(out + 16 + 2 * r, rows[r] + 2, 2);
+      int scale[8], min[8];
+      scales_mins(rows[r], scale, min);
+      for (int c = 0; c < 8; ++c) {
+        out[32 + 8 * c + r] = static_cast<uint8_t>(scale[c]);
+        out[96 + 16 * (c / 2) + 2 * r + c % 2] = static_cast<uint8_t>(min[c]);
+      }
+      for (int j = 0; j < 4; ++j)
+        for (int k = 0; k < 8; ++k) std::memcpy(out + 160 + 256 * j + 32 * k + 4 * r, rows[r] + 16 + 32 * j + 4 * k, 4);
+    }
+  }
+
+  static void unpack(const uint8_t* in, uint8_t* const rows[8]) {
+    for (int r = 0; r < 8; ++r) {
+      uint8_t* b = rows[r];
+      std::memcpy(b, in + 2 * r, 2);
+      std::memcpy(b + 2, in + 16 + 2 * r, 2);
+      int scale[8], min[8];
+      for (int c = 0; c < 8; ++c) scale[c] = in[32 + 8 * c + r], min[c] = in[96 + 16 * (c / 2) + 2 * r + c % 2];
+      for (int c = 0; c < 4; ++c) {  // the inverse of scales_mins
+        b[4 + c] = static_cast<uint8_t>(scale[c] | ((scale[c + 4] >> 4) << 6));
+        b[8 + c] = static_cast<uint8_t>(min[c] | ((min[c + 4] >> 4) << 6));
+        b[12 + c] = static_cast<uint8_t>((scale[c + 4] & 0x0F) | ((min[c + 4] & 0x0F) << 4));
+      }
+      for (int j = 0; j < 4; ++j)
+        for (int k = 0; k < 8; ++k) std::memcpy(b + 16 + 32 * j + 4 * k, in + 160 + 256 * j + 32 * k + 4 * r, 4);
+    }
+  }
+
+  // sum_i w_ri x_i = d_r dx sum_c scale_rc (sum_{i in c} q_ri xq_i) - dmin_r dx sum_c min_rc (sum_{i in c} xq_i).
+  // int16: a lane adds 8 vpmaddubsw lanes of 2 products each, |q x| <= 15 * 127: at most 30480.
+  template <int G>
+  static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    const uint8_t* qs = block + 160;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256i dots[G], mins[G];
+    for (int g = 0; g < G; ++g) dots[g] = mins[g] = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      __m256i even[G], odd[G];  // sub-blocks 2j and 2j + 1
+      for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm256_setzero_si256();
+      for (int k = 0; k < 8; ++k) {
+        const __m256i bytes = load256(qs + 256 * j + 32 * k);
+        const __m256i w_even = _mm256_and_si256(bytes, low), w_odd = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+        for (int g = 0; g < G; ++g) {
+          even[g] = _mm256_add_epi16(even[g], _mm256_maddubs_epi16(w_even, broadcast4(x[g].q + 64 * j + 4 * k)));
+          odd[g] = _mm256_add_epi16(odd[g], _mm256_maddubs_epi16(w_odd, broadcast4(x[g].q + 64 * j + 32 + 4 * k)));
+        }
+      }
+      const __m256i scale_even = row_pairs_u8(block + 32 + 8 * (2 * j)), scale_odd = row_pairs_u8(block + 40 + 16 * j);
+      for (int g = 0; g < G; ++g)
+        dots[g] = _mm256_add_epi32(dots[g], _mm256_add_epi32(_mm256_madd_epi16(even[g], scale_even),
+                                                             _mm256_madd_epi16(odd[g], scale_odd)));
+    }
+    for (int p = 0; p < 4; ++p) {
+      const __m256i min_pairs = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 96 + 16 * p)));
+      for (int g = 0; g < G; ++g)
+        mins[g] = _mm256_add_epi32(mins[g], _mm256_madd_epi16(min_pairs, broadcast4(x[g].sums32 + 2 * p)));
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
+    for (int g = 0; g < G; ++g) {
+      const __m256 dx = _mm256_set1_ps(x[g].d);
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[g]), _mm256_mul_ps(d, dx), acc[g]);
+      acc[g] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[g]), _mm256_mul_ps(dmin, dx), acc[g]);
+    }
+  }
+};
+
+// Q6_K, 8 rows x 256 weights in 1680 bytes (8 x 210):
+//   [0, 16) d of rows 0-7 (halves), [16, 144) byte 8s + r: scale of sub-block s (16 weights) of row r (int8),
+//   [144, 1680) for half h and m = 0..7, 96 bytes at 144 + 96 (8h + m): three vectors whose byte 4r + i is, for
+//   row r, ql[64h + 4m + i], ql[64h + 32 + 4m + i] and qh[32h + 4m + i] (the weights 128h + 32k + 4m + i, k = 0..3).
+struct Q6Kx8 {
+  static constexpr int64_t kBytes = 1680;
+
+  static void pack(const uint8_t* const rows[8], uint8_t* out) {
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* b = rows[r];
+      std::memcpy(out + 2 * r, b + 208, 2);
+      for (int s = 0; s < 16; ++s) out[16 + 8 * s + r] = b[192 + s];
+      for (int h = 0; h < 2; ++h)
+        for (int m = 0; m < 8; ++m) {
+          uint8_t* v = out + 144 + 96 * (8 * h + m) + 4 * r;
+          std::memcpy(v, b + 64 * h + 4 * m, 4);
+          std::memcpy(v + 32, b + 64 * h + 32 + 4 * m, 4);
+          std::memcpy(v + 64, b + 128 + 32 * h + 4 * m, 4);
+        }
+    }
+  }
+
+  static void unpack(const uint8_t* in, uint8_t* const rows[8]) {
+    for (int r = 0; r < 8; ++r) {
+      uint8_t* b = rows[r];
+      std::memcpy(b + 208, in + 2 * r, 2);
+      for (int s = 0; s < 16; ++s) b[192 + s] = in[16 + 8 * s + r];
+      for (int h = 0; h < 2; ++h)
+        for (int m = 0; m < 8; ++m) {
+          const uint8_t* v = in + 144 + 96 * (8 * h + m) + 4 * r;
+          std::memcpy(b + 64 * h + 4 * m, v, 4);
+          std::memcpy(b + 64 * h + 32 + 4 * m, v + 32, 4);
+          std::memcpy(b + 128 + 32 * h + 4 * m, v + 64, 4);
+        }
+    }
+  }
+
+  // sum_i w_ri x_i = d_r dx (sum_s scale_rs sum_{i in s} (q_ri + 32) xq_i - 32 sum_s scale_rs sum_{i in s} xq_i), with
+  // q + 32 in 0..63. int16: a lane adds 2 vpmaddubsw lanes of 2 products each, |(q + 32) x| <= 63 * 127: at most
+  // 32004 (a sub-block's 4 weights per row and m, 2 values of m per vpmaddwd).
+  template <int G>
+  static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
+    __m256i dots[G], offsets[G];
+    for (int g = 0; g < G; ++g) dots[g] = offsets[g] = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      for (int m = 0; m < 8; m += 2) {  // weights 128h + 32k + 4m .. + 7: sub-block 8h + 2k + m / 4
+        const uint8_t* v0 = block + 144 + 96 * (8 * h + m);
+        const uint8_t* v1 = v0 + 96;
+        const __m256i l0a = load256(v0), l1a = load256(v0 + 32), ha = load256(v0 + 64);
+        const __m256i l0b = load256(v1), l1b = load256(v1 + 32), hb = load256(v1 + 64);
+        for (int k = 0; k < 4; ++k) {
+          const auto six = [&](__m256i l0, __m256i l1, __m256i hi) {
+            const __m256i l = k % 2 ? l1 : l0;
+            const __m256i nibble = k < 2 ? _mm256_and_si256(l, low) : _mm256_and_si256(_mm256_srli_epi16(l, 4), low);
+            const __m256i top = k == 0 ? _mm256_slli_epi16(hi, 4) : k == 1 ? _mm256_slli_epi16(hi, 2)
+                                : k == 2 ? hi : _mm256_srli_epi16(hi, 2);
+            return _mm256_or_si256(nibble, _mm256_and_si256(top, high));
+          };
+          const __m256i wa = six(l0a, l1a, ha), wb = six(l0b, l1b, hb);
+          const __m256i scale = row_pairs_s8(block + 16 + 8 * (8 * h + 2 * k + m / 4));
+          const int64_t at = 128 * h + 32 * k + 4 * m;
+          for (int g = 0; g < G; ++g) {
+            const __m256i pair = _mm256_add_epi16(_mm256_maddubs_epi16(wa, broadcast4(x[g].q + at)),
+                                                  _mm256_maddubs_epi16(wb, broadcast4(x[g].q + at + 4)));
+            dots[g] = _mm256_add_epi32(dots[g], _mm256_madd_epi16(pair, scale));
+          }
+        }
+      }
+    }
+    for (int p = 0; p < 8; ++p) {  // int16 lanes (2r, 2r + 1): scales of sub-blocks 2p and 2p + 1 of row r
+      const __m128i a = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 16 + 16 * p));
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 24 + 16 * p));
+      const __m256i scale_pairs = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b));
+      for (int g = 0; g < G; ++g)
+        offsets[g] = _mm256_add_epi32(offsets[g], _mm256_madd_epi16(scale_pairs, broadcast4(x[g].sums16 + 2 * p)));
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    for (int g = 0; g < G; ++g) {
+      const __m256i total = _mm256_sub_epi32(dots[g], _mm256_slli_epi32(offsets[g], 5));
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x[g].d)), acc[g]);
+    }
+  }
+};
+
+template <typename F, int G>
+inline void dot_super(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+  F::template dot<G>(block, x, acc);
+}
+
+template <typename F>
+void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
+                     float* out) {
+  const int64_t blocks = K / 256, group_bytes = blocks * F::kBytes, T = x.T;
+  // Threads split the groups of rows; a group's arithmetic is the same whoever computes it.
+  at::parallel_for(0, N / kRowGroup, 1, [&](int64_t begin, int64_t end) {
+    __m256 acc[kTokenTile];
+    TokenSuper tokens[kTokenTile];
+    for (int64_t group = begin; group < end; ++group) {
+      const uint8_t* columns = weight + group * group_bytes;
+      for (int64_t t0 = 0; t0 < T; t0 += kTokenTile) {
+        const int64_t tile = std::min(kTokenTile, T - t0);
+        for (int64_t t = 0; t < tile; ++t) acc[t] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < blocks; ++b) {
+          const uint8_t* block = columns + b * F::kBytes;
+          for (int64_t at = 0; at < F::kBytes; at += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes + at, _MM_HINT_T0);
+          for (int64_t t = 0; t < tile; ++t) {
+            const int64_t row = t0 + t;
+            tokens[t] = {x.row(row) + 256 * b, x.sums(row) + 16 * b, x.sums32(row) + 8 * b, x.d[row * x.blocks + b]};
+          }
+          int64_t t = 0;
+          for (; t + kGroup <= tile; t += kGroup) dot_super<F, kGroup>(block, tokens + t, acc + t);
+          switch (tile - t) {
+            case 1: dot_super<F, 1>(block, tokens + t, acc + t); break;
+            case 2: dot_super<F, 2>(block, tokens + t, acc + t); break;
+            case 3: dot_super<F, 3>(block, tokens + t, acc + t); break;
+            default: break;
+          }
+        }
+        const __m256 bias8 = bias ? _mm256_loadu_ps(bias + group * kRowGroup) : _mm256_setzero_ps();
+        for (int64_t t = 0; t < tile; ++t)
+          _mm256_storeu_ps(out + (t0 + t) * N + group * kRowGroup, bias ? _mm256_add_ps(acc[t], bias8) : acc[t]);
+      }
+    }
+  });
+}
+
 int64_t block_weights(int64_t type) {
   switch (type) {
     case kQ4_K: return Q4K::kWeights;
@@ -520,6 +775,78 @@ torch::Tensor qdequantize_rows(torch::Tensor weight, int64_t type, int64_t K, to
         dequantize_block(type, row + b * bytes, out.data_ptr<float>() + i * K + b * per_block);
     }
   });
+  return out;
+}
+
+// Interleaved row groups (Q4_K and Q6_K, rows a multiple of 8): weight [N, row_bytes] -> [N / 8, K / 256 * group
+// block bytes], a copy whose super-block columns of 8 rows are repacked as Q4Kx8 / Q6Kx8 describe.
+int64_t x8_bytes(int64_t type) { return type == kQ4_K ? Q4Kx8::kBytes : type == kQ6_K ? Q6Kx8::kBytes : 0; }
+
+torch::Tensor qinterleave(torch::Tensor weight, int64_t type, int64_t K) {
+  check_weight(weight, type, K);
+  TORCH_CHECK(x8_bytes(type) > 0, "only Q4_K and Q6_K matrices interleave rows");
+  const int64_t N = weight.size(0), blocks = K / 256, row_bytes = weight.size(1);
+  TORCH_CHECK(N % kRowGroup == 0, "rows (", N, ") must be a multiple of ", kRowGroup, " to interleave");
+  auto out = torch::empty({N / kRowGroup, blocks * x8_bytes(type)}, torch::kUInt8);
+  const uint8_t* w = weight.data_ptr<uint8_t>();
+  uint8_t* o = out.data_ptr<uint8_t>();
+  at::parallel_for(0, N / kRowGroup, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t group = begin; group < end; ++group)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* rows[kRowGroup];
+        for (int r = 0; r < kRowGroup; ++r) rows[r] = w + (group * kRowGroup + r) * row_bytes + b * block_bytes(type);
+        uint8_t* target = o + (group * blocks + b) * x8_bytes(type);
+        type == kQ4_K ? Q4Kx8::pack(rows, target) : Q6Kx8::pack(rows, target);
+      }
+  });
+  return out;
+}
+
+// packed: [N / 8, ...] from qinterleave, rows: [n] int64 -> [n, row_bytes] uint8, those rows in the file's layout
+torch::Tensor qdeinterleave_rows(torch::Tensor packed, int64_t type, int64_t K, torch::Tensor rows) {
+  TORCH_CHECK(x8_bytes(type) > 0 && K % 256 == 0, "only Q4_K and Q6_K matrices interleave rows");
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() &&
+              packed.size(1) == K / 256 * x8_bytes(type), "packed weight must be [N / 8, K / 256 * group bytes] uint8");
+  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == torch::kLong, "rows must be [n] int64");
+  auto ids = rows.contiguous();
+  const int64_t n = ids.size(0), N = packed.size(0) * kRowGroup, blocks = K / 256, bytes = block_bytes(type);
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(id[i] >= 0 && id[i] < N, "row ", id[i], " out of range");
+  auto out = torch::empty({n, blocks * bytes}, torch::kUInt8);
+  const uint8_t* p = packed.data_ptr<uint8_t>();
+  uint8_t* o = out.data_ptr<uint8_t>();
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    std::vector<uint8_t> scratch(kRowGroup * bytes);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t group = id[i] / kRowGroup, r = id[i] % kRowGroup;
+      uint8_t* targets[kRowGroup];
+      for (int s = 0; s < kRowGroup; ++s) targets[s] = scratch.data() + s * bytes;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* source = p + (group * blocks + b) * x8_bytes(type);
+        type == kQ4_K ? Q4Kx8::unpack(source, targets) : Q6Kx8::unpack(source, targets);
+        std::memcpy(o + i * blocks * bytes + b * bytes, targets[r], bytes);
+      }
+    }
+  });
+  return out;
+}
+
+// x: [T, K] float32, packed: [N / 8, ...] from qinterleave, bias: [N] float32 or None -> [T, N] float32
+torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x must be [T, K] float32");
+  const int64_t T = x.size(0), K = x.size(1), N = packed.size(0) * kRowGroup;
+  TORCH_CHECK(x8_bytes(type) > 0 && K % 256 == 0, "only Q4_K and Q6_K matrices interleave rows");
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() &&
+              packed.size(1) == K / 256 * x8_bytes(type), "packed weight must be [N / 8, K / 256 * group bytes] uint8");
+  const float* bias_ptr = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->numel() == N && bias->is_contiguous(), "bad bias");
+    bias_ptr = bias->data_ptr<float>();
+  }
+  const QuantizedRows rows = quantize_rows(x.data_ptr<float>(), T, K, 256);
+  auto out = torch::empty({T, N}, x.options());
+  if (type == kQ4_K) qlinear_x8_impl<Q4Kx8>(packed.data_ptr<uint8_t>(), N, K, rows, bias_ptr, out.data_ptr<float>());
+  else qlinear_x8_impl<Q6Kx8>(packed.data_ptr<uint8_t>(), N, K, rows, bias_ptr, out.data_ptr<float>());
   return out;
 }
 
