@@ -174,20 +174,25 @@ def test_quant_weight_rows_select_and_assign_like_a_tensor():
 
 # ----------------------------------------------------------------------------------- interleaved row groups
 
-INTERLEAVED = ["Q4_K", "Q6_K"]
+INTERLEAVED = ["Q4_K", "Q6_K", "Q8_0", "Q5_0"]
 
 
 def extreme_blocks(name: str, rows: int, cols: int) -> QuantWeight:
-    """Every weight at its format's largest unsigned value and every scale at its largest: the int16 sums of the
-    interleaved kernels reach their stated bounds (30480 for Q4_K, 32004 for Q6_K) against activations of 127."""
+    """Every weight at its format's largest magnitude and every scale at its largest: the int16 sums of the
+    interleaved kernels reach their stated bounds (Q4_K 30480, Q6_K 32004, Q8_0 32512, Q5_0 31496) against
+    activations of 127."""
     qtype, per_block, nbytes = TYPES[name]
     blocks = np.full((rows, cols // per_block, nbytes), 0xFF, dtype=np.uint8)
     half = np.array([0.001], dtype=np.float16).view(np.uint8)
     if name == "Q4_K":
         blocks[:, :, 0:2], blocks[:, :, 2:4] = half, np.array([0.0], dtype=np.float16).view(np.uint8)
-    else:
+    elif name == "Q6_K":
         blocks[:, :, 192:208] = 127  # int8 scales
         blocks[:, :, 208:210] = half
+    else:
+        blocks[:, :, 0:2] = half
+        if name == "Q8_0":
+            blocks[:, :, 2:] = 0x80  # -128
     return QuantWeight(torch.from_numpy(blocks.reshape(rows, -1)), qtype, cols)
 
 
@@ -204,7 +209,7 @@ def test_interleaved_rows_keep_every_byte_and_value(name):
     with pytest.raises(TypeError, match="read-only"):
         packed[0:1] = weight[0:1]
     assert random_blocks(name, 12, 256).interleave().interleaved is False  # 12 rows: not a multiple of 8
-    assert random_blocks("Q8_0", 16, 256).interleave().interleaved is False
+    assert random_blocks("Q4_1", 16, 256).interleave().interleaved is False
 
 
 @pytest.mark.parametrize("name", INTERLEAVED)
@@ -212,7 +217,7 @@ def test_interleaved_product_matches_float64_reference(name):
     weight = random_blocks(name, 40, 768, seed=12)
     x = torch.randn(7, 768)
     got = weight.interleave().linear(x, None)
-    assert relative_error(got, reference_product(x, gguf_dequantize(weight), 256)) < RELATIVE_TOLERANCE
+    assert relative_error(got, reference_product(x, gguf_dequantize(weight), activation_block(name))) < RELATIVE_TOLERANCE
 
 
 @pytest.mark.parametrize("name", INTERLEAVED)
@@ -220,7 +225,7 @@ def test_interleaved_sums_stay_in_range_at_the_extremes(name):
     weight = extreme_blocks(name, 16, 512)
     x = torch.ones(3, 512) * torch.tensor([[1.0], [-1.0], [0.5]])  # every activation quantizes to +-127
     got = weight.interleave().linear(x, None)
-    assert relative_error(got, reference_product(x, gguf_dequantize(weight), 256)) < RELATIVE_TOLERANCE
+    assert relative_error(got, reference_product(x, gguf_dequantize(weight), activation_block(name))) < RELATIVE_TOLERANCE
 
 
 @pytest.mark.parametrize("name", INTERLEAVED)
@@ -228,14 +233,15 @@ def test_negative_control_an_interleaved_layout_read_wrong_fails_the_same_check(
     """The rows of each group read in reverse order within every 4-byte-per-row vector: the check must catch it."""
     weight = random_blocks(name, 40, 768, seed=12)
     packed = weight.interleave()
-    payload = 160 if name == "Q4_K" else 144
-    groups = packed.blocks.view(5, 3, -1).clone()  # [groups, super-blocks, group block bytes]
-    body = groups[:, :, payload:].reshape(5, 3, -1, 8, 4)  # [..., vectors, rows, 4 bytes]
-    groups[:, :, payload:] = body.flip(3).reshape(5, 3, -1)
+    payload = {"Q4_K": 160, "Q6_K": 144, "Q8_0": 16, "Q5_0": 48}[name]  # where the 4-byte-per-row vectors start
+    groups = packed.blocks.view(5, 768 // TYPES[name][1], -1).clone()  # [groups, blocks, group block bytes]
+    body = groups[:, :, payload:].reshape(*groups.shape[:2], -1, 8, 4)  # [..., vectors, rows, 4 bytes]
+    groups[:, :, payload:] = body.flip(3).reshape(*groups.shape[:2], -1)
     misread = QuantWeight(groups.reshape(5, -1).contiguous(), weight.qtype, weight.cols, interleaved=True)
     x = torch.randn(7, 768)
     got = misread.linear(x, None)
-    assert relative_error(got, reference_product(x, gguf_dequantize(weight), 256)) > 100 * RELATIVE_TOLERANCE
+    reference = reference_product(x, gguf_dequantize(weight), activation_block(name))
+    assert relative_error(got, reference) > 100 * RELATIVE_TOLERANCE
 
 
 @pytest.mark.parametrize("name", INTERLEAVED)

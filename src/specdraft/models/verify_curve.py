@@ -61,9 +61,10 @@ def curve_key(target: LoadedModel, max_tokens: int) -> dict:
            "threads": torch.get_num_threads(), "torch": torch.__version__, "cpu": _cpu_name(),
            "cores": os.cpu_count(), "max_tokens": max_tokens}
     if target.native is not None:
-        from .native.kernels import chosen_isa
+        from .native.kernels import build_dir, chosen_isa
 
         key["isa"] = chosen_isa()
+        key["kernels"] = build_dir().name  # a changed kernel source measures its own curve
     return key
 
 

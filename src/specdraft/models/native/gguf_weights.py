@@ -23,15 +23,14 @@ from .kernels import load_kernels
 # ggml type number -> name, for the block formats the kernels multiply directly
 BLOCK_TYPES = {3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
 BLOCK_SHAPES = {3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}  # (weights, bytes) per block
-INTERLEAVED_TYPES = {12, 14}  # formats whose matrices `interleave` repacks into groups of ROW_GROUP rows
+INTERLEAVED_TYPES = {6, 8, 12, 14}  # formats whose matrices `interleave` repacks into groups of ROW_GROUP rows
 ROW_GROUP = 8
 
 
 @dataclass
 class QuantWeight:
     """A [rows, cols] matrix in a GGUF block format: `blocks` uint8 [rows, row_bytes], each row its own blocks; or,
-    `interleaved`, [rows / 8, ...] groups of 8 rows repacked for passes of several tokens (Q4_K and Q6_K: see
-    `interleave`).
+    `interleaved`, [rows / 8, ...] groups of 8 rows repacked for passes of several tokens (see `interleave`).
 
     Rows can be selected, copied and assigned like a tensor's (a draft vocabulary takes some rows of a head);
     rows selected from an interleaved matrix come back in the file's layout."""
@@ -105,8 +104,8 @@ class QuantWeight:
 
     def interleave(self) -> QuantWeight:
         """This matrix repacked into groups of 8 rows for passes of several tokens (quant_kernels.cpp, "interleaved
-        row groups"): a verify pass of 8 tokens then costs about half what it costs row by row. Q4_K and Q6_K with
-        a multiple of 8 rows; any other matrix is returned as it is."""
+        row groups"): a verify pass of 8 tokens then costs about half what it costs row by row. Q4_K, Q6_K, Q8_0
+        and Q5_0 with a multiple of 8 rows; any other matrix is returned as it is."""
         if self.interleaved or self.qtype not in INTERLEAVED_TYPES or len(self) % ROW_GROUP:
             return self
         return QuantWeight(load_kernels().qinterleave(self.blocks.contiguous(), self.qtype, self.cols), self.qtype,

@@ -428,7 +428,7 @@ struct TokenSuper {
 //   [96, 160) byte 16p + 2r + e: min of sub-block 2p + e of row r,
 //   [160, 1184) byte 256j + 32k + 4r + i: qs[32j + 4k + i] of row r (its nibble s: weight 64j + 32s + 4k + i).
 struct Q4Kx8 {
-  static constexpr int64_t kBytes = 1184;
+  static constexpr int64_t kWeights = 256, kBytes = 1184;
 
   static void scales_mins(const uint8_t* block, int scale[8], int min[8]) {
     const uint8_t* p = block + 4;
@@ -514,7 +514,7 @@ struct Q4Kx8 {
 //   [144, 1680) for half h and m = 0..7, 96 bytes at 144 + 96 (8h + m): three vectors whose byte 4r + i is, for
 //   row r, ql[64h + 4m + i], ql[64h + 32 + 4m + i] and qh[32h + 4m + i] (the weights 128h + 32k + 4m + i, k = 0..3).
 struct Q6Kx8 {
-  static constexpr int64_t kBytes = 1680;
+  static constexpr int64_t kWeights = 256, kBytes = 1680;
 
   static void pack(const uint8_t* const rows[8], uint8_t* out) {
     for (int r = 0; r < 8; ++r) {
@@ -594,6 +594,104 @@ struct Q6Kx8 {
   }
 };
 
+// Q8_0, 8 rows x 32 weights in 272 bytes (8 x 34): [0, 16) d of rows 0-7 (halves), [16, 272) byte 16 + 32k + 4r + i:
+// q[4k + i] of row r. Signed weights: |q| as unsigned bytes against x carrying q's sign; a vpmaddubsw lane (2
+// products, at most 2 * 128 * 127 = 32512) goes to int32 at once.
+struct Q80x8 {
+  static constexpr int64_t kWeights = 32, kBytes = 272;
+
+  static void pack(const uint8_t* const rows[8], uint8_t* out) {
+    for (int r = 0; r < 8; ++r) {
+      std::memcpy(out + 2 * r, rows[r], 2);
+      for (int k = 0; k < 8; ++k) std::memcpy(out + 16 + 32 * k + 4 * r, rows[r] + 2 + 4 * k, 4);
+    }
+  }
+
+  static void unpack(const uint8_t* in, uint8_t* const rows[8]) {
+    for (int r = 0; r < 8; ++r) {
+      std::memcpy(rows[r], in + 2 * r, 2);
+      for (int k = 0; k < 8; ++k) std::memcpy(rows[r] + 2 + 4 * k, in + 16 + 32 * k + 4 * r, 4);
+    }
+  }
+
+  template <int G>
+  static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i sums[G];
+    for (int g = 0; g < G; ++g) sums[g] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; ++k) {
+      const __m256i w = load256(block + 16 + 32 * k);
+      const __m256i magnitude = _mm256_sign_epi8(w, w);
+      for (int g = 0; g < G; ++g) {
+        const __m256i xs = _mm256_sign_epi8(broadcast4(x[g].q + 4 * k), w);
+        sums[g] = _mm256_add_epi32(sums[g], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xs), ones));
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    for (int g = 0; g < G; ++g)
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[g]), _mm256_mul_ps(d, _mm256_set1_ps(x[g].d)), acc[g]);
+  }
+};
+
+// Q5_0, 8 rows x 32 weights in 176 bytes (8 x 22): [0, 16) d of rows 0-7 (halves), [16, 48) the rows' 32-bit qh
+// (row r at 16 + 4r), [48, 176) byte 48 + 32k + 4r + i: qs[4k + i] of row r (low nibble: weight 4k + i, high
+// nibble: weight 16 + 4k + i). Unsigned q in 0..31 against x, then - 16 * (sum of x): int16 lanes add 4
+// vpmaddubsw lanes of 2 products, at most 4 * 2 * 31 * 127 = 31496.
+struct Q50x8 {
+  static constexpr int64_t kWeights = 32, kBytes = 176;
+
+  static void pack(const uint8_t* const rows[8], uint8_t* out) {
+    for (int r = 0; r < 8; ++r) {
+      std::memcpy(out + 2 * r, rows[r], 2);
+      std::memcpy(out + 16 + 4 * r, rows[r] + 2, 4);
+      for (int k = 0; k < 4; ++k) std::memcpy(out + 48 + 32 * k + 4 * r, rows[r] + 6 + 4 * k, 4);
+    }
+  }
+
+  static void unpack(const uint8_t* in, uint8_t* const rows[8]) {
+    for (int r = 0; r < 8; ++r) {
+      std::memcpy(rows[r], in + 2 * r, 2);
+      std::memcpy(rows[r] + 2, in + 16 + 4 * r, 4);
+      for (int k = 0; k < 4; ++k) std::memcpy(rows[r] + 6 + 4 * k, in + 48 + 32 * k + 4 * r, 4);
+    }
+  }
+
+  // 0x10 in byte 4r + i where bit `first + i` of row r's qh is set (first = 4k or 16 + 4k: byte first / 8 of qh,
+  // bits 4(k % 2) ..)
+  static __m256i fifth_bits(__m256i qh, int first) {
+    const int byte = first / 8, shift = first % 8;
+    const int m = byte * 0x01010101;  // in each 32-bit lane, its own qh byte `byte` copied to all 4 bytes
+    const __m256i spread = _mm256_shuffle_epi8(
+        qh, _mm256_setr_epi32(m, m + 0x04040404, m + 0x08080808, m + 0x0C0C0C0C, m, m + 0x04040404, m + 0x08080808,
+                              m + 0x0C0C0C0C));
+    const __m256i bits = _mm256_set1_epi32(static_cast<int>(0x08040201u << shift));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits), _mm256_set1_epi8(0x10));
+  }
+
+  template <int G>
+  static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i qh = load256(block + 16);
+    __m256i first[G], second[G];  // weights 0-15 and 16-31
+    for (int g = 0; g < G; ++g) first[g] = second[g] = _mm256_setzero_si256();
+    for (int k = 0; k < 4; ++k) {
+      const __m256i bytes = load256(block + 48 + 32 * k);
+      const __m256i w0 = _mm256_or_si256(_mm256_and_si256(bytes, low), fifth_bits(qh, 4 * k));
+      const __m256i w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low), fifth_bits(qh, 16 + 4 * k));
+      for (int g = 0; g < G; ++g) {
+        first[g] = _mm256_add_epi16(first[g], _mm256_maddubs_epi16(w0, broadcast4(x[g].q + 4 * k)));
+        second[g] = _mm256_add_epi16(second[g], _mm256_maddubs_epi16(w1, broadcast4(x[g].q + 16 + 4 * k)));
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    for (int g = 0; g < G; ++g) {
+      const __m256i sums = _mm256_add_epi32(_mm256_madd_epi16(first[g], ones), _mm256_madd_epi16(second[g], ones));
+      const __m256i total = _mm256_sub_epi32(sums, _mm256_set1_epi32(16 * x[g].sums32[0]));
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x[g].d)), acc[g]);
+    }
+  }
+};
+
 template <typename F, int G>
 inline void dot_super(const uint8_t* block, const TokenSuper* x, __m256* acc) {
   F::template dot<G>(block, x, acc);
@@ -602,7 +700,7 @@ inline void dot_super(const uint8_t* block, const TokenSuper* x, __m256* acc) {
 template <typename F>
 void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
                      float* out) {
-  const int64_t blocks = K / 256, group_bytes = blocks * F::kBytes, T = x.T;
+  const int64_t blocks = K / F::kWeights, group_bytes = blocks * F::kBytes, T = x.T;
   // Threads split the groups of rows; a group's arithmetic is the same whoever computes it.
   at::parallel_for(0, N / kRowGroup, 1, [&](int64_t begin, int64_t end) {
     __m256 acc[kTokenTile];
@@ -618,7 +716,8 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
             _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes + at, _MM_HINT_T0);
           for (int64_t t = 0; t < tile; ++t) {
             const int64_t row = t0 + t;
-            tokens[t] = {x.row(row) + 256 * b, x.sums(row) + 16 * b, x.sums32(row) + 8 * b, x.d[row * x.blocks + b]};
+            const int64_t at = F::kWeights * b;
+            tokens[t] = {x.row(row) + at, x.sums(row) + at / 16, x.sums32(row) + at / 32, x.d[row * x.blocks + b]};
           }
           int64_t t = 0;
           for (; t + kGroup <= tile; t += kGroup) dot_super<F, kGroup>(block, tokens + t, acc + t);
@@ -778,14 +877,48 @@ torch::Tensor qdequantize_rows(torch::Tensor weight, int64_t type, int64_t K, to
   return out;
 }
 
-// Interleaved row groups (Q4_K and Q6_K, rows a multiple of 8): weight [N, row_bytes] -> [N / 8, K / 256 * group
-// block bytes], a copy whose super-block columns of 8 rows are repacked as Q4Kx8 / Q6Kx8 describe.
-int64_t x8_bytes(int64_t type) { return type == kQ4_K ? Q4Kx8::kBytes : type == kQ6_K ? Q6Kx8::kBytes : 0; }
+// Interleaved row groups (rows a multiple of 8): weight [N, row_bytes] -> [N / 8, blocks per row * group block
+// bytes], a copy whose block columns of 8 rows are repacked as Q4Kx8, Q6Kx8, Q80x8 and Q50x8 describe.
+int64_t x8_bytes(int64_t type) {
+  switch (type) {
+    case kQ4_K: return Q4Kx8::kBytes;
+    case kQ6_K: return Q6Kx8::kBytes;
+    case kQ8_0: return Q80x8::kBytes;
+    case kQ5_0: return Q50x8::kBytes;
+    default: return 0;
+  }
+}
+
+void pack_x8(int64_t type, const uint8_t* const rows[8], uint8_t* out) {
+  switch (type) {
+    case kQ4_K: Q4Kx8::pack(rows, out); break;
+    case kQ6_K: Q6Kx8::pack(rows, out); break;
+    case kQ8_0: Q80x8::pack(rows, out); break;
+    case kQ5_0: Q50x8::pack(rows, out); break;
+  }
+}
+
+void unpack_x8(int64_t type, const uint8_t* in, uint8_t* const rows[8]) {
+  switch (type) {
+    case kQ4_K: Q4Kx8::unpack(in, rows); break;
+    case kQ6_K: Q6Kx8::unpack(in, rows); break;
+    case kQ8_0: Q80x8::unpack(in, rows); break;
+    case kQ5_0: Q50x8::unpack(in, rows); break;
+  }
+}
+
+void check_packed(const torch::Tensor& packed, int64_t type, int64_t K) {
+  TORCH_CHECK(x8_bytes(type) > 0, "only Q4_K, Q6_K, Q8_0 and Q5_0 matrices interleave rows");
+  TORCH_CHECK(K % block_weights(type) == 0, "row length ", K, " is not a multiple of the block size");
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() &&
+              packed.size(1) == K / block_weights(type) * x8_bytes(type),
+              "packed weight must be [N / 8, blocks per row * group block bytes] uint8");
+}
 
 torch::Tensor qinterleave(torch::Tensor weight, int64_t type, int64_t K) {
   check_weight(weight, type, K);
-  TORCH_CHECK(x8_bytes(type) > 0, "only Q4_K and Q6_K matrices interleave rows");
-  const int64_t N = weight.size(0), blocks = K / 256, row_bytes = weight.size(1);
+  TORCH_CHECK(x8_bytes(type) > 0, "only Q4_K, Q6_K, Q8_0 and Q5_0 matrices interleave rows");
+  const int64_t N = weight.size(0), blocks = K / block_weights(type), row_bytes = weight.size(1);
   TORCH_CHECK(N % kRowGroup == 0, "rows (", N, ") must be a multiple of ", kRowGroup, " to interleave");
   auto out = torch::empty({N / kRowGroup, blocks * x8_bytes(type)}, torch::kUInt8);
   const uint8_t* w = weight.data_ptr<uint8_t>();
@@ -795,8 +928,7 @@ torch::Tensor qinterleave(torch::Tensor weight, int64_t type, int64_t K) {
       for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t* rows[kRowGroup];
         for (int r = 0; r < kRowGroup; ++r) rows[r] = w + (group * kRowGroup + r) * row_bytes + b * block_bytes(type);
-        uint8_t* target = o + (group * blocks + b) * x8_bytes(type);
-        type == kQ4_K ? Q4Kx8::pack(rows, target) : Q6Kx8::pack(rows, target);
+        pack_x8(type, rows, o + (group * blocks + b) * x8_bytes(type));
       }
   });
   return out;
@@ -804,12 +936,11 @@ torch::Tensor qinterleave(torch::Tensor weight, int64_t type, int64_t K) {
 
 // packed: [N / 8, ...] from qinterleave, rows: [n] int64 -> [n, row_bytes] uint8, those rows in the file's layout
 torch::Tensor qdeinterleave_rows(torch::Tensor packed, int64_t type, int64_t K, torch::Tensor rows) {
-  TORCH_CHECK(x8_bytes(type) > 0 && K % 256 == 0, "only Q4_K and Q6_K matrices interleave rows");
-  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() &&
-              packed.size(1) == K / 256 * x8_bytes(type), "packed weight must be [N / 8, K / 256 * group bytes] uint8");
+  check_packed(packed, type, K);
   TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == torch::kLong, "rows must be [n] int64");
   auto ids = rows.contiguous();
-  const int64_t n = ids.size(0), N = packed.size(0) * kRowGroup, blocks = K / 256, bytes = block_bytes(type);
+  const int64_t n = ids.size(0), N = packed.size(0) * kRowGroup, blocks = K / block_weights(type);
+  const int64_t bytes = block_bytes(type);
   const int64_t* id = ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) TORCH_CHECK(id[i] >= 0 && id[i] < N, "row ", id[i], " out of range");
   auto out = torch::empty({n, blocks * bytes}, torch::kUInt8);
@@ -817,13 +948,12 @@ torch::Tensor qdeinterleave_rows(torch::Tensor packed, int64_t type, int64_t K, 
   uint8_t* o = out.data_ptr<uint8_t>();
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     std::vector<uint8_t> scratch(kRowGroup * bytes);
+    uint8_t* targets[kRowGroup];
+    for (int s = 0; s < kRowGroup; ++s) targets[s] = scratch.data() + s * bytes;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t group = id[i] / kRowGroup, r = id[i] % kRowGroup;
-      uint8_t* targets[kRowGroup];
-      for (int s = 0; s < kRowGroup; ++s) targets[s] = scratch.data() + s * bytes;
       for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* source = p + (group * blocks + b) * x8_bytes(type);
-        type == kQ4_K ? Q4Kx8::unpack(source, targets) : Q6Kx8::unpack(source, targets);
+        unpack_x8(type, p + (group * blocks + b) * x8_bytes(type), targets);
         std::memcpy(o + i * blocks * bytes + b * bytes, targets[r], bytes);
       }
     }
@@ -835,18 +965,22 @@ torch::Tensor qdeinterleave_rows(torch::Tensor packed, int64_t type, int64_t K, 
 torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x must be [T, K] float32");
   const int64_t T = x.size(0), K = x.size(1), N = packed.size(0) * kRowGroup;
-  TORCH_CHECK(x8_bytes(type) > 0 && K % 256 == 0, "only Q4_K and Q6_K matrices interleave rows");
-  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() &&
-              packed.size(1) == K / 256 * x8_bytes(type), "packed weight must be [N / 8, K / 256 * group bytes] uint8");
+  check_packed(packed, type, K);
   const float* bias_ptr = nullptr;
   if (bias.has_value()) {
     TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->numel() == N && bias->is_contiguous(), "bad bias");
     bias_ptr = bias->data_ptr<float>();
   }
-  const QuantizedRows rows = quantize_rows(x.data_ptr<float>(), T, K, 256);
+  const QuantizedRows rows = quantize_rows(x.data_ptr<float>(), T, K, block_weights(type));
   auto out = torch::empty({T, N}, x.options());
-  if (type == kQ4_K) qlinear_x8_impl<Q4Kx8>(packed.data_ptr<uint8_t>(), N, K, rows, bias_ptr, out.data_ptr<float>());
-  else qlinear_x8_impl<Q6Kx8>(packed.data_ptr<uint8_t>(), N, K, rows, bias_ptr, out.data_ptr<float>());
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  switch (type) {
+    case kQ4_K: qlinear_x8_impl<Q4Kx8>(w, N, K, rows, bias_ptr, o); break;
+    case kQ6_K: qlinear_x8_impl<Q6Kx8>(w, N, K, rows, bias_ptr, o); break;
+    case kQ8_0: qlinear_x8_impl<Q80x8>(w, N, K, rows, bias_ptr, o); break;
+    case kQ5_0: qlinear_x8_impl<Q50x8>(w, N, K, rows, bias_ptr, o); break;
+  }
   return out;
 }
 
