@@ -212,6 +212,22 @@ def test_interleaved_rows_keep_every_byte_and_value(name):
     assert random_blocks("Q4_1", 16, 256).interleave().interleaved is False
 
 
+def test_interleaving_a_slice_at_a_time_gives_the_same_bytes(monkeypatch, tmp_path):
+    """`interleave_from` (the loader's way: a slice of rows at a time, each slice's mapped pages released) equals
+    `interleave`; releasing pages of a mapped file loses nothing (they are read again from the file)."""
+    from specdraft.models.native import gguf_weights
+
+    weight = random_blocks("Q6_K", 48, 512, seed=14)
+    path = tmp_path / "blocks.bin"
+    path.write_bytes(weight.blocks.numpy().tobytes())
+    mapping = np.memmap(path, dtype=np.uint8, mode="c")
+    mapped = QuantWeight(torch.from_numpy(mapping.reshape(48, -1)), weight.qtype, weight.cols)
+    source = gguf_weights.GGUFTensors(path, "test", {}, {}, mapping)
+    monkeypatch.setattr(gguf_weights, "INTERLEAVE_ROWS", 16)
+    assert mapped.interleave_from(source).equal(weight.interleave())
+    assert torch.equal(mapped.blocks, weight.blocks)  # still readable after its pages were released
+
+
 @pytest.mark.parametrize("name", INTERLEAVED)
 def test_interleaved_product_matches_float64_reference(name):
     weight = random_blocks(name, 40, 768, seed=12)

@@ -30,6 +30,7 @@ def resolve_rows(requested: int | None, native) -> int:
 
 
 ROOM = 256  # rows the buffer keeps free for a request's prompt tokens past the fixed rows
+COPY_ROWS = 2048  # head rows copied into the buffer at a time
 
 
 class DraftVocab:
@@ -46,7 +47,9 @@ class DraftVocab:
         # the fixed rows are copied once into a buffer with room after them; a request writes only its extra rows
         # there (gathering all rows again took 33 ms a request for the 0.5B's 32,768 rows)
         self._rows = lm_head.new_empty(self.size + len(self.always_extra) + ROOM, lm_head.shape[1])
-        self._rows[: self.size] = lm_head[: self.size]
+        for start in range(0, self.size, COPY_ROWS):  # a slice at a time: rows of an interleaved head are unpacked
+            # into a temporary first, and the whole 32,768 at once would raise the process's peak memory
+            self._rows[start: min(start + COPY_ROWS, self.size)] = lm_head[start: min(start + COPY_ROWS, self.size)]
         self.ids = torch.empty(0, dtype=torch.long)
         self.weight = lm_head[:0]
         self.for_prompt([])

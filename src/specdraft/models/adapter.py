@@ -11,6 +11,7 @@ Either way a state remembers which token ids its cache holds, so rollback and ca
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,7 +130,7 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
     weights on the native backend (its kernels widen bf16 in registers, so a step reads half the bytes of float32
     on any AVX2 CPU and stays batch invariant); otherwise bfloat16 only where the CPU computes bf16 natively,
     float32 elsewhere (see config.resolve_dtype)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     backend = normalize_backend(backend)
     dtype = normalize_dtype(dtype)
@@ -148,7 +149,7 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
     torch_dtype = getattr(torch, resolve_dtype(dtype))
     fetch.add_float_weights(path)  # a packaged model fetched with its GGUF only: float weights once, on demand
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = load_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     except (OSError, ValueError, SafetensorError) as exc:  # missing, unreadable or cut-off files
         raise SpecdraftError(f"could not load model {name_or_path!r}: {_first_lines(exc)}") from None
@@ -170,6 +171,28 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
     return loaded
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
+                    "added_tokens.json", "tokenizer.model")
+_tokenizers: dict[str, object] = {}  # digest of a folder's tokenizer files -> the tokenizer loaded from them
+
+
+def load_tokenizer(path: str):
+    """The tokenizer of a model folder, shared by every model whose tokenizer files are byte-identical (a target
+    and its draft usually are: Qwen's fast tokenizer holds about 128 MB). Tokenizers are only read here."""
+    from transformers import AutoTokenizer
+
+    digest, found = hashlib.sha256(), False
+    for name in _TOKENIZER_FILES:
+        file = Path(path) / name
+        if file.is_file():
+            digest.update(name.encode() + b"\0" + file.read_bytes())
+            found = True
+    key = digest.hexdigest() if found else f"folder:{Path(path).resolve()}"  # files named otherwise: not shared
+    if key not in _tokenizers:
+        _tokenizers[key] = AutoTokenizer.from_pretrained(path)
+    return _tokenizers[key]
+
+
 def _first_lines(exc: Exception) -> str:
     """A loading error's first line, and what it introduces when it ends with a colon ("... from one of:")."""
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
@@ -180,11 +203,11 @@ def _load_gguf(name_or_path: str, path: str, gguf_file: Path, required: bool) ->
     """The native backend over `gguf_file`'s block formats, with the directory's config and tokenizer; the
     Hugging Face model object is built without weights (the meta device) and serves for its config only.
     None when the model cannot run natively and nothing `required` it."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     try:
         config = AutoConfig.from_pretrained(path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = load_tokenizer(path)
     except (OSError, ValueError) as exc:
         raise SpecdraftError(f"could not load model {name_or_path!r}: {_first_lines(exc)}") from None
     reason = config_unsupported_reason(config)

@@ -24,7 +24,9 @@ from .kernels import load_kernels
 BLOCK_TYPES = {3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
 BLOCK_SHAPES = {3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}  # (weights, bytes) per block
 INTERLEAVED_TYPES = {6, 8, 12, 14}  # formats whose matrices `interleave` repacks into groups of ROW_GROUP rows
+INTERLEAVED_BLOCK_BYTES = {6: 176, 8: 272, 12: 1184, 14: 1680}  # bytes of one block column of ROW_GROUP rows
 ROW_GROUP = 8
+INTERLEAVE_ROWS = 8192  # rows `interleave_from` repacks at a time (a multiple of ROW_GROUP)
 
 
 @dataclass
@@ -110,6 +112,21 @@ class QuantWeight:
             return self
         return QuantWeight(load_kernels().qinterleave(self.blocks.contiguous(), self.qtype, self.cols), self.qtype,
                            self.cols, interleaved=True)
+
+    def interleave_from(self, source: GGUFTensors) -> QuantWeight:
+        """`interleave`, a slice of rows at a time, each slice's mapped pages released once copied (`source`:
+        the file this matrix is a view of): a 150k-row LM head would otherwise be resident twice for a moment."""
+        if self.interleaved or self.qtype not in INTERLEAVED_TYPES or len(self) % ROW_GROUP:
+            return self
+        ops = load_kernels()
+        group_bytes = self.cols // BLOCK_SHAPES[self.qtype][0] * INTERLEAVED_BLOCK_BYTES[self.qtype]
+        packed = torch.empty(len(self) // ROW_GROUP, group_bytes, dtype=torch.uint8)
+        for start in range(0, len(self), INTERLEAVE_ROWS):
+            part = self.blocks[start: start + INTERLEAVE_ROWS]
+            ops.qinterleave_into(part.contiguous(), self.qtype, self.cols,
+                                 packed[start // ROW_GROUP: (start + len(part)) // ROW_GROUP])
+            source.release(part)
+        return QuantWeight(packed, self.qtype, self.cols, interleaved=True)
 
 
 def stored_bytes(weight: torch.Tensor | QuantWeight | None) -> int:

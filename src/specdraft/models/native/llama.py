@@ -60,6 +60,7 @@ def native_unsupported_reason(hf_model) -> str | None:
     return config_unsupported_reason(hf_model.config)
 
 
+ROTARY_ROWS = 1024  # rotary positions tabulated at load; more on first use
 Weight = torch.Tensor | QuantWeight  # a float32/bfloat16 matrix, or one in a GGUF block format
 
 
@@ -132,12 +133,7 @@ class NativeLlama:
             return weights.need(name).float().contiguous()
 
         def interleaved(weight: Weight) -> Weight:
-            if not isinstance(weight, QuantWeight):
-                return weight
-            packed = weight.interleave()
-            if packed is not weight:
-                weights.release(weight)
-            return packed
+            return weight.interleave_from(weights) if isinstance(weight, QuantWeight) else weight
 
         layers = []
         for i in range(config.num_hidden_layers):
@@ -175,13 +171,22 @@ class NativeLlama:
         self.lm_head = lm_head  # [V, D] (may be the embedding)
         self.final_norm = final_norm  # [D] float32
         self.layers = layers
-        # rotary tables for every position, computed once as transformers does (float32 angles)
-        inv_freq = rotary.inv_freq.detach().float()  # [Dh / 2]
-        positions = torch.arange(self.max_positions, dtype=torch.float32)
-        angles = positions[:, None] * inv_freq[None, :]  # [P, Dh / 2]
+        # rotary tables, computed as transformers does (float32 angles) for the positions used so far: a position's
+        # row depends on it alone, so growing the tables never changes a row (all 32k positions of Qwen2.5 would
+        # hold 34 MB per model)
+        self.inv_freq = rotary.inv_freq.detach().float()  # [Dh / 2]
+        self.rotary_scaling = float(getattr(rotary, "attention_scaling", 1.0))
+        self.cos = self.sin = torch.empty(0, 2 * self.inv_freq.numel())
+        self._cover_positions(min(ROTARY_ROWS, self.max_positions))
+
+    def _cover_positions(self, n: int) -> None:
+        """Rotary tables with at least the first n positions (doubling, up to max_positions)."""
+        if n <= self.cos.shape[0]:
+            return
+        rows = min(max(n, 2 * self.cos.shape[0]), self.max_positions)
+        angles = torch.arange(rows, dtype=torch.float32)[:, None] * self.inv_freq[None, :]  # [P, Dh / 2]
         table = torch.cat([angles, angles], dim=-1)  # [P, Dh]
-        scaling = float(getattr(rotary, "attention_scaling", 1.0))
-        self.cos, self.sin = table.cos() * scaling, table.sin() * scaling
+        self.cos, self.sin = table.cos() * self.rotary_scaling, table.sin() * self.rotary_scaling
 
     @property
     def weight_bytes(self) -> int:
@@ -209,7 +214,8 @@ class NativeLlama:
                 return a is b or (isinstance(a, QuantWeight) and isinstance(b, QuantWeight) and a.equal(b))
             return a is b or (a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b))
 
-        return (same(self.embed, other.embed) and same(self.cos, other.cos) and same(self.sin, other.sin)
+        rotary = (torch.equal(self.inv_freq, other.inv_freq) and self.rotary_scaling == other.rotary_scaling)
+        return (same(self.embed, other.embed) and rotary
                 and all(same(getattr(mine, field.name), getattr(theirs, field.name))
                         for mine, theirs in zip(self.layers[:depth], other.layers[:depth])
                         for field in fields(_Layer)))
@@ -227,6 +233,7 @@ class NativeLlama:
 
     def _rope(self, x: torch.Tensor, positions: slice | torch.Tensor) -> torch.Tensor:
         """x [T, heads, Dh] rotated by its positions (the half-split convention of Llama/Qwen2)."""
+        self._cover_positions(positions.stop if isinstance(positions, slice) else int(positions.max()) + 1)
         cos, sin = self.cos[positions, None, :], self.sin[positions, None, :]  # [T, 1, Dh]
         half = self.head_dim // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)

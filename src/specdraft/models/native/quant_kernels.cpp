@@ -915,12 +915,14 @@ void check_packed(const torch::Tensor& packed, int64_t type, int64_t K) {
               "packed weight must be [N / 8, blocks per row * group block bytes] uint8");
 }
 
-torch::Tensor qinterleave(torch::Tensor weight, int64_t type, int64_t K) {
+// weight [N, row_bytes] -> out [N / 8, ...] (written in place: a slice of a larger interleaved matrix)
+void qinterleave_into(torch::Tensor weight, int64_t type, int64_t K, torch::Tensor out) {
   check_weight(weight, type, K);
   TORCH_CHECK(x8_bytes(type) > 0, "only Q4_K, Q6_K, Q8_0 and Q5_0 matrices interleave rows");
   const int64_t N = weight.size(0), blocks = K / block_weights(type), row_bytes = weight.size(1);
   TORCH_CHECK(N % kRowGroup == 0, "rows (", N, ") must be a multiple of ", kRowGroup, " to interleave");
-  auto out = torch::empty({N / kRowGroup, blocks * x8_bytes(type)}, torch::kUInt8);
+  check_packed(out, type, K);
+  TORCH_CHECK(out.size(0) == N / kRowGroup, "out must hold ", N / kRowGroup, " groups of rows");
   const uint8_t* w = weight.data_ptr<uint8_t>();
   uint8_t* o = out.data_ptr<uint8_t>();
   at::parallel_for(0, N / kRowGroup, 16, [&](int64_t begin, int64_t end) {
@@ -931,6 +933,12 @@ torch::Tensor qinterleave(torch::Tensor weight, int64_t type, int64_t K) {
         pack_x8(type, rows, o + (group * blocks + b) * x8_bytes(type));
       }
   });
+}
+
+torch::Tensor qinterleave(torch::Tensor weight, int64_t type, int64_t K) {
+  TORCH_CHECK(x8_bytes(type) > 0 && block_weights(type) > 0, "only Q4_K, Q6_K, Q8_0 and Q5_0 matrices interleave rows");
+  auto out = torch::empty({weight.size(0) / kRowGroup, K / block_weights(type) * x8_bytes(type)}, torch::kUInt8);
+  qinterleave_into(weight, type, K, out);
   return out;
 }
 
