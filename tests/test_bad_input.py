@@ -332,3 +332,20 @@ def test_encode_and_load_engine_refuse_wrong_types(tiny_engine):
         load_engine(ModelConfig(), "draft")
     with pytest.raises(SpecdraftError, match="must be a loaded model"):
         load_engine(ModelConfig(), SpecConfig(method="ar"), target="qwen2.5-coder-1.5b-instruct")
+
+
+@pytest.mark.parametrize("models, spec, expected", [
+    (ModelConfig(target="no/such/model/here"), "ar", "unknown model"),
+    (ModelConfig(draft="/nonexistent/draft"), "draft", "unknown model"),
+    (ModelConfig(), "eagle", "needs a trained head"),
+])
+def test_mistyped_models_and_missing_heads_fail_before_any_model_loads(monkeypatch, models, spec, expected):
+    from specdraft import api
+    from specdraft.config import SpecConfig
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the inputs were checked")
+
+    monkeypatch.setattr(api, "load_model", no_loading)
+    with pytest.raises(SpecdraftError, match=expected):
+        api.load_engine(models, SpecConfig(method=spec))

@@ -10,10 +10,10 @@
 from __future__ import annotations
 
 from .config import ModelConfig, SpecConfig
-from .drafters import NEEDS_DRAFT_MODEL, build_drafter
+from .drafters import NEEDS_DRAFT_MODEL, build_drafter, check_drafter_inputs
 from .engine import Engine
 from .errors import SpecdraftError
-from .models.adapter import LoadedModel, load_model, set_threads
+from .models.adapter import LoadedModel, check_model_reference, load_model, set_threads
 
 
 def load_engine(models: ModelConfig, spec: SpecConfig, progress: bool = True,
@@ -26,6 +26,12 @@ def load_engine(models: ModelConfig, spec: SpecConfig, progress: bool = True,
         if value is not None and not isinstance(value, LoadedModel):
             raise SpecdraftError(f"load_engine's {what} must be a loaded model (specdraft.load_model) or None, got "
                                  f"{value!r}; to load one by name, put the name in ModelConfig")
+    # names, paths and heads first: a mistyped one fails before gigabytes load
+    if target is None:
+        check_model_reference(models.target)
+    if spec.method in NEEDS_DRAFT_MODEL and draft is None and models.draft and models.draft != models.target:
+        check_model_reference(models.draft)
+    check_drafter_inputs(spec)
     set_threads(models.threads)
     target = target or load_model(models.target, models.dtype, models.cache_dir, progress, models.backend)
     if spec.method in NEEDS_DRAFT_MODEL and draft is None:

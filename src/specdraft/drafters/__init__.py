@@ -36,6 +36,15 @@ DRAFTERS: dict[str, Callable[[SpecConfig, LoadedModel, LoadedModel | None], Draf
 }
 
 NEEDS_DRAFT_MODEL = {"draft", "draft-tree", "sorted", "sorted-tree"}
+NEEDS_EAGLE_HEAD = {"eagle", "eagle-tree"}
+
+
+def check_drafter_inputs(spec: SpecConfig) -> None:
+    """The checks a drafter's inputs allow before any model loads (a missing head or head folder)."""
+    if spec.method in NEEDS_EAGLE_HEAD:
+        from ..models.eagle_head import resolve_head_path
+
+        resolve_head_path(_require_head(spec))
 
 
 def _require(draft: LoadedModel | None, method: str = "draft") -> LoadedModel:
@@ -61,6 +70,7 @@ def build_drafter(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | No
 __all__ = [
     "DRAFTERS",
     "NEEDS_DRAFT_MODEL",
+    "NEEDS_EAGLE_HEAD",
     "Drafter",
     "EagleDrafter",
     "EagleTreeDrafter",
@@ -73,4 +83,5 @@ __all__ = [
     "SortedTreeDrafter",
     "TreeDrafter",
     "build_drafter",
+    "check_drafter_inputs",
 ]

