@@ -18,6 +18,7 @@ The head's KV cache (`HeadCache`) holds one row per sequence position, at the sa
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -40,7 +41,7 @@ class EagleHeadConfig:
     target: str  # the target's name as loaded (packaged name, path or hub id)
     target_hidden_size: int
     vocab_size: int  # the target's logits width
-    vocab_hash: str  # SHA-256 of the target tokenizer's vocabulary (train/eagle_data.vocab_hash)
+    vocab_hash: str  # SHA-256 of the target tokenizer's vocabulary (`vocab_hash` below)
     target_layers: list[int]  # the 3 taps (Hugging Face hidden_states indexing: i = input of layer i)
     hidden_size: int
     intermediate_size: int
@@ -353,11 +354,15 @@ def target_mismatches(config: EagleHeadConfig, hidden_size: int, vocab_size: int
     return problems
 
 
+def vocab_hash(tokenizer) -> str:
+    """SHA-256 of the tokenizer's (token, id) pairs: a head trained for one vocabulary refuses another."""
+    items = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()
+
+
 def load_head(name_or_path: str, target) -> EagleHead:
     """Load a head (ours, or an EAGLE-3 export) for `target` (a LoadedModel); refuses a head trained for
     another target (hidden size, vocabulary)."""
-    from ..train.eagle_data import vocab_hash
-
     config, tensors = read_head(name_or_path)
     problems = target_mismatches(config, target.hidden_size, target.vocab_size, vocab_hash(target.tokenizer))
     if max(config.target_layers) > target.n_layers:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from ..errors import SpecdraftError
+from ..models.eagle_head import vocab_hash
 
 # the packages pyproject.toml pins (runtime and test extras); their installed text is the training corpus
 PINNED_PACKAGES = ("torch", "transformers", "gguf", "safetensors", "accelerate", "fastapi", "uvicorn",
@@ -80,12 +81,6 @@ def encode_doc(tokenizer, doc: TextDoc, max_len: int) -> list[int]:
     if isinstance(ids, dict) or hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return list(ids)[:max_len]
-
-
-def vocab_hash(tokenizer) -> str:
-    """SHA-256 of the tokenizer's (token, id) pairs: a head trained for one vocabulary refuses another."""
-    items = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
-    return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()
 
 
 @dataclass
