@@ -169,3 +169,24 @@ def test_models_remove_deletes_the_model_and_an_unknown_name_deletes_nothing(tmp
     expected = 1000 + sum(f.stat().st_size for f in folder.iterdir())
     assert fetch_mod.remove(name, tmp_path) == expected
     assert not fetch_mod.is_fetched(name, tmp_path) and fetch_mod.stored_bytes(name, tmp_path)["gguf"] == 0
+
+
+def test_identical_tokenizer_files_share_one_vocabulary_each_folder_its_chat_template(tmp_path):
+    import shutil
+
+    from specdraft.models.adapter import load_tokenizer
+    from tests.tiny import build_model
+
+    first = build_model(tmp_path / "first", seed=1)
+    second, third = tmp_path / "second", tmp_path / "third"
+    shutil.copytree(first, second)
+    shutil.copytree(first, third)
+    for folder, text in ((first, "A {{ messages[0]['content'] }}"), (second, "B {{ messages[0]['content'] }}"),
+                         (third, "C {{ messages[0]['content'] }}")):
+        (folder / "chat_template.jinja").write_text(text)
+    (third / "tokenizer_config.json").write_text((third / "tokenizer_config.json").read_text().replace("{", '{"x": 1, ', 1))
+    a, b, c = (load_tokenizer(str(folder)) for folder in (first, second, third))
+    assert a._tokenizer is b._tokenizer and c._tokenizer is not a._tokenizer  # a changed file: its own tokenizer
+    messages = [{"role": "user", "content": "hi"}]
+    assert [t.apply_chat_template(messages, tokenize=False) for t in (a, b, c)] == ["A hi", "B hi", "C hi"]
+    assert b.name_or_path == str(second) and a.name_or_path == str(first)

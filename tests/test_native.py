@@ -296,3 +296,20 @@ def test_auto_dtype_gives_the_native_backend_bf16_weights(tiny_dirs):
     assert native.native.layers[0].gate.data_ptr() == native.model.model.layers[0].mlp.gate_proj.weight.data_ptr()
     generic = load_model(str(tiny_dirs["target"]), "auto", backend="transformers")
     assert generic.dtype == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
+
+
+def test_rotary_tables_grown_in_steps_equal_tables_grown_at_once(tiny_native):
+    """Rotary rows come in fixed blocks of positions: the tables a long generation grows to hold, bit for bit, what
+    a fresh model computing them in one go holds (so a run's history never changes a position's rotation)."""
+    from specdraft.models.native import llama
+
+    native = tiny_native["qwen2", "float32"].native
+    stepped, at_once = copy.copy(native), copy.copy(native)
+    stepped.max_positions = at_once.max_positions = 5000
+    for table in (stepped, at_once):
+        table.cos = table.sin = torch.empty(0, native.cos.shape[1])
+    for n in (10, llama.ROTARY_ROWS + 1, 2500, 4999):
+        stepped._cover_positions(n)
+    at_once._cover_positions(5000)
+    assert stepped.cos.shape[0] == at_once.cos.shape[0] == 5000
+    assert torch.equal(stepped.cos, at_once.cos) and torch.equal(stepped.sin, at_once.sin)

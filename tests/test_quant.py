@@ -246,7 +246,7 @@ def test_interleaved_sums_stay_in_range_at_the_extremes(name):
 
 @pytest.mark.parametrize("name", INTERLEAVED)
 def test_negative_control_an_interleaved_layout_read_wrong_fails_the_same_check(name):
-    """The rows of each group read in reverse order within every 4-byte-per-row vector: the check must catch it."""
+    """Each row's 4 bytes read in reverse order within every interleaved vector: the check must catch it."""
     weight = random_blocks(name, 40, 768, seed=12)
     packed = weight.interleave()
     payload = {"Q4_K": 160, "Q6_K": 144, "Q8_0": 16, "Q5_0": 48}[name]  # where the 4-byte-per-row vectors start

@@ -11,8 +11,11 @@ Either way a state remembers which token ids its cache holds, so rollback and ca
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
+import json
 import os
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,26 +182,46 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
     return loaded
 
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
-                    "added_tokens.json", "tokenizer.model")
-_tokenizers: dict[str, object] = {}  # digest of a folder's tokenizer files -> the tokenizer loaded from them
+_NOT_TOKENIZER = {"config.json", "generation_config.json", "specdraft.json", "chat_template.jinja"}
+_WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".ckpt")
+_tokenizers: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # tokenizer files' digest -> tokenizer
 
 
 def load_tokenizer(path: str):
-    """The tokenizer of a model folder, shared by every model whose tokenizer files are byte-identical (a target
-    and its draft usually are: Qwen's fast tokenizer holds about 128 MB). Tokenizers are only read here."""
+    """The tokenizer of a model folder. Folders whose tokenizer files are byte-identical (a target and its draft
+    usually are) share one vocabulary (Qwen's fast tokenizer holds about 128 MB); each keeps its own chat template
+    (the packaged 0.5B's and 1.5B's differ) and name. Everything in the folder but the weights, the model config
+    (of which only `model_type` counts: it picks the tokenizer class) and the chat template enters the key; a
+    folder with more than one chat template, or none of its own, loads its own tokenizer."""
     from transformers import AutoTokenizer
 
-    digest, found = hashlib.sha256(), False
-    for name in _TOKENIZER_FILES:
-        file = Path(path) / name
-        if file.is_file():
-            digest.update(name.encode() + b"\0" + file.read_bytes())
-            found = True
-    key = digest.hexdigest() if found else f"folder:{Path(path).resolve()}"  # files named otherwise: not shared
-    if key not in _tokenizers:
-        _tokenizers[key] = AutoTokenizer.from_pretrained(path)
-    return _tokenizers[key]
+    folder = Path(path)
+    template = folder / "chat_template.jinja"
+    if not folder.is_dir() or not template.is_file() or (folder / "additional_chat_templates").exists() or (
+            folder / "chat_template.json").exists():
+        return AutoTokenizer.from_pretrained(path)
+    digest = hashlib.sha256()
+    for file in sorted(folder.iterdir()):
+        if (file.is_dir() or file.name.startswith(".") or file.name in _NOT_TOKENIZER
+                or file.name.endswith(_WEIGHT_SUFFIXES)):
+            continue
+        content = file.read_bytes()
+        digest.update(f"{file.name}\0{len(content)}\0".encode() + content)
+    try:
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        model_type = None
+    digest.update(f"model_type\0{model_type}".encode())
+    shared = _tokenizers.get(digest.hexdigest())
+    if shared is None:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        _tokenizers[digest.hexdigest()] = tokenizer
+        return tokenizer
+    tokenizer = copy.copy(shared)  # a new object around the same vocabulary
+    tokenizer.init_kwargs = dict(shared.init_kwargs, name_or_path=str(path))
+    tokenizer.name_or_path = str(path)
+    tokenizer.chat_template = template.read_text()
+    return tokenizer
 
 
 def _first_lines(exc: Exception) -> str:

@@ -159,7 +159,8 @@ class GGUFTensors:
         is never written, so a page read again comes back from the file. Anything not inside the mapping is left
         alone."""
         tensor = weight.blocks if isinstance(weight, QuantWeight) else weight
-        if self.mapping is None or tensor.numel() == 0:
+        if self.mapping is None or tensor.numel() == 0 or not tensor.is_contiguous() or not hasattr(
+                mmap, "MADV_DONTNEED"):
             return
         base = self.mapping.ctypes.data
         start, end = tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * tensor.element_size()

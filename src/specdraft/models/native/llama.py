@@ -180,13 +180,21 @@ class NativeLlama:
         self._cover_positions(min(ROTARY_ROWS, self.max_positions))
 
     def _cover_positions(self, n: int) -> None:
-        """Rotary tables with at least the first n positions (doubling, up to max_positions)."""
-        if n <= self.cos.shape[0]:
+        """Rotary tables with at least the first n positions (doubling, up to max_positions). Rows are computed in
+        blocks of ROTARY_ROWS positions that always start at a multiple of ROTARY_ROWS, so a position's row comes
+        from the same computation whatever the tables held before (bit for bit, in every run)."""
+        have = self.cos.shape[0]
+        if n <= have:
             return
-        rows = min(max(n, 2 * self.cos.shape[0]), self.max_positions)
-        angles = torch.arange(rows, dtype=torch.float32)[:, None] * self.inv_freq[None, :]  # [P, Dh / 2]
-        table = torch.cat([angles, angles], dim=-1)  # [P, Dh]
-        self.cos, self.sin = table.cos() * self.rotary_scaling, table.sin() * self.rotary_scaling
+        want = min(max(n, 2 * have), self.max_positions)
+        cos, sin = [self.cos], [self.sin]
+        for start in range(have, want, ROTARY_ROWS):
+            positions = torch.arange(start, start + ROTARY_ROWS, dtype=torch.float32)
+            angles = positions[:, None] * self.inv_freq[None, :]  # [ROTARY_ROWS, Dh / 2]
+            table = torch.cat([angles, angles], dim=-1)  # [ROTARY_ROWS, Dh]
+            cos.append(table.cos() * self.rotary_scaling)
+            sin.append(table.sin() * self.rotary_scaling)
+        self.cos, self.sin = torch.cat(cos)[: self.max_positions], torch.cat(sin)[: self.max_positions]
 
     @property
     def weight_bytes(self) -> int:
