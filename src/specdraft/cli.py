@@ -29,8 +29,27 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                         "native, or transformers")
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help already says it or there is none to say."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings
+                or isinstance(action.default, (list, tuple)) and not action.default):
+            return text
+        return text + " (default: %(default)s)"
+
+
+class DefaultsParser(argparse.ArgumentParser):
+    """An ArgumentParser whose subcommands, at any depth, show defaults too."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specdraft", description="Lossless speculative decoding.")
+    parser = DefaultsParser(prog="specdraft", description="Lossless speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate text for one prompt, streaming it")
