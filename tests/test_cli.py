@@ -84,3 +84,6 @@ def test_statistics_line_names_the_backends_and_the_draft_head_rows():
                                   draft_vocab=32768))
     assert line.endswith("backend: target native, draft native (32,768-row head + prompt tokens)")
     assert format_stats(SpecStats(method="ar", backend="transformers")).endswith("backend: target transformers")
+    assert "acceptance" in line and "γ=2" in line
+    plain = format_stats(SpecStats(method="ar", backend="native"))
+    assert plain.startswith("[ar] ") and "acceptance" not in plain and "τ" not in plain and "γ" not in plain

@@ -280,12 +280,16 @@ def cmd_generate(args) -> int:
 
 
 def format_stats(stats) -> str:
+    """One line of statistics; plain decoding (`ar`) drafts nothing, so it shows no draft length or acceptance."""
     per_pos = " ".join(f"{a:.2f}" for a in stats.acceptance_per_position) or "-"
     gamma = f"auto≤{stats.gamma}, mean {stats.mean_draft_len:.1f}" if stats.gamma_auto else stats.gamma
-    return (f"[{stats.method} γ={gamma}] {stats.new_tokens} tokens in {stats.time_total_s:.2f}s "
-            f"({stats.tokens_per_s:.2f} tok/s), {stats.target_passes} target passes, "
-            f"τ={stats.tau:.2f} (predicted {stats.predicted_tau:.2f}), acceptance {stats.acceptance_rate:.2f} "
-            f"(α={stats.alpha:.2f}; per position {per_pos}); time: prefill {stats.time_prefill_s:.2f}s, "
+    head = f"[{stats.method}]" if stats.method == "ar" else f"[{stats.method} γ={gamma}]"
+    drafting = "" if stats.method == "ar" else (
+        f"τ={stats.tau:.2f} (predicted {stats.predicted_tau:.2f}), acceptance {stats.acceptance_rate:.2f} "
+        f"(α={stats.alpha:.2f}; per position {per_pos}); ")
+    return (f"{head} {stats.new_tokens} tokens in {stats.time_total_s:.2f}s "
+            f"({stats.tokens_per_s:.2f} tok/s), {stats.target_passes} target passes, {drafting}"
+            f"time: prefill {stats.time_prefill_s:.2f}s, "
             f"draft {stats.time_draft_s:.2f}s, verify {stats.time_verify_s:.2f}s, other {stats.time_other_s:.2f}s; "
             f"finish: {stats.finish_reason}; backend: {describe_backends(stats)}")
 
