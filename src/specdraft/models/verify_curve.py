@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -130,6 +131,8 @@ def verify_curve(target: LoadedModel, max_tokens: int) -> VerifyCurve:
                                tuple(float(x) for x in stored["relative_long"]), *contexts)
     except (OSError, ValueError, AttributeError, TypeError):
         pass  # absent or unreadable: measure again
+    print(f"specdraft: measuring {key['model']}'s verify cost on this machine for gamma auto (once per machine, "
+          f"thread count and kernel build; about 30 s)...", file=sys.stderr, flush=True)
     curve = VerifyCurve(measure(target, max_tokens, contexts[0]), measure(target, max_tokens, contexts[1]), *contexts)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
