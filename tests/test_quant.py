@@ -213,8 +213,8 @@ def test_interleaved_rows_keep_every_byte_and_value(name):
 
 
 def test_interleaving_a_slice_at_a_time_gives_the_same_bytes(monkeypatch, tmp_path):
-    """`interleave_from` (the loader's way: a slice of rows at a time, each slice's mapped pages released) equals
-    `interleave`; releasing pages of a mapped file loses nothing (they are read again from the file)."""
+    """`interleave` from the mapped file (the loader's way: a slice of rows at a time, each slice's mapped pages
+    released) equals `interleave` in one go; releasing pages of a mapped file loses nothing (read again)."""
     from specdraft.models.native import gguf_weights
 
     weight = random_blocks("Q6_K", 48, 512, seed=14)
@@ -223,8 +223,9 @@ def test_interleaving_a_slice_at_a_time_gives_the_same_bytes(monkeypatch, tmp_pa
     mapping = np.memmap(path, dtype=np.uint8, mode="c")
     mapped = QuantWeight(torch.from_numpy(mapping.reshape(48, -1)), weight.qtype, weight.cols)
     source = gguf_weights.GGUFTensors(path, "test", {}, {}, mapping)
+    whole = weight.interleave()
     monkeypatch.setattr(gguf_weights, "INTERLEAVE_ROWS", 16)
-    assert mapped.interleave_from(source).equal(weight.interleave())
+    assert mapped.interleave(source).equal(whole)
     assert torch.equal(mapped.blocks, weight.blocks)  # still readable after its pages were released
 
 

@@ -26,7 +26,7 @@ BLOCK_SHAPES = {3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256,
 INTERLEAVED_TYPES = {6, 8, 12, 14}  # formats whose matrices `interleave` repacks into groups of ROW_GROUP rows
 INTERLEAVED_BLOCK_BYTES = {6: 176, 8: 272, 12: 1184, 14: 1680}  # bytes of one block column of ROW_GROUP rows
 ROW_GROUP = 8
-INTERLEAVE_ROWS = 8192  # rows `interleave_from` repacks at a time (a multiple of ROW_GROUP)
+INTERLEAVE_ROWS = 8192  # rows `interleave` repacks at a time (a multiple of ROW_GROUP)
 
 
 @dataclass
@@ -104,18 +104,12 @@ class QuantWeight:
             return load_kernels().qlinear_x8(x, self.blocks, self.qtype, bias)
         return load_kernels().qlinear(x, self.blocks, self.qtype, bias)
 
-    def interleave(self) -> QuantWeight:
+    def interleave(self, source: GGUFTensors | None = None) -> QuantWeight:
         """This matrix repacked into groups of 8 rows for passes of several tokens (quant_kernels.cpp, "interleaved
         row groups"): a verify pass of 8 tokens then costs about half what it costs row by row. Q4_K, Q6_K, Q8_0
-        and Q5_0 with a multiple of 8 rows; any other matrix is returned as it is."""
-        if self.interleaved or self.qtype not in INTERLEAVED_TYPES or len(self) % ROW_GROUP:
-            return self
-        return QuantWeight(load_kernels().qinterleave(self.blocks.contiguous(), self.qtype, self.cols), self.qtype,
-                           self.cols, interleaved=True)
-
-    def interleave_from(self, source: GGUFTensors) -> QuantWeight:
-        """`interleave`, a slice of rows at a time, each slice's mapped pages released once copied (`source`:
-        the file this matrix is a view of): a 150k-row LM head would otherwise be resident twice for a moment."""
+        and Q5_0 with a multiple of 8 rows; any other matrix is returned as it is. Repacked a slice of rows at a
+        time into the final buffer; with `source`, the file this matrix is a view of, each slice's mapped pages
+        are released once copied (a 150k-row LM head would otherwise be resident twice for a moment)."""
         if self.interleaved or self.qtype not in INTERLEAVED_TYPES or len(self) % ROW_GROUP:
             return self
         ops = load_kernels()
@@ -125,7 +119,8 @@ class QuantWeight:
             part = self.blocks[start: start + INTERLEAVE_ROWS]
             ops.qinterleave_into(part.contiguous(), self.qtype, self.cols,
                                  packed[start // ROW_GROUP: (start + len(part)) // ROW_GROUP])
-            source.release(part)
+            if source is not None:
+                source.release(part)
         return QuantWeight(packed, self.qtype, self.cols, interleaved=True)
 
 

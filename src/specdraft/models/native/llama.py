@@ -133,7 +133,7 @@ class NativeLlama:
             return weights.need(name).float().contiguous()
 
         def interleaved(weight: Weight) -> Weight:
-            return weight.interleave_from(weights) if isinstance(weight, QuantWeight) else weight
+            return weight.interleave(weights) if isinstance(weight, QuantWeight) else weight
 
         layers = []
         for i in range(config.num_hidden_layers):
