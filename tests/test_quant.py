@@ -407,3 +407,14 @@ def test_real_gguf_speculative_greedy_equals_autoregressive():
     got = spec.generate(ids, params)
     assert got.token_ids == expected.token_ids and got.stats.accepted > 0
     assert got.stats.backend == "native"
+
+
+@pytest.mark.real
+def test_a_gguf_head_is_repacked_for_the_target_and_left_in_the_file_for_a_reduced_draft_vocabulary():
+    target = load_model("qwen2.5-coder-1.5b-instruct", "gguf", progress=False)
+    draft = load_model("qwen2.5-coder-0.5b-instruct", "gguf", progress=False)
+    assert not target.native.lm_head.interleaved and not draft.native.lm_head.interleaved  # on first use
+    engine = Engine(target, ModelDrafter(draft, target), SpecConfig("draft", 3))
+    assert target.native.lm_head.interleaved  # the engine's target scores every row: repacked before requests
+    engine.generate(engine.encode("Say hi."), SamplingParams(max_new_tokens=4))
+    assert not draft.native.lm_head.interleaved  # its 32,768-row vocabulary was copied from the file's rows

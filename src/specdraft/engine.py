@@ -162,6 +162,7 @@ class Engine:
                  sampling_rule: SamplingRule = accept_rejection,
                  tree_sampling_rule: TreeSamplingRule = accept_tree_rejection):
         self.target = target
+        target.prepare_full_head()
         self.sampling_rule = sampling_rule
         self.tree_sampling_rule = tree_sampling_rule
         self.drafter: Drafter = drafter or NoDrafter()

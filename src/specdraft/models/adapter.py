@@ -49,6 +49,12 @@ class LoadedModel:
             return "gguf"
         return str(self.dtype).removeprefix("torch.")
 
+    def prepare_full_head(self) -> None:
+        """Repack a GGUF LM head now rather than in the first request (a target scores every row; a draft with
+        a reduced vocabulary never needs its whole head repacked, so loading leaves that to first use)."""
+        if self.native is not None:
+            self.native.full_head()
+
     @property
     def weight_bytes(self) -> int:
         """Bytes of weights a one-token step reads: on the native backend its layers, final norm and LM head (in

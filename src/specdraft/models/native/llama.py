@@ -152,8 +152,11 @@ class NativeLlama:
                 setattr(layer, field, interleaved(getattr(layer, field)))
         embed = weights.need("token_embd.weight")  # rows looked up one by one: kept as the file has it
         lm_head = weights.get("output.weight")
-        native._setup(config, rotary, embed, embed if lm_head is None else interleaved(lm_head),
-                      norm("output_norm.weight"), layers, "gguf")
+        native._setup(config, rotary, embed, embed if lm_head is None else lm_head, norm("output_norm.weight"),
+                      layers, "gguf")
+        # a separate head is repacked on its first full use (`logits`): a draft that scores a reduced vocabulary
+        # copies its rows from the file and never needs the whole head repacked (145 MB for the 0.5B)
+        native._unpacked_head = None if lm_head is None else weights
         native.gguf_formats = dict(weights.formats)
         return native
 
@@ -169,6 +172,7 @@ class NativeLlama:
         self.gguf_formats: dict[str, int] = {}
         self.embed = embed  # [V, D]
         self.lm_head = lm_head  # [V, D] (may be the embedding)
+        self._unpacked_head: GGUFTensors | None = None  # the file of a head still to be repacked on first use
         self.final_norm = final_norm  # [D] float32
         self.layers = layers
         # rotary tables, computed as transformers does (float32 angles) for the positions used so far: a position's
@@ -283,8 +287,15 @@ class NativeLlama:
         """The final norm and the LM head over residual-stream rows: [T, D] -> float32 [T, V]. Any layer's
         output can go through them: that is an early exit (S2D, LayerSkip). lm_head: other rows to score
         instead of the model's head ([V_draft, D], a reduced draft vocabulary)."""
-        head = self.lm_head if lm_head is None else lm_head
+        head = self.full_head() if lm_head is None else lm_head
         return self._linear(self.ops.rms_norm(hidden.contiguous(), self.final_norm, self.eps), head, None)
+
+    def full_head(self) -> Weight:
+        """The LM head for scoring every row: a GGUF head is repacked (`QuantWeight.interleave`) on first use."""
+        if self._unpacked_head is not None:
+            self.lm_head = self.lm_head.interleave(self._unpacked_head)
+            self._unpacked_head = None
+        return self.lm_head
 
     def forward(self, token_ids: list[int], cache: "NativeCache", n_logits: int,
                 positions: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -321,7 +332,7 @@ class NativeLlama:
         normed = ops.rms_norm(hidden.contiguous(), self.final_norm, self.eps)  # [T, D]
         taps[len(self.layers)] = normed
         features = torch.stack([taps[i] for i in feature_layers], dim=1)  # [T, n_taps, D]
-        head = self.lm_head if lm_head is None else lm_head
+        head = self.full_head() if lm_head is None else lm_head
         return self._linear(normed[-n_logits:].contiguous(), head, None), features  # [n_logits, V]
 
 
