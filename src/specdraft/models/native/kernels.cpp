@@ -518,7 +518,6 @@ torch::Tensor qlinear(torch::Tensor x, torch::Tensor weight, int64_t type, c10::
 torch::Tensor qdequantize_rows(torch::Tensor weight, int64_t type, int64_t K, torch::Tensor rows);
 std::vector<torch::Tensor> quantize_activations(torch::Tensor x, int64_t block);
 bool quant_vnni();
-torch::Tensor qinterleave(torch::Tensor weight, int64_t type, int64_t K);
 void qinterleave_into(torch::Tensor weight, int64_t type, int64_t K, torch::Tensor out);
 torch::Tensor qdeinterleave_rows(torch::Tensor packed, int64_t type, int64_t K, torch::Tensor rows);
 torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c10::optional<torch::Tensor> bias);
@@ -535,8 +534,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qdequantize_rows", &qdequantize_rows, "rows of a GGUF block-format matrix as float32");
   m.def("quantize_activations", &quantize_activations, "x as the block kernels quantize it: (int8, scales)");
   m.def("quant_vnni", &quant_vnni, "whether the block kernels use AVX512-VNNI");
-  m.def("qinterleave", &qinterleave, "a block-format matrix repacked into interleaved groups of 8 rows");
-  m.def("qinterleave_into", &qinterleave_into, "qinterleave into a given [N / 8, ...] uint8 tensor");
+  m.def("qinterleave_into", &qinterleave_into, "repack a block-format matrix into interleaved groups of 8 rows (a given [N / 8, ...] uint8 tensor)");
   m.def("qdeinterleave_rows", &qdeinterleave_rows, "rows of an interleaved matrix back in the file's block layout");
   m.def("qlinear_x8", &qlinear_x8, "qlinear over an interleaved Q4_K/Q6_K matrix (batch-invariant)");
 }

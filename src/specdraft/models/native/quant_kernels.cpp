@@ -935,14 +935,7 @@ void qinterleave_into(torch::Tensor weight, int64_t type, int64_t K, torch::Tens
   });
 }
 
-torch::Tensor qinterleave(torch::Tensor weight, int64_t type, int64_t K) {
-  TORCH_CHECK(x8_bytes(type) > 0 && block_weights(type) > 0, "only Q4_K, Q6_K, Q8_0 and Q5_0 matrices interleave rows");
-  auto out = torch::empty({weight.size(0) / kRowGroup, K / block_weights(type) * x8_bytes(type)}, torch::kUInt8);
-  qinterleave_into(weight, type, K, out);
-  return out;
-}
-
-// packed: [N / 8, ...] from qinterleave, rows: [n] int64 -> [n, row_bytes] uint8, those rows in the file's layout
+// packed: [N / 8, ...] from qinterleave_into, rows: [n] int64 -> [n, row_bytes] uint8, those rows in the file's layout
 torch::Tensor qdeinterleave_rows(torch::Tensor packed, int64_t type, int64_t K, torch::Tensor rows) {
   check_packed(packed, type, K);
   TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == torch::kLong, "rows must be [n] int64");
@@ -969,7 +962,7 @@ torch::Tensor qdeinterleave_rows(torch::Tensor packed, int64_t type, int64_t K, 
   return out;
 }
 
-// x: [T, K] float32, packed: [N / 8, ...] from qinterleave, bias: [N] float32 or None -> [T, N] float32
+// x: [T, K] float32, packed: [N / 8, ...] from qinterleave_into, bias: [N] float32 or None -> [T, N] float32
 torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x must be [T, K] float32");
   const int64_t T = x.size(0), K = x.size(1), N = packed.size(0) * kRowGroup;
