@@ -18,6 +18,7 @@
 #include <immintrin.h>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -266,15 +267,11 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   return out;
 }
 
-// exp(x) for x <= 0 (attention scores minus their maximum), lane by lane: x = n ln2 + r with |r| <= ln2 / 2,
-// e^r by its Taylor polynomial to degree 7 (truncation error below 1e-8 relative, under float precision), times 2^n
-// put into the exponent bits. Below -87 (a weight under 1e-38 next to the maximum's 1) it returns e^-87; above 0
-// it returns 1. That upper clamp matters: the lanes past a query's last key hold a score of 0, so they reach here
-// as 0 - max, which is large when every score is far below zero, and 2^n for n >= 128 would overflow the exponent
-// field into an inf (then inf times their weight mask of 0 is a NaN).
-// A lane's result depends on that lane alone, so batching keys never changes a weight.
-inline __m256 exp_nonpositive(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_setzero_ps());
+// exp(x) lane by lane for x in [-87, 88] (callers clamp): x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor
+// polynomial to degree 7 (truncation error below 1e-8 relative, under float precision), times 2^n put into the
+// exponent bits (n <= 127 keeps it finite). A lane's result depends on that lane alone, so batching never changes
+// a value.
+inline __m256 exp_in_range(__m256 x) {
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   // r = x - n ln2, with ln2 split in a high part exact in float and a low remainder
@@ -292,29 +289,80 @@ inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
 }
 
-// The lane sums of eight vectors, as one vector: lane i holds the sum of v[i]'s lanes, always added in the
-// same pattern ((0+1)+(2+3)) + ((4+5)+(6+7)) per 128-bit half, then the halves.
-inline __m256 transpose_sum8(const __m256 v[8]) {
-  const __m256 a = _mm256_hadd_ps(v[0], v[1]), b = _mm256_hadd_ps(v[2], v[3]);
-  const __m256 c = _mm256_hadd_ps(v[4], v[5]), d = _mm256_hadd_ps(v[6], v[7]);
-  const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);  // per half: v0 v1 v2 v3 | v4 v5 v6 v7 sums
-  const __m256 lo = _mm256_permute2f128_ps(ab, cd, 0x20), hi = _mm256_permute2f128_ps(ab, cd, 0x31);
-  return _mm256_add_ps(lo, hi);
+// exp(x) for x <= 0 (attention scores minus their maximum). Below -87 (a weight under 1e-38 next to the maximum's
+// 1) it returns e^-87; above 0 it returns 1. That upper clamp matters: the lanes past a query's last key hold a
+// score of 0, so they reach here as 0 - max, which is large when every score is far below zero, and 2^n for
+// n >= 128 would overflow the exponent field into an inf (then inf times their weight mask of 0 is a NaN).
+inline __m256 exp_nonpositive(__m256 x) {
+  return exp_in_range(_mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_setzero_ps()));
+}
+
+// The lane sums of four vectors: lane i holds the sum of v[i]'s lanes, always added in the same pattern
+// ((0+1)+(2+3)) + ((4+5)+(6+7)).
+inline __m128 transpose_sum4(const __m256 v[4]) {
+  const __m256 sums = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));  // per half: v0..v3
+  return _mm_add_ps(_mm256_castps256_ps128(sums), _mm256_extractf128_ps(sums, 1));
+}
+
+// Scores of one query against 4 key rows (lanes of the result), and of two queries against the same 4 rows (each
+// key row loaded once for both). A score's arithmetic is the same in both: 8-lane multiply-adds over the head
+// dimension in order, then `transpose_sum4`, then the scale.
+inline __m128 scores4(const float* q, const float* const key[4], int64_t Dh, __m128 scale) {
+  __m256 dots[4];
+  for (int v = 0; v < 4; ++v) dots[v] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < Dh; d += 8) {
+    const __m256 qd = _mm256_loadu_ps(q + d);
+    for (int v = 0; v < 4; ++v) dots[v] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(key[v] + d), dots[v]);
+  }
+  return _mm_mul_ps(transpose_sum4(dots), scale);
+}
+
+inline void scores4x2(const float* q0, const float* q1, const float* const key[4], int64_t Dh, __m128 scale,
+                      float* out0, float* out1) {
+  __m256 dots0[4], dots1[4];
+  for (int v = 0; v < 4; ++v) dots0[v] = dots1[v] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < Dh; d += 8) {
+    const __m256 a = _mm256_loadu_ps(q0 + d), b = _mm256_loadu_ps(q1 + d);
+    for (int v = 0; v < 4; ++v) {
+      const __m256 k = _mm256_loadu_ps(key[v] + d);
+      dots0[v] = _mm256_fmadd_ps(a, k, dots0[v]);
+      dots1[v] = _mm256_fmadd_ps(b, k, dots1[v]);
+    }
+  }
+  _mm_storeu_ps(out0, _mm_mul_ps(transpose_sum4(dots0), scale));
+  _mm_storeu_ps(out1, _mm_mul_ps(transpose_sum4(dots1), scale));
 }
 
 // Queries that share one KV head, attended together so that each key and value row is read from memory once
 // for all of them (grouped-query attention: with 12 query heads over 2 KV heads, 6 per head and token) instead
-// of once per query. Query u sees n_keys[u] keys, its i-th at cache slot key_slot(u, i), in order.
+// of once per query. Query u sees n_keys[u] keys, its i-th at cache slot key_slot(u, i), in order; when
+// kSameKeys, key i is the same slot for every query (causal attention), and queries go in pairs that share each
+// key row they load.
 //
 // Per query the arithmetic is fixed by the query and its key sequence alone, never by the other queries in the
-// block: scores 8 keys at a time (the 8 dot products reduced by `transpose_sum8`; a key past the end is a row
-// of zeros whose lane is never used), softmax weights 8 at a time, then the weighted values summed key by key in
-// order (the running sums go to `outs` between key tiles, which changes no value). So a verify pass gives what
-// single steps give, and a tree node what its branch gives as a chain, whatever the blocks and thread count.
-constexpr int64_t kQueriesPerBlock = 48;  // queries attended together (their scores stay in one buffer)
-constexpr int64_t kValueTile = 64;        // value rows kept in L1 while every query of the block uses them
+// block: scores 4 keys at a time (`scores4`, `scores4x2`: the same arithmetic; a key past the end is a row of
+// zeros, or a real row whose score is never used), softmax weights 8 at a time, then the weighted values summed
+// key by key in order (the running sums go to `outs` between key tiles, which changes no value). So a verify pass
+// gives what single steps give, and a tree node what its branch gives as a chain, whatever the blocks and thread
+// count.
+// out[0 .. 8 kChunks) += sum over keys i0 .. end - 1, in order, of weights[i] * value_row(i)[0 .. 8 kChunks): the
+// running sums stay in registers (a fixed count, so the compiler does not keep them in memory)
+template <int kChunks, typename ValueRow>
+inline void weighted_sum(const float* weights, int64_t i0, int64_t end, ValueRow value_row, float* out) {
+  __m256 acc[kChunks];
+  for (int c = 0; c < kChunks; ++c) acc[c] = _mm256_loadu_ps(out + c * 8);
+  for (int64_t i = i0; i < end; ++i) {
+    const __m256 p = _mm256_set1_ps(weights[i]);
+    const float* value = value_row(i);
+    for (int c = 0; c < kChunks; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(value + c * 8), acc[c]);
+  }
+  for (int c = 0; c < kChunks; ++c) _mm256_storeu_ps(out + c * 8, acc[c]);
+}
 
-template <typename KeySlot>
+constexpr int64_t kQueriesPerBlock = 48;  // queries attended together (their scores stay in one buffer)
+constexpr int64_t kValueTile = 32;        // value rows kept in L1 while every query of the block uses them
+
+template <bool kSameKeys, typename KeySlot>
 void attend_block(const float* const* qrows, float* const* outs, const int64_t* n_keys, int64_t n_queries,
                   const float* keys, const float* values, int64_t Dh, float scale, KeySlot key_slot,
                   std::vector<float>& scores) {
@@ -322,39 +370,43 @@ void attend_block(const float* const* qrows, float* const* outs, const int64_t* 
   for (int64_t u = 0; u < n_queries; ++u) longest = std::max(longest, n_keys[u]);
   const int64_t stride = (longest + 7) / 8 * 8;  // a query's scores, rounded up to whole blocks of 8
   scores.resize(n_queries * stride);
-  const __m256 vscale = _mm256_set1_ps(scale);
+  const __m128 vscale = _mm_set1_ps(scale);
   const std::vector<float> zeros(Dh, 0.0f);  // the key row of a lane past the end
-  alignas(32) float maxima[kQueriesPerBlock * 8];
-  for (int64_t u = 0; u < n_queries * 8; ++u) maxima[u] = -INFINITY;
-  // scores, the keys in the outer loop: 8 key rows (4 KiB at Dh 128) stay in L1 for every query
-  for (int64_t i0 = 0; i0 < longest; i0 += 8) {
-    for (int64_t u = 0; u < n_queries; ++u) {
-      if (i0 >= n_keys[u]) continue;
-      const int64_t valid = std::min<int64_t>(8, n_keys[u] - i0);
-      const float* key[8];
-      for (int v = 0; v < 8; ++v) key[v] = v < valid ? keys + key_slot(u, i0 + v) * Dh : zeros.data();
-      __m256 dots[8];
-      for (int v = 0; v < 8; ++v) dots[v] = _mm256_setzero_ps();
-      for (int64_t d = 0; d < Dh; d += 8) {  // each query chunk loaded once for the 8 keys
-        const __m256 qd = _mm256_loadu_ps(qrows[u] + d);
-        for (int v = 0; v < 8; ++v) dots[v] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(key[v] + d), dots[v]);
+  // scores (every entry of a query's row up to its whole blocks of 8 is written), the keys in the outer loop: 4
+  // key rows (2 KiB at Dh 128) stay in L1 for every query
+  const auto covered = [&](int64_t u) { return (n_keys[u] + 7) / 8 * 8; };
+  for (int64_t i0 = 0; i0 < stride; i0 += 4) {
+    int64_t u = 0;
+    if constexpr (kSameKeys) {
+      const float* key[4];
+      for (int v = 0; v < 4; ++v) key[v] = i0 + v < longest ? keys + key_slot(0, i0 + v) * Dh : zeros.data();
+      for (; u + 1 < n_queries; u += 2) {
+        if (i0 >= std::max(covered(u), covered(u + 1))) continue;
+        scores4x2(qrows[u], qrows[u + 1], key, Dh, vscale, scores.data() + u * stride + i0,
+                  scores.data() + (u + 1) * stride + i0);
       }
-      const __m256 s = _mm256_mul_ps(transpose_sum8(dots), vscale);
-      float* row = scores.data() + u * stride + i0;
-      _mm256_storeu_ps(row, s);
-      alignas(32) float lanes[8];
-      for (int v = 0; v < 8; ++v) lanes[v] = v < valid ? row[v] : -INFINITY;  // lanes past the end stay out
-      _mm256_store_ps(maxima + u * 8, _mm256_max_ps(_mm256_load_ps(maxima + u * 8), _mm256_load_ps(lanes)));
+    }
+    for (; u < n_queries; ++u) {
+      if (i0 >= covered(u)) continue;
+      const float* key[4];
+      for (int v = 0; v < 4; ++v) key[v] = i0 + v < n_keys[u] ? keys + key_slot(u, i0 + v) * Dh : zeros.data();
+      _mm_storeu_ps(scores.data() + u * stride + i0, scores4(qrows[u], key, Dh, vscale));
     }
   }
   // softmax weights, query by query; the sums are kept for the final scaling
   std::vector<float> totals(n_queries);
   for (int64_t u = 0; u < n_queries; ++u) {
-    float max_score = maxima[u * 8];
-    for (int v = 1; v < 8; ++v) max_score = std::max(max_score, maxima[u * 8 + v]);
+    float* row = scores.data() + u * stride;
+    __m256 lane_max = _mm256_set1_ps(-INFINITY);  // over the query's own keys only
+    int64_t i = 0;
+    for (; i + 8 <= n_keys[u]; i += 8) lane_max = _mm256_max_ps(lane_max, _mm256_loadu_ps(row + i));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, lane_max);
+    float max_score = lanes[0];
+    for (int v = 1; v < 8; ++v) max_score = std::max(max_score, lanes[v]);
+    for (; i < n_keys[u]; ++i) max_score = std::max(max_score, row[i]);
     const __m256 vmax = _mm256_set1_ps(max_score);
     __m256 vtotal = _mm256_setzero_ps();
-    float* row = scores.data() + u * stride;
     for (int64_t i0 = 0; i0 < n_keys[u]; i0 += 8) {
       __m256 w = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + i0), vmax));
       const int64_t valid = std::min<int64_t>(8, n_keys[u] - i0);
@@ -375,16 +427,18 @@ void attend_block(const float* const* qrows, float* const* outs, const int64_t* 
       const int64_t end = std::min(n_keys[u], i0 + kValueTile);
       if (i0 >= end) continue;
       const float* weights = scores.data() + u * stride;
-      for (int64_t d0 = 0; d0 < Dh; d0 += 64) {  // 8 running sums of 8 lanes in registers
-        const int64_t chunks = std::min<int64_t>(8, (Dh - d0) / 8);
-        __m256 acc[8];
-        for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm256_loadu_ps(outs[u] + d0 + c * 8);
-        for (int64_t i = i0; i < end; ++i) {
-          const __m256 p = _mm256_set1_ps(weights[i]);
-          const float* value = values + key_slot(u, i) * Dh + d0;
-          for (int64_t c = 0; c < chunks; ++c) acc[c] = _mm256_fmadd_ps(p, _mm256_loadu_ps(value + c * 8), acc[c]);
+      for (int64_t d0 = 0; d0 < Dh; d0 += 64) {  // up to 8 running sums of 8 lanes, in registers
+        const auto value_row = [&](int64_t i) { return values + key_slot(u, i) * Dh + d0; };
+        switch (std::min<int64_t>(8, (Dh - d0) / 8)) {
+          case 8: weighted_sum<8>(weights, i0, end, value_row, outs[u] + d0); break;
+          case 7: weighted_sum<7>(weights, i0, end, value_row, outs[u] + d0); break;
+          case 6: weighted_sum<6>(weights, i0, end, value_row, outs[u] + d0); break;
+          case 5: weighted_sum<5>(weights, i0, end, value_row, outs[u] + d0); break;
+          case 4: weighted_sum<4>(weights, i0, end, value_row, outs[u] + d0); break;
+          case 3: weighted_sum<3>(weights, i0, end, value_row, outs[u] + d0); break;
+          case 2: weighted_sum<2>(weights, i0, end, value_row, outs[u] + d0); break;
+          default: weighted_sum<1>(weights, i0, end, value_row, outs[u] + d0); break;
         }
-        for (int64_t c = 0; c < chunks; ++c) _mm256_storeu_ps(outs[u] + d0 + c * 8, acc[c]);
       }
     }
   }
@@ -396,7 +450,7 @@ void attend_block(const float* const* qrows, float* const* outs, const int64_t* 
 
 // Runs `attend_block` over every (KV head, block of its queries) in parallel. Query (t, h) reads KV head
 // h / group; its keys come from key_count(t) and key_slot(t, i).
-template <typename KeyCount, typename KeySlot>
+template <bool kSameKeys, typename KeyCount, typename KeySlot>
 void attend_all(const float* qp, float* op, int64_t T, int64_t H, int64_t Hkv, int64_t C, int64_t Dh,
                 const float* kp, const float* vp, KeyCount key_count, KeySlot key_slot) {
   const int64_t group = H / Hkv, per_head = T * group;
@@ -422,7 +476,7 @@ void attend_all(const float* qp, float* op, int64_t T, int64_t H, int64_t Hkv, i
           n_keys[u] = key_count(t);
           times[u] = t;
         }
-        attend_block(qrows, outs, n_keys, n, kp + kvh * C * Dh, vp + kvh * C * Dh, Dh, scale,
+        attend_block<kSameKeys>(qrows, outs, n_keys, n, kp + kvh * C * Dh, vp + kvh * C * Dh, Dh, scale,
                      [&](int64_t u, int64_t i) { return key_slot(times[u], i); }, scores);
       }
     }
@@ -444,7 +498,7 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_
   const float* kp = k_cache.data_ptr<float>();
   const float* vp = v_cache.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  attend_all(qp, op, T, H, Hkv, C, Dh, kp, vp, [start](int64_t t) { return start + t + 1; },
+  attend_all<true>(qp, op, T, H, Hkv, C, Dh, kp, vp, [start](int64_t t) { return start + t + 1; },
              [](int64_t t, int64_t i) { return i; });
   return out;
 }
@@ -480,24 +534,109 @@ torch::Tensor tree_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tens
     for (int64_t j = 0; j < W; ++j)
       if (mp[t * W + j]) visible[t].push_back(prefix + j);
   }
-  attend_all(qp, op, T, H, Hkv, C, Dh, kp, vp,
-             [&visible](int64_t t) { return static_cast<int64_t>(visible[t].size()); },
-             [&visible](int64_t t, int64_t i) { return visible[t][i]; });
+  attend_all<false>(qp, op, T, H, Hkv, C, Dh, kp, vp,
+                    [&visible](int64_t t) { return static_cast<int64_t>(visible[t].size()); },
+                    [&visible](int64_t t, int64_t i) { return visible[t][i]; });
   return out;
 }
 
-// silu(gate) * up, element-wise: gate, up [T, I] float32  ->  [T, I]
+// silu(gate) * up for 8 lanes: g / (1 + e^-g) * u, e^-g clamped to [e^-87, e^88] (there the quotient is g itself
+// or 0 to float precision anyway)
+inline __m256 silu_mul8(__m256 g, __m256 u) {
+  const __m256 e = exp_in_range(_mm256_min_ps(_mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), g),
+                                                            _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f)));
+  return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+// silu(gate) * up, element-wise: gate, up [T, I] float32  ->  [T, I]. Every element goes through the same lane
+// arithmetic (a ragged end is padded to 8 lanes), so an element's value never depends on where it sits.
 torch::Tensor silu_mul(torch::Tensor gate, torch::Tensor up) {
-  TORCH_CHECK(gate.scalar_type() == torch::kFloat && gate.is_contiguous() && up.is_contiguous() &&
-              gate.sizes() == up.sizes(), "gate and up must be float32 tensors of one shape");
+  TORCH_CHECK(gate.scalar_type() == torch::kFloat && up.scalar_type() == torch::kFloat && gate.is_contiguous() &&
+              up.is_contiguous() && gate.sizes() == up.sizes(), "gate and up must be float32 tensors of one shape");
   auto out = torch::empty_like(gate);
   const float* gp = gate.data_ptr<float>();
   const float* up_ = up.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, gate.numel(), 4096, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) op[i] = gp[i] / (1.0f + std::exp(-gp[i])) * up_[i];
+  const int64_t n = gate.numel(), whole = n / 8;
+  at::parallel_for(0, whole, 512, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      _mm256_storeu_ps(op + 8 * i, silu_mul8(_mm256_loadu_ps(gp + 8 * i), _mm256_loadu_ps(up_ + 8 * i)));
   });
+  if (n % 8) {
+    alignas(32) float g[8] = {}, u[8] = {}, o[8];
+    for (int64_t i = 8 * whole; i < n; ++i) g[i - 8 * whole] = gp[i], u[i - 8 * whole] = up_[i];
+    _mm256_store_ps(o, silu_mul8(_mm256_load_ps(g), _mm256_load_ps(u)));
+    for (int64_t i = 8 * whole; i < n; ++i) op[i] = o[i - 8 * whole];
+  }
   return out;
+}
+
+// Rotary embedding of new queries and keys, and the keys and values written to their cache slots, in one pass.
+// q [T, H, Dh], k and v [T, Hkv, Dh] float32; cos, sin [P, Dh] (each row two copies of a half: the half-split
+// convention of Llama/Qwen2); positions: [T] int64 rotary positions, or None for start + t; k_cache, v_cache
+// [Hkv, C, Dh] (a layer of the cache), token t going to slot start + t. Element i < Dh / 2 of a rotated row is
+// x[i] cos[i] - x[i + Dh/2] sin[i], element i + Dh/2 is x[i + Dh/2] cos[i] + x[i] sin[i]: products rounded apart,
+// then summed (torch's x * cos + rotate_half(x) * sin, bit for bit).  ->  the rotated queries [T, H, Dh]
+torch::Tensor rope_store(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor cos, torch::Tensor sin,
+                         c10::optional<torch::Tensor> positions, torch::Tensor k_cache, torch::Tensor v_cache,
+                         int64_t start) {
+  for (const auto* t : {&q, &k, &v, &cos, &sin, &k_cache, &v_cache})
+    TORCH_CHECK(t->scalar_type() == torch::kFloat && t->is_contiguous(), "rope_store takes contiguous float32");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
+              q.size(2) == k.size(2), "q must be [T, H, Dh], k and v [T, Hkv, Dh]");
+  const int64_t T = q.size(0), H = q.size(1), Hkv = k.size(1), Dh = q.size(2), half = Dh / 2;
+  TORCH_CHECK(Dh % 2 == 0, "head size must be even");
+  TORCH_CHECK(cos.dim() == 2 && cos.sizes() == sin.sizes() && cos.size(1) == Dh, "cos and sin must be [P, Dh]");
+  TORCH_CHECK(k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() && k_cache.size(0) == Hkv &&
+              k_cache.size(2) == Dh && start >= 0 && start + T <= k_cache.size(1), "cache layer shapes do not match");
+  std::vector<int64_t> where(T);
+  if (positions.has_value()) {
+    TORCH_CHECK(positions->dim() == 1 && positions->scalar_type() == torch::kLong && positions->numel() == T,
+                "positions must be [T] int64");
+    auto ids = positions->contiguous();
+    for (int64_t t = 0; t < T; ++t) where[t] = ids.data_ptr<int64_t>()[t];
+  } else {
+    for (int64_t t = 0; t < T; ++t) where[t] = start + t;
+  }
+  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(where[t] >= 0 && where[t] < cos.size(0), "position out of the table");
+  auto rotated_q = torch::empty_like(q);
+  const int64_t C = k_cache.size(1);
+  // each product rounded on its own: the empty asm keeps the compiler from fusing a product into the add (FMA)
+  const auto product = [](__m256 a, __m256 b) {
+    __m256 p = _mm256_mul_ps(a, b);
+    __asm__("" : "+x"(p));
+    return p;
+  };
+  const auto scalar_product = [](float a, float b) {
+    float p = a * b;
+    __asm__("" : "+x"(p));
+    return p;
+  };
+  const auto rotate = [&](const float* x, const float* c, const float* s, float* out) {
+    int64_t i = 0;
+    for (; i + 8 <= half; i += 8) {
+      const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + half + i);
+      _mm256_storeu_ps(out + i, _mm256_sub_ps(product(a, _mm256_loadu_ps(c + i)), product(b, _mm256_loadu_ps(s + i))));
+      _mm256_storeu_ps(out + half + i, _mm256_add_ps(product(b, _mm256_loadu_ps(c + half + i)),
+                                                     product(a, _mm256_loadu_ps(s + half + i))));
+    }
+    for (; i < half; ++i) {  // head sizes that are not multiples of 16
+      out[i] = scalar_product(x[i], c[i]) - scalar_product(x[half + i], s[i]);
+      out[half + i] = scalar_product(x[half + i], c[half + i]) + scalar_product(x[i], s[half + i]);
+    }
+  };
+  const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  float *rq = rotated_q.data_ptr<float>(), *kc = k_cache.data_ptr<float>(), *vc = v_cache.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    const float* c = cos.data_ptr<float>() + where[t] * Dh;
+    const float* s = sin.data_ptr<float>() + where[t] * Dh;
+    for (int64_t h = 0; h < H; ++h) rotate(qp + (t * H + h) * Dh, c, s, rq + (t * H + h) * Dh);
+    for (int64_t h = 0; h < Hkv; ++h) {
+      rotate(kp + (t * Hkv + h) * Dh, c, s, kc + (h * C + start + t) * Dh);
+      std::memcpy(vc + (h * C + start + t) * Dh, vp + (t * Hkv + h) * Dh, Dh * sizeof(float));
+    }
+  }
+  return rotated_q;
 }
 
 // How at::parallel_for runs in this build: it is a header template, parallel only when this file is compiled
@@ -530,6 +669,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &attention, "causal GQA attention of new queries against the KV cache");
   m.def("tree_attention", &tree_attention, "GQA attention of new queries against chosen keys (token trees)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
+  m.def("rope_store", &rope_store, "rotary embedding of q and k, k and v written to their cache slots");
   m.def("qlinear", &qlinear, "batch-invariant x @ W.T (+ b) with W in a GGUF block format (int8 activations)");
   m.def("qdequantize_rows", &qdequantize_rows, "rows of a GGUF block-format matrix as float32");
   m.def("quantize_activations", &quantize_activations, "x as the block kernels quantize it: (int8, scales)");

@@ -243,20 +243,12 @@ class NativeLlama:
             return self.ops.linear(x, weight, bias)
         return F.linear(x, weight, bias)
 
-    def _rope(self, x: torch.Tensor, positions: slice | torch.Tensor) -> torch.Tensor:
-        """x [T, heads, Dh] rotated by its positions (the half-split convention of Llama/Qwen2)."""
-        self._cover_positions(positions.stop if isinstance(positions, slice) else int(positions.max()) + 1)
-        cos, sin = self.cos[positions, None, :], self.sin[positions, None, :]  # [T, 1, Dh]
-        half = self.head_dim // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
-
     def embed_tokens(self, token_ids: list[int]) -> torch.Tensor:
         """The residual stream entering layer 0: float32 [T, D]."""
         return take_rows(self.embed, torch.tensor(token_ids, dtype=torch.long))
 
     def layer_forward(self, index: int, hidden: torch.Tensor, cache: "NativeCache", start: int,
-                      positions: slice | torch.Tensor | None = None,
+                      positions: torch.Tensor | None = None,
                       tree_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Layer `index` for T rows whose K/V go to cache slots start .. start + T - 1 of that layer; they attend
         to every earlier slot of the layer (and, in a tree, to the slots `tree_mask` allows). Leaves
@@ -264,15 +256,14 @@ class NativeLlama:
         drives them one by one). hidden [T, D] float32 -> [T, D]."""
         ops, layer = self.ops, self.layers[index]
         n_new = hidden.shape[0]
-        slots = slice(start, start + n_new)
-        positions = slots if positions is None else positions  # rotary positions: the slots, or a tree's depths
+        # rotary positions: the cache slots, or a tree's depths
+        self._cover_positions(start + n_new if positions is None else int(positions.max()) + 1)
         x = ops.rms_norm(hidden, layer.input_norm, self.eps)  # [T, D]
         q = self._linear(x, layer.q, layer.q_bias).view(n_new, self.n_heads, self.head_dim)
         k = self._linear(x, layer.k, layer.k_bias).view(n_new, self.n_kv_heads, self.head_dim)
         v = self._linear(x, layer.v, layer.v_bias).view(n_new, self.n_kv_heads, self.head_dim)
-        cache.keys[index, :, slots] = self._rope(k, positions).transpose(0, 1)  # [Hkv, T, Dh]
-        cache.values[index, :, slots] = v.transpose(0, 1)
-        q = self._rope(q, positions).contiguous()
+        # q and k rotated; k and v written to cache slots start .. start + T - 1 of this layer
+        q = ops.rope_store(q, k, v, self.cos, self.sin, positions, cache.keys[index], cache.values[index], start)
         if tree_mask is None:
             attended = ops.attention(q, cache.keys[index], cache.values[index], start)  # [T, H, Dh]
         else:
