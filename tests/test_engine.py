@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdraft import Engine, SamplingParams, SpecConfig, SpecdraftError, load_model
-from specdraft.drafters import ModelDrafter, PromptLookupDrafter
+from specdraft.drafters import Drafter, ModelDrafter, PromptLookupDrafter
 from specdraft.types import Draft
 
 PROMPTS = ["abc ab", "j. ihg", "a", "dead beef cafe. dead be"]
@@ -21,7 +21,7 @@ def draft_engine(models, gamma: int = 4, draft: str = "draft") -> Engine:
     return Engine(models["target"], ModelDrafter(models[draft], models["target"]), SpecConfig("draft", gamma))
 
 
-class WrongDrafter:
+class WrongDrafter(Drafter):
     """Always proposes a token the target's greedy choice is not: zero acceptance."""
 
     name = "wrong"
@@ -88,6 +88,20 @@ def test_greedy_zero_acceptance_still_equals_autoregressive(tiny_models):
     assert got.token_ids == ar_engine(tiny_models).generate(ids, GREEDY).token_ids
     assert got.stats.accepted == 0 and got.stats.drafted > 0
     assert got.stats.target_passes == len(got.token_ids)
+
+
+def test_a_drafter_needs_only_its_three_methods_and_anything_else_is_refused(tiny_models):
+    """The Drafter base declares every optional member with a default (WrongDrafter sets none of them); an object
+    that is not a Drafter is refused with a clear error, not an AttributeError mid-generation."""
+    drafter = WrongDrafter(tiny_models["target"])
+    assert (drafter.feature_layers, drafter.draft_bytes, drafter.budget, drafter.source_bytes) == ((), 0, None, {})
+    assert drafter.next_source([1, 2]) is None
+
+    class NotADrafter:
+        name = "duck"
+
+    with pytest.raises(SpecdraftError, match="must be a specdraft Drafter"):
+        Engine(tiny_models["target"], NotADrafter(), SpecConfig("draft", 3))
 
 
 def test_prompt_lookup_greedy_equals_autoregressive(tiny_models):

@@ -55,23 +55,20 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
     started = time.perf_counter()
     # a drafter that reads the target's hidden states (EAGLE) names the layers; every pass then keeps them
     target_state = target.new_state(capacity=len(prompt_ids) + params.max_new_tokens + draft_length.most + 1,
-                                    feature_layers=getattr(drafter, "feature_layers", ()))
+                                    feature_layers=drafter.feature_layers)
     # a drafter whose layers are the target's own (self-speculation) takes their K/V from the target's cache
-    use_target_state = getattr(drafter, "use_target_state", None)
-    if use_target_state is not None:
-        use_target_state(target_state)
+    drafter.use_target_state(target_state)
     if len(prompt_ids) > 1:
         target_state.forward(prompt_ids[:-1], 1)
     drafter.begin(prompt_ids, target_state.features)  # features: [n_prompt - 1, n_taps, D] or None
     stats.time_prefill_s += time.perf_counter() - started
     context = list(prompt_ids)
     budget = params.max_new_tokens
-    next_source = getattr(drafter, "next_source", lambda context_ids: None)
     try:
         while budget > 0:
             # propose: never draft past the token budget (the last token of a pass is the target's own)
             t0 = time.perf_counter()
-            source = next_source(context)  # who drafts this pass, when the drafter has several sources
+            source = drafter.next_source(context)  # who drafts this pass, when the drafter has several sources
             to_draft = min(draft_length.next(source, len(context)), budget - 1)
             # nothing to draft (gamma auto found no draft pays, or one token is left): a plain pass; the drafter
             # catches up on the context at its next proposal
@@ -100,8 +97,7 @@ def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], 
             budget -= len(result.tokens)
             yield result.tokens
     finally:  # the request ended (or was abandoned): the drafter lets go of the target's cache
-        if use_target_state is not None:
-            use_target_state(None)
+        drafter.use_target_state(None)
 
 
 class StopChecker:
@@ -165,6 +161,9 @@ class Engine:
         target.prepare_full_head()
         self.sampling_rule = sampling_rule
         self.tree_sampling_rule = tree_sampling_rule
+        if drafter is not None and not isinstance(drafter, Drafter):
+            raise SpecdraftError(f"an Engine's drafter must be a specdraft Drafter (specdraft.drafters.base), got "
+                                 f"{type(drafter).__name__}")
         self.drafter: Drafter = drafter or NoDrafter()
         self.spec = spec or SpecConfig(method="ar")
         if self.spec.draft_len == 0:
@@ -180,7 +179,7 @@ class Engine:
             # decoding is bound by weight reads on a CPU: a draft token costs its weight bytes over the target's
             self.target_bytes = target_bytes = target.weight_bytes
             self.source_costs = {source: n / target_bytes
-                                 for source, n in getattr(self.drafter, "source_bytes", {}).items()}
+                                 for source, n in self.drafter.source_bytes.items()}
 
     def new_draft_length(self) -> DraftLength:
         """The draft-length policy of one request (gamma auto keeps per-request acceptance)."""
@@ -192,7 +191,7 @@ class Engine:
         """A draft token's cost as a fraction of a one-token target pass: its weight bytes over the target's
         (decoding is bound by weight reads on a CPU). Read every pass: it may follow the request (the sorted
         draft prices a token by the exits the request has used)."""
-        return getattr(self.drafter, "draft_bytes", 0) / self.target_bytes
+        return self.drafter.draft_bytes / self.target_bytes
 
     def encode(self, prompt: str, chat: bool = True, system: str | None = None) -> list[int]:
         if not isinstance(prompt, str):
@@ -271,9 +270,8 @@ class Generation:
         self.engine, self.prompt_ids, self.params = engine, prompt_ids, params
         self.stats = SpecStats(method=engine.spec.method, gamma=engine.spec.draft_len,
                                gamma_auto=engine.spec.adaptive_gamma, prompt_tokens=len(prompt_ids),
-                               backend=engine.target.backend, draft_backend=getattr(engine.drafter, "backend", ""),
-                               draft_vocab=getattr(engine.drafter, "vocab_rows", 0),
-                               lookup_first=getattr(engine.drafter, "lookup_first", 0))
+                               backend=engine.target.backend, draft_backend=engine.drafter.backend,
+                               draft_vocab=engine.drafter.vocab_rows, lookup_first=engine.drafter.lookup_first)
         self.generator = torch.Generator()
         if params.seed is not None:
             self.generator.manual_seed(params.seed)

@@ -21,12 +21,13 @@ from ..models.adapter import LoadedModel
 from ..models.eagle_head import EagleHead, HeadCache, load_head
 from ..sampling import processed_probs, sample
 from ..types import Draft
+from .base import Drafter
 
 # heads loaded by EagleDrafter.load, by (name or path, id of the target)
 _LOADED_HEADS: dict[tuple[str, int], tuple[LoadedModel, EagleHead]] = {}
 
 
-class EagleDrafter:
+class EagleDrafter(Drafter):
     name = "eagle"
     backend = "eagle-head"
 

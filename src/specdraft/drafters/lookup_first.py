@@ -31,7 +31,7 @@ from .prompt_lookup import find_continuation
 LOOKUP_LABEL = "lookup"
 
 
-class LookupFirstDrafter:
+class LookupFirstDrafter(Drafter):
     """`inner` with prompt lookup in front; drafts are labelled "lookup" or with the inner drafter's name, so the
     statistics tally how many tokens each proposed and had accepted."""
 
@@ -40,8 +40,9 @@ class LookupFirstDrafter:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.name = f"{inner.name}+lookup"
-        self.feature_layers = getattr(inner, "feature_layers", ())  # the engine taps these for the inner drafter
-        self.backend = getattr(inner, "backend", "")
+        self.feature_layers = inner.feature_layers  # the engine taps these for the inner drafter
+        self.backend = inner.backend
+        self.budget = inner.budget  # a tree drafter's: the copy becomes its first branch
         # next_source's search, for propose to reuse on the same context: (context length, the whole continuation
         # of the match; a copy of k tokens is its first k, since the match does not depend on k)
         self._found: tuple[int, list[int]] | None = None
@@ -49,7 +50,7 @@ class LookupFirstDrafter:
     @property
     def draft_bytes(self) -> int:
         """A copy reads no weights; the wrapped drafter's draft reads its own (gamma auto counts those)."""
-        return getattr(self.inner, "draft_bytes", 0)
+        return self.inner.draft_bytes
 
     @property
     def source_bytes(self) -> dict[str, int]:
@@ -73,13 +74,11 @@ class LookupFirstDrafter:
 
     @property
     def vocab_rows(self) -> int:
-        return getattr(self.inner, "vocab_rows", 0)
+        return self.inner.vocab_rows
 
     def use_target_state(self, target_state) -> None:
-        """Passed on to the wrapped drafter, if it reads the target's cache (drafters/base.py)."""
-        use = getattr(self.inner, "use_target_state", None)
-        if use is not None:
-            use(target_state)
+        """Passed on to the wrapped drafter (drafters/base.py)."""
+        self.inner.use_target_state(target_state)
 
     def begin(self, prompt_ids: list[int], features: torch.Tensor | None = None) -> None:
         self._found = None
@@ -89,7 +88,7 @@ class LookupFirstDrafter:
                 generator: torch.Generator | None) -> Draft:
         copied = self._continuation(context_ids)[:k] if k else []
         copy = Draft(torch.tensor(copied, dtype=torch.long), labels=[LOOKUP_LABEL] * len(copied))
-        tree_budget = getattr(self.inner, "budget", None)
+        tree_budget = self.inner.budget
         if copied and tree_budget is None:
             return copy
         draft = self.inner.propose(context_ids, k, params, generator)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 from ..types import Draft
+from .base import Drafter
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     """No model. Tries n-grams from max_ngram down to min_ngram; the draft is deterministic (q one-hot)."""
 
     name = "prompt-lookup"

@@ -27,6 +27,7 @@ from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel, SequenceState
 from ..sampling import processed_probs
 from ..types import Draft
+from .base import Drafter
 from .model import check_compatible_vocab
 
 # (tokens [n], parents [n]) -> next-token log-scores [n, V]. parents index the nodes expanded by earlier calls
@@ -115,7 +116,7 @@ def keep_accepted_path(state: SequenceState, context_ids: list[int]) -> None:
     state.keep_tree_path(path)
 
 
-class TreeDrafter:
+class TreeDrafter(Drafter):
     """An independent draft model drafting EAGLE-2-style dynamic trees (method `draft-tree`).
 
     The draft's cache holds the context, then the expanded nodes of the current tree as a tree region; after the
@@ -155,7 +156,7 @@ class TreeDrafter:
         keep_accepted_path(self.state, context_ids)
 
 
-class PromptLookupTreeDrafter:
+class PromptLookupTreeDrafter(Drafter):
     """Prompt lookup with a tree (method `prompt-lookup-tree`): the continuations of several earlier matches of
     the context's suffix n-grams (longest n-gram first, latest occurrence first), merged into a trie of at most
     `budget` nodes and `depth` levels. No model, deterministic: q is one-hot on every node."""

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from .base import Drafter
+
 AUTO_ROWS = 32768  # draft_vocab None (auto): this many rows where the native head has more
 
 
@@ -88,8 +90,8 @@ class DraftVocab:
         return full
 
 
-class HasDraftVocab:
-    """Mixin of the drafters that may score a reduced vocabulary (`self.vocab`, None for all rows)."""
+class HasDraftVocab(Drafter):
+    """Base of the drafters that may score a reduced vocabulary (`self.vocab`, None for all rows)."""
 
     vocab: DraftVocab | None = None
 
