@@ -301,6 +301,11 @@ def test_gamma_auto_per_request_gives_the_greedy_text(idle_server, models):
     assert response.choices[0].text == expected
     stats = response.choices[0].model_extra["speculative_stats"]
     assert stats["gamma_auto"] is True and stats["drafted"] > 0
+    # the length the passes chose, not the cap, alongside "auto"
+    assert (stats["gamma"], stats["gamma_max"]) == ("auto", 8)
+    assert stats["mean_draft_len"] == pytest.approx(stats["drafted"] / stats["target_passes"])
+    totals = response.model_extra["speculative_stats"]
+    assert (totals["gamma"], totals["mean_draft_len"]) == ("auto", pytest.approx(stats["mean_draft_len"]))
 
 
 def test_models_health_and_model_card(idle_server):

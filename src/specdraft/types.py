@@ -220,10 +220,14 @@ class SpecStats:
         return self.new_tokens / self.time_total_s if self.time_total_s > 0 else 0.0
 
     def to_dict(self) -> dict:
+        """The statistics as JSON: with gamma auto, "gamma" is "auto", "gamma_max" the cap, and "mean_draft_len"
+        the length the passes drafted on average."""
         out = asdict(self)
         for name in ("acceptance_rate", "alpha", "tau", "predicted_tau", "acceptance_per_position",
                      "time_other_s", "tokens_per_s", "mean_draft_len", "mean_tree_size", "mean_tree_path"):
             out[name] = getattr(self, name)
+        if self.gamma_auto:
+            out["gamma"], out["gamma_max"] = "auto", self.gamma
         return out
 
 

@@ -328,7 +328,7 @@ class Reply:
         return {"method": self.prepared.spec.method, "gamma": self.prepared.spec.gamma_shown,
                 "target_passes": passes, "drafted": drafted, "accepted": accepted,
                 "acceptance_rate": accepted / drafted if drafted else 0.0,
-                "tau": new_tokens / passes if passes else 0.0}
+                "mean_draft_len": drafted / passes if passes else 0.0, "tau": new_tokens / passes if passes else 0.0}
 
     # -- not streamed --
 
