@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-tokens-limit", type=int, default=2048, help="largest max_tokens a request may ask")
     serve.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request gives none")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
-                       help="seconds requests get to finish after SIGTERM before they end with an error")
+                       help="seconds requests get to finish after SIGTERM before they end with an error (a "
+                       "second SIGTERM ends them at once)")
     serve.add_argument("--log-level", default="info")
 
     from .bench.options import add_bench_arguments

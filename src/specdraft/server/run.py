@@ -17,8 +17,9 @@ from .scheduler import Scheduler
 
 class DrainingServer(uvicorn.Server):
     """uvicorn, plus: on SIGTERM/SIGINT the scheduler refuses new work and gives what is queued or running
-    `shutdown_timeout_s` to finish; whatever is left then ends with a 503 error. uvicorn itself stops
-    listening and waits for the open responses, a few seconds longer than that, so none vanish."""
+    `shutdown_timeout_s` to finish; whatever is left then ends with a 503 error (at once on a second signal).
+    uvicorn itself stops listening and waits for the open responses, a few seconds longer than that, so none
+    vanish."""
 
     def __init__(self, config: uvicorn.Config, scheduler: Scheduler, drain_timeout_s: float):
         super().__init__(config)

@@ -112,11 +112,14 @@ class Scheduler:
             self._cond.notify()
 
     def begin_drain(self, timeout_s: float) -> None:
-        """Refuse new jobs; those queued or running still get `timeout_s` to finish, then end with an error."""
+        """Refuse new jobs; those queued or running still get `timeout_s` to finish, then end with an error. Called
+        again while draining (a second SIGTERM or Ctrl-C), it ends the grace period at once."""
         with self._cond:
-            if self.draining:
-                return
-            self.draining = True
+            again, self.draining = self.draining, True
+        if again:
+            log.info("second stop signal: ending what is left now")
+            self.abort_all()
+            return
         log.info("draining: %d running, %d queued; %.0f s to finish", int(self.busy), self.queued, timeout_s)
         timer = threading.Timer(timeout_s, self.abort_all)
         timer.daemon = True
