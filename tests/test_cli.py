@@ -87,3 +87,28 @@ def test_statistics_line_names_the_backends_and_the_draft_head_rows():
     assert "acceptance" in line and "γ=2" in line
     plain = format_stats(SpecStats(method="ar", backend="native"))
     assert plain.startswith("[ar] ") and "acceptance" not in plain and "τ" not in plain and "γ" not in plain
+
+
+def test_a_command_without_its_extra_names_the_extra_to_install(monkeypatch, capsys):
+    """`specdraft serve` without fastapi (a core-only install) says which extra to install, before loading
+    anything; the extras in pyproject.toml hold the modules each command checks for."""
+    import importlib.util
+    import tomllib
+    from pathlib import Path
+
+    from specdraft.cli import main
+    from specdraft.errors import COMMAND_EXTRAS
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fastapi" else real(name, *a))
+    assert main(["serve", "--target", "no-such-model"]) == 2
+    err = capsys.readouterr().err
+    assert "needs the server extra (fastapi not installed): pip install 'specdraft[server]'" in err
+    assert "Traceback" not in err
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    for extra, modules in COMMAND_EXTRAS.values():
+        packages = {req.split("==")[0].replace("-", "_") for req in extras[extra]}
+        assert set(modules) <= packages, (extra, modules, packages)
+    test_extra = next(req for req in extras["test"] if req.startswith("specdraft["))
+    assert {extra for extra, _ in COMMAND_EXTRAS.values()} <= set(test_extra[len("specdraft["):-1].split(","))

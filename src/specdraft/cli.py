@@ -7,7 +7,7 @@ import json
 import sys
 
 from .config import AUTO_GAMMA_MAX, DTYPES, METHODS, MAX_GAMMA, ModelConfig, SamplingParams, SpecConfig
-from .errors import SpecdraftError
+from .errors import SpecdraftError, require_extra
 from .knobs import add_drafter_knob_args, drafter_knobs, parse_gamma
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a short docstring."
@@ -142,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        require_extra(args.command)
         if args.command == "generate":
             return cmd_generate(args)
         if args.command == "models":
