@@ -185,7 +185,7 @@ def test_sampling_runs_skip_the_equality_check(bench_run):
 
 
 def test_a_registered_method_joins_without_touching_the_runner(tiny_models, monkeypatch):
-    ar = bench_methods.METHODS["ar"]
+    ar = bench_methods.get_method("ar")
     monkeypatch.setitem(bench_methods.METHODS, "my-drafter",
                         Method("my-drafter", "test", ar.build, uses_gamma=True))
     settings = BenchSettings(methods=("ar", "my-drafter"), gammas=(2, 3), target="t", draft=None)

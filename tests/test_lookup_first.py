@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from specdraft import Engine, SamplingParams, SpecConfig
-from specdraft.config import AUTO_LOOKUP_FIRST, METHODS, NO_LOOKUP_FIRST
+from specdraft.config import AUTO_LOOKUP_FIRST
+from specdraft.registry import DRAFTERS
 
 from specdraft.drafters import (
     EagleDrafter,
@@ -115,9 +116,11 @@ def test_lookup_first_is_built_from_the_config_and_refused_where_it_has_nothing_
 
 def test_lookup_first_auto_wraps_model_and_head_drafters_only(models):
     target, draft, _ = models
-    for method in METHODS:
+    assert [m for m, info in DRAFTERS.items() if not info.lookup_first] == ["ar", "prompt-lookup",
+                                                                            "prompt-lookup-tree"]
+    for method in DRAFTERS:
         spec = SpecConfig(method)  # lookup_first None: auto
-        expected = 0 if method in NO_LOOKUP_FIRST else AUTO_LOOKUP_FIRST
+        expected = AUTO_LOOKUP_FIRST if DRAFTERS[method].lookup_first else 0
         assert spec.lookup_first_ngram == expected, method
     assert SpecConfig("draft", lookup_max_ngram=1, lookup_min_ngram=1).lookup_first_ngram == 0  # no pair to match
     assert isinstance(build_drafter(SpecConfig("draft"), target, draft), LookupFirstDrafter)

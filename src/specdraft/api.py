@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from .config import ModelConfig, SpecConfig
-from .drafters import NEEDS_DRAFT_MODEL, build_drafter, check_drafter_inputs
+from .drafters import build_drafter, check_drafter_inputs, needs_draft_model
 from .engine import Engine
 from .errors import SpecdraftError
 from .models.adapter import LoadedModel, check_model_reference, load_model, set_threads
@@ -29,12 +29,12 @@ def load_engine(models: ModelConfig, spec: SpecConfig, progress: bool = True,
     # names, paths and heads first: a mistyped one fails before gigabytes load
     if target is None:
         check_model_reference(models.target)
-    if spec.method in NEEDS_DRAFT_MODEL and draft is None and models.draft and models.draft != models.target:
+    if needs_draft_model(spec.method) and draft is None and models.draft and models.draft != models.target:
         check_model_reference(models.draft)
     check_drafter_inputs(spec)
     set_threads(models.threads)
     target = target or load_model(models.target, models.dtype, models.cache_dir, progress, models.backend)
-    if spec.method in NEEDS_DRAFT_MODEL and draft is None:
+    if needs_draft_model(spec.method) and draft is None:
         draft = load_draft(models, target, progress)
     return Engine(target, build_drafter(spec, target, draft), spec)
 

@@ -6,9 +6,10 @@ import argparse
 import json
 import sys
 
-from .config import AUTO_GAMMA_MAX, DTYPES, METHODS, MAX_GAMMA, ModelConfig, SamplingParams, SpecConfig
+from .config import AUTO_GAMMA_MAX, DTYPES, MAX_GAMMA, ModelConfig, SamplingParams, SpecConfig
 from .errors import SpecdraftError, require_extra
 from .knobs import add_drafter_knob_args, drafter_knobs, parse_gamma
+from .registry import method_names
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a short docstring."
 
@@ -55,14 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text for one prompt, streaming it")
     gen.add_argument("prompt", nargs="?", default=None, help=f"the prompt (default: {DEFAULT_PROMPT!r})")
     _add_model_args(gen)
-    gen.add_argument("--method", default="draft", help=f"one of {', '.join(METHODS)}")
+    gen.add_argument("--method", default="draft", help=f"one of {', '.join(method_names())}")
     gen.add_argument("--gamma", type=parse_gamma, default=SpecConfig.gamma, metavar="N|auto",
                      help=f"draft tokens per target pass (1..{MAX_GAMMA}; auto, the default: each pass chooses "
                      f"0..{AUTO_GAMMA_MAX} from the acceptance so far and this machine's measured verify cost)")
-    gen.add_argument("--draft-confidence", type=float, default=0.0,
-                     help="stop drafting when the draft's top-1 probability is below this (0: always draft gamma)")
     add_drafter_knob_args(gen)
-    gen.add_argument("--eagle-head", default=None, help="method eagle: a trained head's name or folder")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     gen.add_argument("--top-k", type=int, default=0)
@@ -76,13 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, metrics)")
     _add_model_args(serve)
     serve.add_argument("--no-draft", action="store_true", help="load no draft model (methods ar, prompt-lookup)")
-    serve.add_argument("--method", default="draft", help=f"default for requests: one of {', '.join(METHODS)}")
+    serve.add_argument("--method", default="draft", help=f"default for requests: one of {', '.join(method_names())}")
     serve.add_argument("--gamma", type=parse_gamma, default=SpecConfig.gamma, metavar="N|auto",
                        help=f"default draft tokens per target pass (1..{MAX_GAMMA}, or auto: the default)")
-    serve.add_argument("--draft-confidence", type=float, default=0.0,
-                       help="default: stop drafting when the draft's top-1 probability is below this")
-    add_drafter_knob_args(serve)
-    serve.add_argument("--eagle-head", default=None, help="method eagle: a trained head's name or folder")
+    add_drafter_knob_args(serve)  # the defaults of requests that do not set them
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--model-name", default=None, help="the model id clients send (default: --target)")
@@ -223,8 +218,7 @@ def cmd_answers(args) -> int:
 def _configs(args) -> tuple[ModelConfig, SpecConfig, SamplingParams]:
     models = ModelConfig(target=args.target, draft=args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
                          threads=args.threads, backend=args.backend)
-    spec = SpecConfig(method=args.method, gamma=args.gamma, draft_confidence=args.draft_confidence,
-                      eagle_head=args.eagle_head, **drafter_knobs(args))
+    spec = SpecConfig(method=args.method, gamma=args.gamma, **drafter_knobs(args))
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), seed=args.seed)
     return models, spec, params
@@ -235,8 +229,7 @@ def cmd_serve(args) -> int:
 
     models = ModelConfig(target=args.target, draft=None if args.no_draft else args.draft, dtype=args.dtype,
                          cache_dir=args.cache_dir, threads=args.threads, backend=args.backend)
-    spec = SpecConfig(method=args.method, gamma=args.gamma, draft_confidence=args.draft_confidence,
-                      eagle_head=args.eagle_head, **drafter_knobs(args))
+    spec = SpecConfig(method=args.method, gamma=args.gamma, **drafter_knobs(args))
     config = ServerConfig(host=args.host, port=args.port, model_name=args.model_name, max_queue=args.max_queue,
                           max_tokens_limit=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
                           shutdown_timeout_s=args.shutdown_timeout, log_level=args.log_level)

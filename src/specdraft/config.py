@@ -6,18 +6,14 @@ import math
 import numbers
 import operator
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from .errors import SpecdraftError
+from .registry import DRAFTERS, option_fields
 
 MAX_GAMMA = 32
-METHODS = ("ar", "draft", "prompt-lookup", "draft-tree", "prompt-lookup-tree", "eagle", "eagle-tree", "sorted",
-           "sorted-tree")
-# methods whose drafts are token trees: their depth plays gamma's part
-TREE_METHODS = ("draft-tree", "prompt-lookup-tree", "eagle-tree", "sorted-tree")
 MAX_TREE_BUDGET = 64
-# methods that already draft by prompt lookup, or do not draft: lookup_first has nothing to put lookup in front of
-NO_LOOKUP_FIRST = ("ar", "prompt-lookup", "prompt-lookup-tree")
 # lookup_first "auto" for every other method: copies after a repeated pair of tokens. Measured on two prompts per
 # category, greedy, bf16 (docs/bench/2026-11-30-xeon-lookup-first-trees): eagle-tree 1.07x -> 1.39x our AR, draft 1.23x -> 1.31x
 AUTO_LOOKUP_FIRST = 2
@@ -139,7 +135,8 @@ class SpecConfig:
     lookup_min_ngram: int = 1
     # any model or head drafter: draft by prompt lookup first when the context's last n-gram, n >= lookup_first
     # (up to lookup_max_ngram), occurred earlier, and by the drafter otherwise (drafters/lookup_first.py; 0: off).
-    # None is auto: AUTO_LOOKUP_FIRST for model and head drafters, off for the methods in NO_LOOKUP_FIRST
+    # None is auto: AUTO_LOOKUP_FIRST for model and head drafters, off for the methods whose registry entry
+    # says lookup_first=False (they draft by lookup already, or draft nothing)
     # (see lookup_first_ngram)
     lookup_first: int | None = None
     # method eagle: a trained EAGLE head, by name (~/.cache/specdraft/heads/NAME) or folder (ours or EAGLE-3 layout)
@@ -170,8 +167,24 @@ class SpecConfig:
     # backend when the vocabulary is larger (the 0.5B draft's head is a third of its step; measured 1.04-1.05x
     # -> 1.07-1.09x our AR in three interleaved runs, docs/s2d.md and docs/eagle.md), all rows on transformers.
     draft_vocab: int | None = None
+    # the settings of drafters registered from outside (registry.py) that are not fields above, by name: a dict
+    # here, kept as sorted (name, value) pairs; a builder reads them with `drafter_options`
+    options: Any = ()
 
     def __post_init__(self) -> None:
+        options = dict(self.options) if isinstance(self.options, (dict, tuple, list)) else None
+        if options is None:
+            raise SpecdraftError(f"SpecConfig.options must be a dict of drafter settings, got {self.options!r}")
+        own = {f.name for f in fields(self)}
+        known = set(option_fields()) - own
+        for name in options:
+            if name not in known:
+                raise SpecdraftError(f"SpecConfig.options: {name!r} is no registered drafter's setting"
+                                     + (f" (it is a SpecConfig field: pass {name}= itself)" if name in own else
+                                        f" (known: {', '.join(sorted(known)) or 'none'})"))
+        # lists (JSON's arrays) become tuples: a SpecConfig is hashable (the server keeps engines by it)
+        object.__setattr__(self, "options", tuple(sorted((name, tuple(value) if isinstance(value, list) else value)
+                                                         for name, value in options.items())))
         auto_to_none(self, "gamma", "lookup_first", "draft_vocab")
         paths_to_str(self, "eagle_head", "sorted_draft")
         if isinstance(self.sorted_exits, list):
@@ -183,8 +196,8 @@ class SpecConfig:
                                 "tree_depth", "tree_branch", "draft_vocab"),
                     numbers_=("draft_confidence",), strings=("method", "eagle_head", "exit_rule", "sorted_draft"),
                     optional=("gamma", "lookup_first", "eagle_head", "draft_vocab"))
-        if self.method not in METHODS:
-            raise SpecdraftError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.method not in DRAFTERS:
+            raise SpecdraftError(f"unknown method {self.method!r}; choose one of {', '.join(DRAFTERS)}")
         if self.method != "ar" and self.gamma is not None and not (1 <= self.gamma <= MAX_GAMMA):
             raise SpecdraftError(f"gamma must be between 1 and {MAX_GAMMA}, got {self.gamma}")
         if not (0.0 <= self.draft_confidence < 1.0):
@@ -193,8 +206,8 @@ class SpecConfig:
             if not (0 <= self.lookup_first <= self.lookup_max_ngram):
                 raise SpecdraftError(f"lookup_first must be between 0 (off) and lookup_max_ngram "
                                      f"({self.lookup_max_ngram}), or auto; got {self.lookup_first}")
-            if self.lookup_first and self.method in NO_LOOKUP_FIRST:
-                takers = ", ".join(m for m in METHODS if m not in NO_LOOKUP_FIRST)
+            if self.lookup_first and not DRAFTERS[self.method].lookup_first:
+                takers = ", ".join(name for name, info in DRAFTERS.items() if info.lookup_first)
                 raise SpecdraftError(f"lookup_first puts prompt lookup in front of a drafter; method {self.method!r} "
                                      f"has none to fall back on (use it with {takers}, or leave it auto)")
         if not (1 <= self.lookup_min_ngram <= self.lookup_max_ngram):
@@ -218,23 +231,32 @@ class SpecConfig:
         """The shortest repeated n-gram whose continuation is copied before the drafter is asked (0: never)."""
         if self.lookup_first is not None:
             return self.lookup_first
-        if self.method in NO_LOOKUP_FIRST or self.lookup_max_ngram < AUTO_LOOKUP_FIRST:
+        if not DRAFTERS[self.method].lookup_first or self.lookup_max_ngram < AUTO_LOOKUP_FIRST:
             return 0
         return AUTO_LOOKUP_FIRST
 
     @property
     def draft_len(self) -> int:
         """The most draft tokens one pass can accept: gamma for a chain (its cap when auto), the depth for a tree."""
-        if self.method == "ar":
+        info = DRAFTERS[self.method]
+        if not info.drafts:
             return 0
-        if self.method in TREE_METHODS:
+        if info.tree:
             return self.tree_depth
         return AUTO_GAMMA_MAX if self.gamma is None else self.gamma
 
     @property
     def adaptive_gamma(self) -> bool:
         """Whether each pass chooses its own draft length (gamma auto on a chain method)."""
-        return self.gamma is None and self.method != "ar" and self.method not in TREE_METHODS
+        info = DRAFTERS[self.method]
+        return self.gamma is None and info.drafts and not info.tree
+
+    def drafter_options(self, cls: type):
+        """The settings an options dataclass (registry.py) declares, as an instance of it: SpecConfig's field of
+        each name, else the value in `options`, else the dataclass's default."""
+        own, extra = self.__dataclass_fields__, dict(self.options)
+        return cls(**{f.name: getattr(self, f.name) if f.name in own else extra[f.name]
+                      for f in fields(cls) if f.name in own or f.name in extra})
 
     @property
     def gamma_shown(self) -> int | str:

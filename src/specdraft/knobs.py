@@ -1,77 +1,72 @@
-"""The drafters' own command-line knobs (token trees, sorted exits), shared by `generate`, `serve` and `bench`:
-one definition of each flag, mapped onto the SpecConfig fields of the same names."""
+"""The drafters' settings on the command line, shared by `generate`, `serve` and `bench`: one flag per setting
+that a drafter declares in the registry (registry.py), mapped onto SpecConfig (its fields of the same names, or
+its `options` for a drafter registered from outside)."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
+from typing import Any
 
-from .config import SpecConfig, parse_int_list
+from .config import SpecConfig
+from .registry import default_of, option_fields, parse_draft_vocab, parse_gamma, parse_lookup_first
 
+__all__ = ["add_drafter_knob_args", "drafter_knobs", "parse_draft_vocab", "parse_gamma", "parse_lookup_first",
+           "parse_setting", "setting_kind"]
 
-def _count_or_auto(text: str, what: str) -> int | None:
-    """"auto" (None) or a count >= 0; argparse prints the error as a one-line usage error."""
-    if text.strip().lower() == "auto":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected {what} >= 0 or auto, got {text!r}")
-    return value
+# SpecConfig's own settings that are no one drafter's: their parsers and what they take
+GENERIC_KNOBS = {"gamma": (parse_gamma, "draft length or auto"),
+                 "lookup_first": (parse_lookup_first, "n-gram length or auto")}
 
 
-def parse_draft_vocab(text: str) -> int | None:
-    """--draft-vocab: "auto" (None) or a row count."""
-    return _count_or_auto(text, "a row count")
+def _parser_of(name: str):
+    """text -> value for a drafter setting (or gamma, lookup_first)."""
+    if name in GENERIC_KNOBS:
+        return GENERIC_KNOBS[name][0]
+    f = option_fields()[name]
+    if f.metadata.get("parse"):
+        return f.metadata["parse"]
+    default = default_of(f)
+    if isinstance(default, bool):
+        return lambda text: text.strip().lower() in ("1", "true", "yes")
+    if isinstance(default, (int, float)):
+        return type(default)
+    return str
 
 
-def parse_lookup_first(text: str) -> int | None:
-    """--lookup-first: "auto" (None) or the shortest repeated n-gram to copy after (0: off)."""
-    return _count_or_auto(text, "an n-gram length")
+def setting_kind(name: str) -> str:
+    """What a setting takes, for error messages."""
+    if name in GENERIC_KNOBS:
+        return GENERIC_KNOBS[name][1]
+    f = option_fields()[name]
+    return f.metadata.get("metavar") or type(default_of(f)).__name__
 
 
-def parse_gamma(text: str) -> int | None:
-    """--gamma: "auto" (None: each pass chooses, draft_length.py) or draft tokens per pass (SpecConfig checks
-    the range, so that every front end says the same)."""
-    return _count_or_auto(text, "a draft length")
-
-
-# SpecConfig fields whose value may be "auto" (None), with their parsers and what they take
-AUTO_KNOBS = {"gamma": (parse_gamma, "draft length or auto"),
-              "draft_vocab": (parse_draft_vocab, "row count or auto"),
-              "lookup_first": (parse_lookup_first, "n-gram length or auto")}
+def parse_setting(name: str, text: str) -> Any:
+    """A setting's value from its text; ValueError or argparse.ArgumentTypeError when it does not parse."""
+    return _parser_of(name)(text)
 
 
 def add_drafter_knob_args(parser: argparse.ArgumentParser) -> None:
+    """--lookup-first and one flag per registered drafter setting (its default: the options dataclass's)."""
     defaults = SpecConfig()
-    parser.add_argument("--tree-budget", type=int, default=defaults.tree_budget,
-                        help="tree methods: draft nodes per target pass (the verify pass covers budget + 1 tokens)")
-    parser.add_argument("--tree-depth", type=int, default=defaults.tree_depth, help="tree methods: levels at most")
-    parser.add_argument("--tree-branch", type=int, default=defaults.tree_branch,
-                        help="tree methods: most likely children tried per expanded node")
-    parser.add_argument("--exits", default="", help="method sorted: the draft's exits as layer counts, e.g. 12,18,24 "
-                        "(default: half, three quarters and all of its layers)")
-    parser.add_argument("--sorted-draft", default=defaults.sorted_draft, help="method sorted: trained exit "
-                        "adapters by name or folder (auto: the shipped ones for the draft model, if any; none: "
-                        "bare exits)")
-    parser.add_argument("--draft-vocab", type=parse_draft_vocab, default=defaults.draft_vocab, metavar="N|auto",
-                        help="methods draft and sorted: score only the N most frequent rows of the draft's LM "
-                        "head, plus the prompt's tokens (0: all; auto, the default: 32768 on the native backend, "
-                        "all on transformers; exact either way)")
     parser.add_argument("--lookup-first", type=parse_lookup_first, default=defaults.lookup_first, metavar="N|auto",
                         help="model and head drafters: draft by prompt lookup where the context's last N or more "
                         "tokens occurred earlier, by the drafter elsewhere (0: off; auto, the default: 2 for "
                         "model and head drafters, off for ar and prompt lookup; exact either way)")
-    parser.add_argument("--exit-rule", default=defaults.exit_rule, help="method sorted: threshold:T1,T2,.. (stop at "
-                        "the first exit whose top-1 probability > Ti), probe:T1,T2,.. (stop where the trained "
-                        "exit probe's probability > Ti; the LM head runs once per token), cost:W (stop where "
-                        "1 - top-1 <= W x the remaining layers' bytes over the target's) or cost-probe:W (the "
-                        "same on the probe's probability)")
+    for name, f in option_fields().items():
+        flag = f.metadata.get("flag") or "--" + name.replace("_", "-")
+        default = default_of(f)
+        parser.add_argument(flag, dest=name, type=_parser_of(name), default=default, metavar=f.metadata.get("metavar"),
+                            help=f.metadata.get("help", ""))
 
 
 def drafter_knobs(args: argparse.Namespace) -> dict:
-    """The parsed knobs as SpecConfig keyword arguments."""
-    return dict(tree_budget=args.tree_budget, tree_depth=args.tree_depth, tree_branch=args.tree_branch,
-                sorted_exits=parse_int_list(args.exits, "--exits"), exit_rule=args.exit_rule,
-                sorted_draft=args.sorted_draft, draft_vocab=args.draft_vocab, lookup_first=args.lookup_first)
+    """The parsed settings as SpecConfig keyword arguments (a registered drafter's own ones in `options`)."""
+    own = {f.name for f in fields(SpecConfig)}
+    knobs: dict[str, Any] = {"lookup_first": args.lookup_first}
+    options = {}
+    for name in option_fields():
+        (knobs if name in own else options)[name] = getattr(args, name)
+    knobs["options"] = options
+    return knobs

@@ -1,8 +1,8 @@
 """The benchmark's methods, in one registry: a method builds, from the loaded models and a speculative
 configuration, a function that generates one turn and times the whole call.
 
-Our own methods are derived from `config.METHODS` (each backed by `load_engine`), so a drafter that joins the
-engine's registry joins the benchmark too; the transformers baselines and the llama.cpp peer (peers.py) are
+Our own methods are the drafters of registry.py (each backed by `load_engine`), so a drafter that registers
+there joins the benchmark too; the transformers baselines and the llama.cpp peer (peers.py) are
 registered below. A new method that is none of these calls `register(Method(...))`; the runner never names a
 method. A method's generate function may have a `close()` (a server to stop): the runner calls it at the end of
 the run, errors included.
@@ -17,11 +17,10 @@ from typing import Callable
 import torch
 
 from ..api import load_engine
-from ..config import METHODS as ENGINE_METHODS
-from ..config import TREE_METHODS, ModelConfig, SamplingParams, SpecConfig
-from ..drafters import NEEDS_DRAFT_MODEL
+from ..config import ModelConfig, SamplingParams, SpecConfig
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel
+from ..registry import DRAFTERS
 from .peers import PEER_DRAFT_N_MAX, PeerCompletion
 
 
@@ -71,9 +70,13 @@ def register(method: Method) -> Method:
 
 
 def get_method(name: str) -> Method:
-    if name not in METHODS:
-        raise SpecdraftError(f"unknown benchmark method {name!r}; choose from {', '.join(METHODS)}")
-    return METHODS[name]
+    """A registered benchmark method, or our engine's method of that name (any drafter in registry.py, however
+    late it registered)."""
+    if name in METHODS:
+        return METHODS[name]
+    if name in DRAFTERS:
+        return engine_method(name)
+    raise SpecdraftError(f"unknown benchmark method {name!r}; choose from {', '.join([*DRAFTERS, *METHODS])}")
 
 
 # ------------------------------------------------------------------------------------------------ ours
@@ -94,9 +97,12 @@ def _build_ours(engine_method: str) -> Callable[[BenchModels, SpecConfig], Gener
     return build
 
 
-for _name in ENGINE_METHODS:  # tree methods take their depth from the tree knobs, not gamma
-    register(Method(_name, f"specdraft engine, method {_name!r}", _build_ours(_name),
-                    needs_draft=_name in NEEDS_DRAFT_MODEL, uses_gamma=_name not in ("ar",) + TREE_METHODS))
+def engine_method(name: str) -> Method:
+    """The benchmark method of a drafter in the registry (registry.py): tree methods take their depth from the
+    tree settings, not gamma."""
+    info = DRAFTERS[name]
+    return Method(name, f"specdraft engine, method {name!r}", _build_ours(name), needs_draft=info.needs_draft_model,
+                  uses_gamma=info.drafts and not info.tree)
 
 
 # ------------------------------------------------------------------------------------------------ transformers

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 
 from ..config import ModelConfig, SamplingParams, SpecConfig, normalize_backend, normalize_dtype
 from ..errors import SpecdraftError
-from ..knobs import AUTO_KNOBS, add_drafter_knob_args, drafter_knobs, parse_gamma
+from ..knobs import add_drafter_knob_args, drafter_knobs, parse_gamma, parse_setting, setting_kind
+from ..registry import option_fields
 from .report import VERSUS_HELP
 
 DEFAULT_METHODS = ("ar", "hf-ar", "hf-assisted", "hf-prompt-lookup", "draft", "prompt-lookup")
@@ -32,6 +34,9 @@ class BenchSettings:
     sorted_draft: str = SpecConfig.sorted_draft
     draft_vocab: int | None = SpecConfig.draft_vocab  # methods draft and sorted: head rows (0: all, None: auto)
     lookup_first: int | None = SpecConfig.lookup_first  # model and head drafters: prompt lookup first (0: off, None: auto)
+    lookup_max_ngram: int = SpecConfig.lookup_max_ngram  # prompt lookup's longest and shortest n-grams
+    lookup_min_ngram: int = SpecConfig.lookup_min_ngram
+    options: tuple = ()  # settings of drafters registered from outside (registry.py), as (name, value) pairs
     max_new_tokens: int = 128
     dtype: str = "auto"
     backend: str = "auto"  # our methods' forward: auto, native or transformers (transformers' methods: their own)
@@ -46,6 +51,13 @@ class BenchSettings:
     resume: bool = False  # continue the run in `out`: prompts with every record present are not run again
     overwrite: bool = False  # start afresh although `out` holds records of an earlier run
     versus: tuple[str, ...] = ()  # method labels every method is compared with, paired, in the report
+
+    def drafter_settings(self) -> dict:
+        """SpecConfig keyword arguments: every drafter setting of this run (registry.py), lookup_first, and the
+        settings of drafters registered from outside in `options`."""
+        own = {f.name for f in dataclasses.fields(SpecConfig)}
+        settings = {name: getattr(self, name) for name in option_fields() if name in own}
+        return {**settings, "lookup_first": self.lookup_first, "options": dict(self.options)}
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(target=self.target, draft=self.draft, dtype=self.dtype, cache_dir=self.cache_dir,
@@ -77,17 +89,19 @@ def split_methods(text: str) -> tuple[str, ...]:
 
 def parse_method(text: str) -> tuple[str, dict]:
     """A benchmark method with optional drafter settings for this column only, e.g.
-    "draft[draft_vocab=32768,gamma=3]" -> ("draft", {"draft_vocab": 32768, "gamma": 3}). Keys are SpecConfig
-    fields; values are converted to their types (a tuple of ints takes "8:16:24")."""
-    import dataclasses
+    "draft[draft_vocab=32768,gamma=3]" -> ("draft", {"draft_vocab": 32768, "gamma": 3}). Keys are gamma,
+    lookup_first and the drafters' settings (registry.py), parsed as on the command line (layer counts take
+    "8:16:24"); a registered drafter's own settings go under "options"."""
 
     name, bracket, rest = text.partition("[")
     if not bracket:
         return text.strip(), {}
     if not rest.endswith("]"):
         raise SpecdraftError(f"method {text!r}: settings go in one pair of brackets, e.g. draft[gamma=3]")
-    known = {f.name: f for f in dataclasses.fields(SpecConfig) if f.name != "method"}
-    overrides = {}
+    own = {f.name for f in dataclasses.fields(SpecConfig)}
+    known = ["gamma", "lookup_first", *option_fields()]
+    overrides: dict = {}
+    options: dict = {}
     for item in rest[:-1].replace(";", ",").split(","):
         if not item.strip():
             continue
@@ -95,23 +109,12 @@ def parse_method(text: str) -> tuple[str, dict]:
         if not eq or key not in known:
             raise SpecdraftError(f"method {text!r}: {item.strip()!r} is not KEY=VALUE with a drafter setting as KEY "
                                  f"(one of {', '.join(known)})")
-        default = getattr(SpecConfig(), key)
         try:
-            if key in AUTO_KNOBS:
-                overrides[key] = AUTO_KNOBS[key][0](value)
-            elif isinstance(default, bool):
-                overrides[key] = value.lower() in ("1", "true", "yes")
-            elif isinstance(default, int):
-                overrides[key] = int(value)
-            elif isinstance(default, float):
-                overrides[key] = float(value)
-            elif isinstance(default, tuple):
-                overrides[key] = tuple(int(v) for v in value.split(":") if v)
-            else:
-                overrides[key] = value
+            (overrides if key in own else options)[key] = parse_setting(key, value)
         except (ValueError, argparse.ArgumentTypeError):
-            kind = AUTO_KNOBS[key][1] if key in AUTO_KNOBS else type(default).__name__
-            raise SpecdraftError(f"method {text!r}: {key} takes a {kind}, got {value!r}") from None
+            raise SpecdraftError(f"method {text!r}: {key} takes a {setting_kind(key)}, got {value!r}") from None
+    if options:
+        overrides["options"] = options
     return name.strip(), overrides
 
 
@@ -131,9 +134,6 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draft tokens per pass, or auto (each pass of our chain methods chooses; "
                         "transformers' prompt lookup then drafts its own default, 10); a comma list sweeps "
                         "(e.g. auto,2,4)")
-    parser.add_argument("--draft-confidence", type=float, default=0.0,
-                        help="our draft method: stop drafting when the draft's top-1 probability is below this")
-    parser.add_argument("--eagle-head", default=None, help="method eagle: a trained head's name or folder")
     add_drafter_knob_args(parser)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (equality is checked exactly "
@@ -154,6 +154,12 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", default=None)
 
 
+def bench_drafter_settings(args: argparse.Namespace) -> dict:
+    """The drafter flags as BenchSettings fields (a registered drafter's own settings as sorted pairs)."""
+    knobs = drafter_knobs(args)
+    return {**knobs, "options": tuple(sorted(knobs["options"].items()))}
+
+
 def settings_from_args(args: argparse.Namespace, command: str = "") -> BenchSettings:
     try:
         gammas = tuple(parse_gamma(g) for g in _comma_list(args.gamma))
@@ -170,8 +176,7 @@ def settings_from_args(args: argparse.Namespace, command: str = "") -> BenchSett
         raise SpecdraftError("--max-new-tokens and --warmup-tokens must be >= 1")
     return BenchSettings(prompts=args.prompts, categories=_comma_list(args.categories), limit=args.limit,
                          methods=methods, target=args.target, draft=args.draft, gammas=gammas,
-                         draft_confidence=args.draft_confidence, eagle_head=args.eagle_head,
-                         **drafter_knobs(args),
+                         **bench_drafter_settings(args),
                          max_new_tokens=args.max_new_tokens,
                          dtype=normalize_dtype(args.dtype), backend=normalize_backend(args.backend),
                          temperature=args.temperature, seed=args.seed,

@@ -29,13 +29,13 @@ from pathlib import Path
 import torch
 
 from ..api import load_draft
-from ..config import METHODS as SPEC_METHODS
-from ..config import NO_LOOKUP_FIRST, SpecConfig
+from ..config import SpecConfig
 from ..engine import Engine
 from ..errors import SpecdraftError
 from ..jsonl import rewrite_jsonl
 from ..models.adapter import LoadedModel, load_model, set_threads, weight_bytes
 from ..models.native.kernels import startup_info as kernel_startup_info
+from ..registry import DRAFTERS
 from .methods import HF_AUTO_GAMMA, BenchModels, GenerateTurn, Method, TurnOutput, get_method
 from .options import BenchSettings, parse_method
 from .report import compare_tokens, read_records
@@ -52,11 +52,9 @@ class Variant:
     generate: GenerateTurn
 
 
-def tree_knobs(settings: BenchSettings) -> dict:
-    """The drafters' own knobs (trees, sorted exits) as SpecConfig fields."""
-    return dict(tree_budget=settings.tree_budget, tree_depth=settings.tree_depth, tree_branch=settings.tree_branch,
-                sorted_exits=settings.sorted_exits, exit_rule=settings.exit_rule, sorted_draft=settings.sorted_draft,
-                draft_vocab=settings.draft_vocab, lookup_first=settings.lookup_first)
+def drafter_settings(settings: BenchSettings) -> dict:
+    """The run-wide drafter settings (registry.py) as SpecConfig keyword arguments."""
+    return settings.drafter_settings()
 
 
 def check_methods(settings: BenchSettings) -> list[tuple[str, Method, dict]]:
@@ -82,12 +80,15 @@ def variant_spec(settings: BenchSettings, method: Method, gamma: int | None, ove
     have a drafter to put prompt lookup in front of; the others keep their auto value (off). Gamma auto on a
     transformers method is transformers' own default length (it has no per-pass choice), the method's own
     (`auto_gamma`) where it says."""
-    fields = dict(method=method.name if method.name in SPEC_METHODS else "draft", gamma=gamma,
-                  draft_confidence=settings.draft_confidence, eagle_head=settings.eagle_head, **tree_knobs(settings))
-    if fields["method"] in NO_LOOKUP_FIRST:
+    fields = dict(method=method.name if method.name in DRAFTERS else "draft", gamma=gamma,
+                  **drafter_settings(settings))
+    if not DRAFTERS[fields["method"]].lookup_first:
         fields["lookup_first"] = None
+    overrides = dict(overrides)
+    options = {**dict(fields.pop("options", ())), **overrides.pop("options", {})}
     fields.update(overrides)
-    if method.name not in SPEC_METHODS and fields["gamma"] is None:
+    fields["options"] = options
+    if method.name not in DRAFTERS and fields["gamma"] is None:
         fields["gamma"] = method.auto_gamma if method.auto_gamma is not None else HF_AUTO_GAMMA
     return SpecConfig(**fields)
 

@@ -4,13 +4,15 @@ configs (SamplingParams, SpecConfig). Validation is strict: a wrong type is a 40
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+import typing
+from dataclasses import fields, replace
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from ..config import SamplingParams, SpecConfig
 from ..errors import SpecdraftError
+from ..registry import option_classes
 from .config import ServerConfig
 
 MAX_STOP_STRINGS = 4  # as OpenAI
@@ -40,16 +42,31 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
-class SpeculativeOptions(_Strict):
-    """The extra request field: per-request speculative settings; what is left out comes from the server."""
+class SpeculativeBase(_Strict):
+    """The extra request field: per-request speculative settings; what is left out comes from the server. Its
+    fields besides these: every drafter setting that the registry (registry.py) lets a request set."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
     method: str | None = None
     gamma: int | Literal["auto"] | None = None  # "auto": SpecConfig's None (each pass chooses its length)
-    draft_confidence: float | None = None
-    lookup_max_ngram: int | None = None
-    lookup_min_ngram: int | None = None
     lookup_first: int | Literal["auto"] | None = None  # "auto": SpecConfig's None, whatever the server's default
+
+
+_speculative_models: dict[tuple, type[SpeculativeBase]] = {}
+
+
+def speculative_options() -> type[SpeculativeBase]:
+    """The `speculative` field's model for the drafters registered now (built once per set of settings)."""
+    allowed = []
+    for cls in option_classes():
+        hints = typing.get_type_hints(cls)
+        allowed += [(f.name, hints[f.name]) for f in fields(cls) if f.metadata.get("server")
+                    and f.name not in {name for name, _ in allowed}]
+    key = tuple(allowed)
+    if key not in _speculative_models:
+        _speculative_models[key] = create_model("SpeculativeOptions", __base__=SpeculativeBase,
+                                                **{name: (kind | None, None) for name, kind in allowed})
+    return _speculative_models[key]
 
 
 class StreamOptions(_Strict):
@@ -67,7 +84,7 @@ class _CommonRequest(_Strict):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    speculative: SpeculativeOptions | None = None
+    speculative: dict[str, Any] | None = None  # validated against `speculative_options()` by parse_request
     user: str | None = None
     # OpenAI features this server does not implement: accepted only at their neutral values
     logprobs: Any = None
@@ -150,14 +167,24 @@ def parse_request(body: bytes, model: type[_CommonRequest], limits: ServerConfig
     try:
         request = model.model_validate(data)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        loc = [str(part) for part in error["loc"]]
-        field = loc[0] if loc else None
-        where = ".".join(loc) or "body"
-        message = f"{where}: {error['msg']}" if error["type"] != "missing" else f"{field} is required"
-        raise bad_request(message, field) from None
+        raise _invalid(exc) from None
+    if request.speculative is not None:
+        try:
+            request.speculative = speculative_options().model_validate(request.speculative)
+        except ValidationError as exc:
+            raise _invalid(exc, ("speculative",)) from None
     request.check_supported()
     return request
+
+
+def _invalid(exc: ValidationError, within: tuple[str, ...] = ()) -> ApiError:
+    """A 400 naming the first invalid field (its path under `within`) and why."""
+    error = exc.errors()[0]
+    loc = [*within, *(str(part) for part in error["loc"])]
+    field = loc[0] if loc else None
+    where = ".".join(loc) or "body"
+    message = f"{where}: {error['msg']}" if error["type"] != "missing" else f"{field} is required"
+    return bad_request(message, field)
 
 
 def sampling_params(request: _CommonRequest, limits: ServerConfig, prompt_len: int,
@@ -200,6 +227,10 @@ def spec_config(request: _CommonRequest, default: SpecConfig) -> SpecConfig:
     for name in ("lookup_first", "gamma"):  # "auto" is SpecConfig's None (None above meant "the server's")
         if overrides.get(name) == "auto":
             overrides[name] = None
+    own = {f.name for f in fields(SpecConfig)}
+    options = {name: overrides.pop(name) for name in list(overrides) if name not in own}
+    if options:  # a registered drafter's own settings
+        overrides["options"] = {**dict(default.options), **options}
     try:
         return replace(default, **overrides)
     except SpecdraftError as exc:

@@ -1,0 +1,118 @@
+"""One drafter registry: a drafter registered once, with one options dataclass, shows up in `generate --help`,
+the benchmark's method settings and the server's request schema, and runs in the engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from specdraft import Engine, SamplingParams, SpecConfig, SpecdraftError
+from specdraft.drafters import Drafter, build_drafter
+from specdraft.registry import (DRAFTERS, DrafterInfo, option_classes, option_fields, register, setting,
+                                unregister)
+from specdraft.types import Draft
+
+
+@dataclasses.dataclass(frozen=True)
+class EchoOptions:
+    echo_span: int = setting(2, "method echo: how many of the context's last tokens to propose again", server=True)
+
+
+class EchoDrafter(Drafter):
+    """Proposes the context's last `span` tokens again (often wrong: the point is the plumbing)."""
+
+    name = "echo"
+
+    def __init__(self, span: int):
+        self.span = span
+
+    def begin(self, prompt_ids, features=None):
+        pass
+
+    def propose(self, context_ids, k, params, generator):
+        return Draft(torch.tensor(context_ids[-self.span:][:k], dtype=torch.long))
+
+    def on_accept(self, context_ids, features=None):
+        pass
+
+
+def build_echo(spec, target, draft):
+    return EchoDrafter(spec.drafter_options(EchoOptions).echo_span)
+
+
+@pytest.fixture
+def echo_registered():
+    register(DrafterInfo("echo", build_echo, (EchoOptions,)))
+    yield
+    unregister("echo")
+
+
+def test_a_drafter_registered_once_shows_up_in_the_cli_the_bench_and_the_server(echo_registered):
+    from specdraft.bench.methods import get_method
+    from specdraft.bench.options import BenchSettings, parse_method
+    from specdraft.bench.runner import variant_spec
+    from specdraft.cli import build_parser
+    from specdraft.knobs import drafter_knobs
+    from specdraft.server.config import ServerConfig
+    from specdraft.server.protocol import CompletionRequest, parse_request, spec_config, speculative_options
+
+    # the command line: the flag with its help and default, the method among the choices, the value in options
+    parser = build_parser()
+    generate = parser._subparsers._group_actions[0].choices["generate"]
+    text = " ".join(generate.format_help().split())
+    assert "--echo-span ECHO_SPAN method echo: how many of the context's last tokens" in text
+    assert "(default: 2)" in text and "echo" in text.split("--method METHOD one of")[1].split("--")[0]
+    args = parser.parse_args(["generate", "--method", "echo", "--echo-span", "5"])
+    spec = SpecConfig(method=args.method, gamma=args.gamma, **drafter_knobs(args))
+    assert spec.drafter_options(EchoOptions).echo_span == 5
+
+    # the benchmark: a method of its own, its setting per column
+    name, overrides = parse_method("echo[echo_span=4,gamma=2]")
+    assert (name, overrides) == ("echo", {"gamma": 2, "options": {"echo_span": 4}})
+    spec = variant_spec(BenchSettings(), get_method("echo"), 2, overrides)
+    assert (spec.method, spec.gamma, spec.drafter_options(EchoOptions).echo_span) == ("echo", 2, 4)
+    with pytest.raises(SpecdraftError, match="echo_span takes a int"):
+        parse_method("echo[echo_span=many]")
+
+    # the server: in the request schema, and a request's value reaches its SpecConfig
+    assert "echo_span" in speculative_options().model_json_schema()["properties"]
+    body = {"model": "m", "prompt": "x", "speculative": {"method": "echo", "echo_span": 3}}
+    request = parse_request(json.dumps(body).encode(), CompletionRequest, ServerConfig())
+    spec = spec_config(request, SpecConfig(method="ar"))
+    assert (spec.method, spec.drafter_options(EchoOptions).echo_span) == ("echo", 3)
+    body["speculative"]["echo_span"] = "three"
+    with pytest.raises(Exception, match="speculative.echo_span"):
+        parse_request(json.dumps(body).encode(), CompletionRequest, ServerConfig())
+
+
+def test_a_registered_drafter_runs_in_the_engine_and_stays_exact(echo_registered, tiny_models):
+    target = tiny_models["target"]
+    spec = SpecConfig(method="echo", gamma=3, options={"echo_span": 3})
+    engine = Engine(target, build_drafter(spec, target, None), spec)
+    ids = engine.encode("abc abc abc ab", chat=False)
+    params = SamplingParams(max_new_tokens=16)
+    got = engine.generate(ids, params)
+    assert got.token_ids == Engine(target).generate(ids, params).token_ids
+    assert got.stats.drafted > 0
+
+
+def test_unknown_settings_are_refused_and_gone_with_the_drafter(echo_registered):
+    with pytest.raises(SpecdraftError, match="no registered drafter's setting"):
+        SpecConfig(method="echo", options={"echo_spam": 3})
+    with pytest.raises(SpecdraftError, match="pass draft_vocab= itself"):
+        SpecConfig(method="draft", options={"draft_vocab": 3})
+    unregister("echo")
+    assert "echo" not in DRAFTERS and "echo_span" not in option_fields()
+    with pytest.raises(SpecdraftError, match="unknown method 'echo'"):
+        SpecConfig(method="echo")
+
+
+def test_the_built_in_settings_are_spec_config_fields_with_the_same_defaults():
+    """The built-in drafters' options dataclasses and SpecConfig (the Python API's spelling) agree."""
+    spec_fields = {f.name: f.default for f in dataclasses.fields(SpecConfig)}
+    for cls in option_classes():
+        for f in dataclasses.fields(cls):
+            assert f.name in spec_fields and spec_fields[f.name] == f.default, (cls.__name__, f.name)
