@@ -74,7 +74,7 @@ def test_a_drafter_registered_once_shows_up_in_the_cli_the_bench_and_the_server(
     assert (name, overrides) == ("echo", {"gamma": 2, "options": {"echo_span": 4}})
     spec = variant_spec(BenchSettings(), get_method("echo"), 2, overrides)
     assert (spec.method, spec.gamma, spec.drafter_options(EchoOptions).echo_span) == ("echo", 2, 4)
-    with pytest.raises(SpecdraftError, match="echo_span takes a int"):
+    with pytest.raises(SpecdraftError, match="echo_span takes an integer, got 'many'"):
         parse_method("echo[echo_span=many]")
 
     # the server: in the request schema, and a request's value reaches its SpecConfig

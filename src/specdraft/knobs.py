@@ -15,8 +15,9 @@ __all__ = ["add_drafter_knob_args", "drafter_knobs", "parse_draft_vocab", "parse
            "parse_setting", "setting_kind"]
 
 # SpecConfig's own settings that are no one drafter's: their parsers and what they take
-GENERIC_KNOBS = {"gamma": (parse_gamma, "draft length or auto"),
-                 "lookup_first": (parse_lookup_first, "n-gram length or auto")}
+GENERIC_KNOBS = {"gamma": (parse_gamma, "a draft length or auto"),
+                 "lookup_first": (parse_lookup_first, "an n-gram length or auto")}
+KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string", tuple: "values"}
 
 
 def _parser_of(name: str):
@@ -39,7 +40,7 @@ def setting_kind(name: str) -> str:
     if name in GENERIC_KNOBS:
         return GENERIC_KNOBS[name][1]
     f = option_fields()[name]
-    return f.metadata.get("metavar") or type(default_of(f)).__name__
+    return f.metadata.get("kind") or KINDS.get(type(default_of(f)), "a value")
 
 
 def parse_setting(name: str, text: str) -> Any:

@@ -17,13 +17,14 @@ from typing import Any, Callable
 
 
 def setting(default: Any, help: str, flag: str | None = None, parse: Callable[[str], Any] | None = None,
-            metavar: str | None = None, server: bool = False) -> Any:
+            metavar: str | None = None, kind: str | None = None, server: bool = False) -> Any:
     """A field of a drafter's options dataclass. flag: its command-line spelling (default --the-field-name);
     parse: text -> value for the command line and the benchmark's method[...] settings (default: the type of
-    the default); server: whether a request may set it in its `speculative` field (a setting that names a file
-    on the server's disk may not)."""
+    the default); kind: what it takes, for error messages ("a row count or auto"; default from the type);
+    server: whether a request may set it in its `speculative` field (a setting that names a file on the
+    server's disk may not)."""
     return field(default=default, metadata={"help": help, "flag": flag, "parse": parse, "metavar": metavar,
-                                            "server": server})
+                                            "kind": kind, "server": server})
 
 
 def _count_or_auto(text: str, what: str) -> int | None:
@@ -89,7 +90,7 @@ class DraftVocabOptions:
     draft_vocab: int | None = setting(
         None, "methods draft and sorted: score only the N most frequent rows of the draft's LM head, plus the "
         "prompt's tokens (0: all; auto, the default: 32768 on the native backend, all on transformers; exact "
-        "either way)", parse=parse_draft_vocab, metavar="N|auto")
+        "either way)", parse=parse_draft_vocab, metavar="N|auto", kind="a row count or auto")
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ class SortedOptions:
 
     sorted_exits: tuple[int, ...] = setting(
         (), "method sorted: the draft's exits as layer counts, e.g. 12,18,24 (default: half, three quarters and "
-        "all of its layers)", flag="--exits", parse=parse_layer_counts)
+        "all of its layers)", flag="--exits", parse=parse_layer_counts, kind="layer counts")
     exit_rule: str = setting(
         "threshold:0.5", "method sorted: threshold:T1,T2,.. (stop at the first exit whose top-1 probability > "
         "Ti), probe:T1,T2,.. (stop where the trained exit probe's probability > Ti; the LM head runs once per "

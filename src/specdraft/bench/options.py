@@ -112,7 +112,7 @@ def parse_method(text: str) -> tuple[str, dict]:
         try:
             (overrides if key in own else options)[key] = parse_setting(key, value)
         except (ValueError, argparse.ArgumentTypeError):
-            raise SpecdraftError(f"method {text!r}: {key} takes a {setting_kind(key)}, got {value!r}") from None
+            raise SpecdraftError(f"method {text!r}: {key} takes {setting_kind(key)}, got {value!r}") from None
     if options:
         overrides["options"] = options
     return name.strip(), overrides

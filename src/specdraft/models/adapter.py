@@ -432,6 +432,34 @@ class NativeState(SequenceState):
         self.token_ids.extend(new_ids)
         return logits
 
+    @staticmethod
+    def forward_many(states: list["NativeState"], new_ids: list[list[int]], n_logits: list[int]) -> list[torch.Tensor]:
+        """`forward` of several sequences of one model in one pass (NativeLlama.forward_many): each gets the logits
+        its own forward would give, bit for bit. No taps, no reduced head, chains only."""
+        if not states or len({id(state.native) for state in states}) != 1:
+            raise ValueError("forward_many takes sequences of one model")
+        for state in states:
+            if state.feature_layers or state.lm_head is not None or state.tree_parents:
+                raise ValueError("forward_many passes plain chains: no taps, no reduced head, no cached tree")
+        logits = states[0].native.forward_many([(ids, state.cache, n) for state, ids, n
+                                                in zip(states, new_ids, n_logits)])
+        for state, ids in zip(states, new_ids):
+            state.features = None
+            state.token_ids.extend(ids)
+        return logits
+
+    @staticmethod
+    def verify_many(states: list["NativeState"], pendings: list[int], drafts: list[Draft]) -> list[torch.Tensor]:
+        """`verify` of several sequences (chain drafts) in one target pass; each keeps its pass as a tree region
+        for `keep_verified`, as its own verify would."""
+        if any(draft.parents is not None for draft in drafts):
+            raise ValueError("verify_many verifies chains (a token tree goes through verify)")
+        ids = [[pending] + draft.token_ids.tolist() for pending, draft in zip(pendings, drafts)]
+        logits = NativeState.forward_many(states, ids, [len(chain) for chain in ids])
+        for state, chain in zip(states, ids):
+            state.tree_parents, state.tree_depths = list(range(-1, len(chain) - 1)), list(range(len(chain)))
+        return logits
+
     def _drop_last(self, n: int) -> None:
         self.cache.truncate(self.cache.length - n)
 

@@ -235,11 +235,13 @@ class NativeLlama:
     def new_cache(self, capacity: int = 256) -> "NativeCache":
         return NativeCache(len(self.layers), self.n_kv_heads, self.head_dim, capacity)
 
-    def _linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None) -> torch.Tensor:
-        """x [T, K] float32 @ weight [N, K]^T (+ bias) -> [T, N] float32."""
+    def _linear(self, x: torch.Tensor, weight: Weight, bias: torch.Tensor | None,
+                kernel_only: bool = False) -> torch.Tensor:
+        """x [T, K] float32 @ weight [N, K]^T (+ bias) -> [T, N] float32. kernel_only: the batch-invariant kernels
+        whatever T (a pass of several sequences, whose rows must come out as they would alone)."""
         if isinstance(weight, QuantWeight):
             return weight.linear(x, bias)
-        if x.shape[0] <= MAX_KERNEL_ROWS or weight.dtype != torch.float32:
+        if x.shape[0] <= MAX_KERNEL_ROWS or weight.dtype != torch.float32 or kernel_only:
             return self.ops.linear(x, weight, bias)
         return F.linear(x, weight, bias)
 
@@ -254,32 +256,49 @@ class NativeLlama:
         to every earlier slot of the layer (and, in a tree, to the slots `tree_mask` allows). Leaves
         cache.length alone: whoever drives the layers decides what is cached (a layer slice, LayerSkip-style,
         drives them one by one). hidden [T, D] float32 -> [T, D]."""
-        ops, layer = self.ops, self.layers[index]
-        n_new = hidden.shape[0]
-        # rotary positions: the cache slots, or a tree's depths
-        self._cover_positions(start + n_new if positions is None else int(positions.max()) + 1)
-        x = ops.rms_norm(hidden, layer.input_norm, self.eps)  # [T, D]
-        q = self._linear(x, layer.q, layer.q_bias).view(n_new, self.n_heads, self.head_dim)
-        k = self._linear(x, layer.k, layer.k_bias).view(n_new, self.n_kv_heads, self.head_dim)
-        v = self._linear(x, layer.v, layer.v_bias).view(n_new, self.n_kv_heads, self.head_dim)
-        # q and k rotated; k and v written to cache slots start .. start + T - 1 of this layer
-        q = ops.rope_store(q, k, v, self.cos, self.sin, positions, cache.keys[index], cache.values[index], start)
-        if tree_mask is None:
-            attended = ops.attention(q, cache.keys[index], cache.values[index], start)  # [T, H, Dh]
-        else:
-            attended = ops.tree_attention(q, cache.keys[index], cache.values[index],
-                                          start + n_new - tree_mask.shape[1], tree_mask)  # [T, H, Dh]
-        hidden = hidden + self._linear(attended.view(n_new, -1), layer.o, layer.o_bias)
-        x = ops.rms_norm(hidden, layer.post_norm, self.eps)
-        gated = ops.silu_mul(self._linear(x, layer.gate, None), self._linear(x, layer.up, None))  # [T, I]
-        return hidden + self._linear(gated, layer.down, None)
+        return self._layer(index, hidden, [Segment(0, hidden.shape[0], cache, start, positions, tree_mask)])
 
-    def logits(self, hidden: torch.Tensor, lm_head: Weight | None = None) -> torch.Tensor:
+    def _layer(self, index: int, hidden: torch.Tensor, segments: list["Segment"],
+               kernel_only: bool = False) -> torch.Tensor:
+        """Layer `index` over the rows of one or several sequences (`segments`): norms and matrix products over
+        all rows at once, the rotary embedding, cache writes and attention per sequence. hidden [T, D] -> [T, D]."""
+        ops, layer = self.ops, self.layers[index]
+        n_rows = hidden.shape[0]
+        x = ops.rms_norm(hidden, layer.input_norm, self.eps)  # [T, D]
+        q = self._linear(x, layer.q, layer.q_bias, kernel_only)  # [T, H * Dh]
+        k = self._linear(x, layer.k, layer.k_bias, kernel_only)  # [T, Hkv * Dh]
+        v = self._linear(x, layer.v, layer.v_bias, kernel_only)
+        attended = []
+        for segment in segments:
+            rows, n = slice(segment.first, segment.first + segment.n), segment.n
+            # rotary positions: the cache slots, or a tree's depths
+            last = segment.start + n if segment.positions is None else int(segment.positions.max()) + 1
+            self._cover_positions(last)
+            keys, values = segment.cache.keys[index], segment.cache.values[index]
+            # q and k rotated; k and v written to cache slots start .. start + n - 1 of this layer
+            q_rotated = ops.rope_store(q[rows].view(n, self.n_heads, self.head_dim),
+                                       k[rows].view(n, self.n_kv_heads, self.head_dim),
+                                       v[rows].view(n, self.n_kv_heads, self.head_dim), self.cos, self.sin,
+                                       segment.positions, keys, values, segment.start)
+            if segment.tree_mask is None:
+                attended.append(ops.attention(q_rotated, keys, values, segment.start))  # [n, H, Dh]
+            else:
+                attended.append(ops.tree_attention(q_rotated, keys, values,
+                                                   segment.start + n - segment.tree_mask.shape[1], segment.tree_mask))
+        heads = attended[0] if len(attended) == 1 else torch.cat(attended)  # [T, H, Dh]
+        hidden = hidden + self._linear(heads.view(n_rows, -1), layer.o, layer.o_bias, kernel_only)
+        x = ops.rms_norm(hidden, layer.post_norm, self.eps)
+        gated = ops.silu_mul(self._linear(x, layer.gate, None, kernel_only),
+                             self._linear(x, layer.up, None, kernel_only))  # [T, I]
+        return hidden + self._linear(gated, layer.down, None, kernel_only)
+
+    def logits(self, hidden: torch.Tensor, lm_head: Weight | None = None, kernel_only: bool = False) -> torch.Tensor:
         """The final norm and the LM head over residual-stream rows: [T, D] -> float32 [T, V]. Any layer's
         output can go through them: that is an early exit (S2D, LayerSkip). lm_head: other rows to score
         instead of the model's head ([V_draft, D], a reduced draft vocabulary)."""
         head = self.full_head() if lm_head is None else lm_head
-        return self._linear(self.ops.rms_norm(hidden.contiguous(), self.final_norm, self.eps), head, None)
+        return self._linear(self.ops.rms_norm(hidden.contiguous(), self.final_norm, self.eps), head, None,
+                            kernel_only)
 
     def full_head(self) -> Weight:
         """The LM head for scoring every row: a GGUF head is repacked (`QuantWeight.interleave`) on first use."""
@@ -325,6 +344,50 @@ class NativeLlama:
         features = torch.stack([taps[i] for i in feature_layers], dim=1)  # [T, n_taps, D]
         head = self.full_head() if lm_head is None else lm_head
         return self._linear(normed[-n_logits:].contiguous(), head, None), features  # [n_logits, V]
+
+    def forward_many(self, passes: list[tuple[list[int], "NativeCache", int]]) -> list[torch.Tensor]:
+        """Passes of several sequences as one: (token_ids, cache, n_logits) each, appended at each cache's length.
+        The norms and matrix products run over all their rows at once (the weights are read once for all), the
+        rotary embedding, cache writes and attention per sequence over its own cache. Each sequence's logits
+        [n_logits, V] are bit-identical to its own `forward` (the kernels are batch-invariant: a row's arithmetic
+        never depends on the other rows), so a request's tokens never depend on who else is in the pass. Each pass
+        holds at most MAX_KERNEL_ROWS tokens (a longer one, a prompt's prefill, goes through `forward`: in float32
+        it takes torch's matmul, which these rows must not)."""
+        segments, token_ids = [], []
+        for ids, cache, n_logits in passes:
+            if not 1 <= len(ids) <= MAX_KERNEL_ROWS or not 1 <= n_logits <= len(ids):
+                raise ValueError(f"a pass of forward_many holds 1 to {MAX_KERNEL_ROWS} tokens and returns logits "
+                                 f"for 1 to all of them; got {len(ids)} tokens, {n_logits} logits")
+            if cache.length + len(ids) > self.max_positions:
+                raise ValueError(f"position {cache.length + len(ids)} is past the model's {self.max_positions} "
+                                 "positions")
+            if any(cache is segment.cache for segment in segments):
+                raise ValueError("forward_many takes one pass per cache")
+            cache.reserve(cache.length + len(ids))
+            segments.append(Segment(len(token_ids), len(ids), cache, cache.length))
+            token_ids.extend(ids)
+        hidden = self.embed_tokens(token_ids)  # [T, D]
+        for index in range(len(self.layers)):
+            hidden = self._layer(index, hidden, segments, kernel_only=True)
+        rows = []  # the rows each pass wants logits of, in order
+        for segment, (_, cache, n_logits) in zip(segments, passes):
+            cache.length = segment.start + segment.n
+            rows.extend(range(segment.first + segment.n - n_logits, segment.first + segment.n))
+        logits = self.logits(hidden[rows], kernel_only=True)  # [sum n_logits, V]
+        return list(logits.split([n_logits for _, _, n_logits in passes]))
+
+
+@dataclass
+class Segment:
+    """One sequence's rows in a pass: rows first .. first + n - 1 of the hidden states, their K/V going to slots
+    start .. start + n - 1 of `cache`; positions and tree_mask as in `NativeLlama.forward` (None: a chain)."""
+
+    first: int
+    n: int
+    cache: "NativeCache"
+    start: int
+    positions: torch.Tensor | None = None
+    tree_mask: torch.Tensor | None = None
 
 
 class NativeCache:

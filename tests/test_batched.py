@@ -1,0 +1,101 @@
+"""Several sequences in one target pass (NativeLlama.forward_many): each gets bit for bit the logits it gets
+alone, whatever else is in the pass, on float32, bf16 and GGUF block weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdraft import load_model
+from specdraft.models.adapter import NativeState
+from specdraft.models.native.llama import MAX_KERNEL_ROWS
+from specdraft.types import Draft
+
+PROMPTS = ([5, 9, 13, 2, 7, 7, 1], [3, 3, 3], [11, 4, 8, 1, 6, 2, 12, 8, 1, 10, 6], [2])  # the tiny vocabulary: 14
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def native_target(tiny_dirs, request):
+    return load_model(str(tiny_dirs["target"]), dtype=request.param, backend="native")
+
+
+def prefilled(model, prompt):
+    state = model.new_state(capacity=64)
+    state.forward(prompt, 1)
+    return state
+
+
+def check_passes_match_alone(model):
+    """Rounds of passes of uneven lengths over sequences of uneven contexts: batched == alone, bit for bit."""
+    generator = torch.Generator().manual_seed(0)
+    batched = [prefilled(model, p) for p in PROMPTS]
+    alone = [prefilled(model, p) for p in PROMPTS]
+    for round_ in range(3):
+        lengths = [1 + (round_ + i) % 4 for i in range(len(PROMPTS))]  # 1..4 tokens per sequence
+        ids = [torch.randint(0, 14, (n,), generator=generator).tolist() for n in lengths]
+        n_logits = [n if i % 2 else 1 for i, n in enumerate(lengths)]
+        together = NativeState.forward_many(batched, ids, n_logits)
+        for state, chain, n, got in zip(alone, ids, n_logits, together):
+            assert torch.equal(got, state.forward(chain, n)), (round_, chain)
+    assert [s.token_ids for s in batched] == [s.token_ids for s in alone]
+    # the caches too: the next single step of each agrees
+    for a, b in zip(batched, alone):
+        assert torch.equal(a.forward([7], 1), b.forward([7], 1))
+
+
+def test_a_pass_of_several_sequences_gives_each_its_own_logits(native_target):
+    check_passes_match_alone(native_target)
+
+
+def test_a_pass_of_several_sequences_on_gguf_blocks(tmp_path):
+    from tiny import build_model
+    from tiny_gguf import write_gguf
+
+    hf = build_model(tmp_path / "hf", seed=21, hidden=64, layers=2)
+    check_passes_match_alone(load_model(str(write_gguf(hf, tmp_path / "cache", "tiny-q8", "Q8_0")), dtype="gguf"))
+
+
+def test_verify_many_keeps_each_sequence_as_its_own_verify_would(native_target):
+    batched = [prefilled(native_target, p) for p in PROMPTS]
+    alone = [prefilled(native_target, p) for p in PROMPTS]
+    drafts = [Draft(torch.tensor(chain, dtype=torch.long)) for chain in ([4, 5], [], [9, 9, 9], [1])]
+    pendings = [p[-1] for p in PROMPTS]
+    together = NativeState.verify_many(batched, pendings, drafts)
+    for state, pending, draft, got in zip(alone, pendings, drafts, together):
+        assert torch.equal(got, state.verify(pending, draft))
+    accepted = [[0], [], [0, 1], []]
+    for a, b, nodes in zip(batched, alone, accepted):
+        a.keep_verified(nodes)
+        b.keep_verified(nodes)
+        assert a.token_ids == b.token_ids and torch.equal(a.forward([3], 1), b.forward([3], 1))
+
+
+def test_forward_many_refuses_what_it_cannot_pass_exactly(native_target):
+    one, two = prefilled(native_target, PROMPTS[0]), prefilled(native_target, PROMPTS[1])
+    with pytest.raises(ValueError, match="1 to 32 tokens"):
+        NativeState.forward_many([one, two], [[1] * (MAX_KERNEL_ROWS + 1), [2]], [1, 1])
+    with pytest.raises(ValueError, match="one pass per cache"):
+        native_target.native.forward_many([([1], one.cache, 1), ([2], one.cache, 1)])
+    with pytest.raises(ValueError, match="verifies chains"):
+        NativeState.verify_many([one], [1], [Draft(torch.tensor([1, 2]), None, torch.tensor([-1, -1]))])
+
+
+def test_many_rows_stay_on_the_invariant_kernels_and_the_negative_control_fails(tiny_dirs, monkeypatch):
+    """40 rows in one pass: past the 32 rows where a float32 pass alone would take torch's matmul. forward_many
+    keeps every row on the batch-invariant kernels; letting the pass size choose (the negative control) changes
+    the logits."""
+    from specdraft.models.native.llama import NativeLlama
+
+    model = load_model(str(tiny_dirs["target"]), dtype="float32", backend="native")
+    prompts = [[1 + (i * 5 + j) % 13 for j in range(3 + i % 4)] for i in range(10)]
+    ids = [[(i + j) % 14 for j in range(4)] for i in range(10)]
+
+    def batched_equals_alone() -> bool:
+        together = NativeState.forward_many([prefilled(model, p) for p in prompts], ids, [4] * 10)
+        alone = [prefilled(model, p).forward(chain, 4) for p, chain in zip(prompts, ids)]
+        return all(torch.equal(a, b) for a, b in zip(together, alone))
+
+    assert batched_equals_alone()
+    linear = NativeLlama._linear
+    monkeypatch.setattr(NativeLlama, "_linear", lambda self, x, w, b, kernel_only=False: linear(self, x, w, b))
+    assert not batched_equals_alone()
