@@ -99,3 +99,61 @@ def test_many_rows_stay_on_the_invariant_kernels_and_the_negative_control_fails(
     linear = NativeLlama._linear
     monkeypatch.setattr(NativeLlama, "_linear", lambda self, x, w, b, kernel_only=False: linear(self, x, w, b))
     assert not batched_equals_alone()
+
+
+# ---------------------------------------------------------------------------------------- Engine.generate_many
+
+ENGINE_PROMPTS = ("abc abc abc ab", "ba", "cab cab c", "aaaa bbbb aaaa b")
+
+
+@pytest.mark.parametrize("method", ["ar", "prompt-lookup", "draft"])
+def test_requests_decoded_together_get_what_each_gets_alone(tiny_models, method):
+    """Greedy and seeded sampling, plain decoding, a stateless drafter and a drafter with per-request state (one
+    instance each): every request's tokens equal its own `generate`, on both backends (transformers: one pass
+    per request)."""
+    from specdraft import SamplingParams, SpecConfig
+    from specdraft.api import load_engine
+    from specdraft.config import ModelConfig
+
+    spec = SpecConfig(method=method, gamma=3)
+    engine = load_engine(ModelConfig(), spec, progress=False, target=tiny_models["target"],
+                         draft=tiny_models["draft"])
+    prompts = [engine.encode(p, chat=False) for p in ENGINE_PROMPTS]
+    for params in ([SamplingParams(max_new_tokens=12)] * 4,
+                   [SamplingParams(temperature=1.0, max_new_tokens=12, seed=seed) for seed in (1, 2, 3, 4)]):
+        together = engine.generate_many(prompts, params)
+        for prompt, p, got in zip(prompts, params, together):
+            alone = engine.generate(prompt, p)
+            assert (got.token_ids, got.text) == (alone.token_ids, alone.text)
+            assert got.stats.target_passes == alone.stats.target_passes
+            assert got.stats.finish_reason == alone.stats.finish_reason
+
+
+def test_a_drafter_with_state_needs_a_builder_to_be_shared(tiny_models):
+    from specdraft import Engine, SamplingParams, SpecConfig, SpecdraftError
+    from specdraft.drafters import ModelDrafter
+
+    engine = Engine(tiny_models["target"], ModelDrafter(tiny_models["draft"], tiny_models["target"]),
+                    SpecConfig("draft", 2))
+    ids = engine.encode("abc", chat=False)
+    with pytest.raises(SpecdraftError, match="keeps one sequence's state"):
+        engine.generate_many([ids, ids], SamplingParams(max_new_tokens=4))
+    assert engine.generate_many([ids], SamplingParams(max_new_tokens=4))[0].token_ids == engine.generate(
+        ids, SamplingParams(max_new_tokens=4)).token_ids
+
+
+def test_the_equality_check_catches_logits_handed_to_the_wrong_request(tiny_dirs, monkeypatch):
+    """Negative control for the test above: a batch that gives each request another's logits must be caught."""
+    from specdraft import SamplingParams, SpecConfig
+    from specdraft.api import load_engine
+    from specdraft.config import ModelConfig
+
+    model = load_model(str(tiny_dirs["target"]), dtype="float32", backend="native")
+    engine = load_engine(ModelConfig(), SpecConfig(method="ar"), progress=False, target=model)
+    prompts = [engine.encode(p, chat=False) for p in ENGINE_PROMPTS]
+    params = SamplingParams(max_new_tokens=12)
+    alone = [engine.generate(p, params).token_ids for p in prompts]
+    verify_many = NativeState.verify_many
+    monkeypatch.setattr(NativeState, "verify_many", staticmethod(
+        lambda states, pendings, drafts: verify_many(states, pendings, drafts)[::-1]))
+    assert [r.token_ids for r in engine.generate_many(prompts, params)] != alone

@@ -36,7 +36,8 @@ def load_engine(models: ModelConfig, spec: SpecConfig, progress: bool = True,
     target = target or load_model(models.target, models.dtype, models.cache_dir, progress, models.backend)
     if needs_draft_model(spec.method) and draft is None:
         draft = load_draft(models, target, progress)
-    return Engine(target, build_drafter(spec, target, draft), spec)
+    return Engine(target, build_drafter(spec, target, draft), spec,
+                  new_drafter=lambda: build_drafter(spec, target, draft))
 
 
 def load_draft(models: ModelConfig, target: LoadedModel, progress: bool = True) -> LoadedModel | None:

@@ -22,7 +22,8 @@ from .config import SamplingParams, SpecConfig
 from .draft_length import AdaptiveLength, DraftLength, FixedLength, VerifyCurve
 from .drafters.base import Drafter, NoDrafter
 from .errors import SpecdraftError
-from .models.adapter import LoadedModel
+from .models.adapter import LoadedModel, NativeState
+from .models.native.llama import MAX_KERNEL_ROWS
 from .types import DRAFTER_SOURCE, Acceptance, Draft, GenerationResult, SpecStats
 
 
@@ -41,63 +42,104 @@ class StreamChunk:
     token_ids: list[int]
 
 
+class DecodeLoop:
+    """One request's token-scale loop, a target pass at a time: `propose` (the drafter drafts), the target scores
+    the pending token and the draft (the caller runs that pass: alone, `decode_passes`; with other requests in
+    one pass, `Engine.generate_many`), `accept` (keep or resample, roll back, tell the drafter) returns the
+    tokens the pass emits. `draft_length` says how many tokens to draft in each pass (a fixed gamma, or chosen
+    per pass: draft_length.py).
+
+    `sampling_rule` / `tree_sampling_rule` decide acceptance of chain / tree drafts when sampling (greedy always
+    keeps the longest path matching the target's argmax); tests swap in deliberately wrong rules as negative
+    controls."""
+
+    def __init__(self, target: LoadedModel, drafter: Drafter, prompt_ids: list[int], params: SamplingParams,
+                 draft_length: DraftLength, generator: torch.Generator | None, stats: SpecStats,
+                 sampling_rule: SamplingRule = accept_rejection,
+                 tree_sampling_rule: TreeSamplingRule = accept_tree_rejection):
+        self.drafter, self.params, self.draft_length, self.generator, self.stats = (drafter, params, draft_length,
+                                                                                    generator, stats)
+        self.sampling_rule, self.tree_sampling_rule = sampling_rule, tree_sampling_rule
+        started = time.perf_counter()
+        # a drafter that reads the target's hidden states (EAGLE) names the layers; every pass then keeps them
+        self.state = target.new_state(capacity=len(prompt_ids) + params.max_new_tokens + draft_length.most + 1,
+                                      feature_layers=drafter.feature_layers)
+        # a drafter whose layers are the target's own (self-speculation) takes their K/V from the target's cache
+        drafter.use_target_state(self.state)
+        if len(prompt_ids) > 1:
+            self.state.forward(prompt_ids[:-1], 1)
+        drafter.begin(prompt_ids, self.state.features)  # features: [n_prompt - 1, n_taps, D] or None
+        stats.time_prefill_s += time.perf_counter() - started
+        self.context = list(prompt_ids)
+        self.budget = params.max_new_tokens
+        self.draft, self.source = Draft.empty(), None
+        self._started = self._proposed = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.budget <= 0
+
+    @property
+    def pending(self) -> int:
+        """The last token: scored by the next target pass, before the draft."""
+        return self.context[-1]
+
+    def propose(self) -> Draft:
+        """The draft of the next pass (empty when none pays or one token is left)."""
+        self._started = time.perf_counter()
+        # never draft past the token budget (the last token of a pass is the target's own)
+        self.source = self.drafter.next_source(self.context)  # who drafts, when the drafter has several sources
+        to_draft = min(self.draft_length.next(self.source, len(self.context)), self.budget - 1)
+        # nothing to draft: a plain pass; the drafter catches up on the context at its next proposal
+        self.draft = (self.drafter.propose(self.context, to_draft, self.params, self.generator) if to_draft
+                      else Draft.empty())
+        self._proposed = time.perf_counter()
+        return self.draft
+
+    def accept(self, target_logits: torch.Tensor) -> list[int]:
+        """target_logits [k + 1, V]: the pass over the pending token and the draft (`SequenceState.verify`). Returns
+        the tokens the pass emits."""
+        draft, stats, state = self.draft, self.stats, self.state
+        # accept: greedy or sampling, chain or tree (a chain is a tree without branches)
+        result: Acceptance = accept_draft(draft, target_logits, self.params, self.generator, self.sampling_rule,
+                                          self.tree_sampling_rule)
+        # rollback: keep the pending token and the accepted path (moved to consecutive positions in a tree); the
+        # new last token becomes pending
+        state.keep_verified(result.accepted_nodes)
+        self.context.extend(result.tokens)
+        # the taps of the pending token and the accepted drafts (keep_verified put a tree's path in order)
+        kept_features = None if state.features is None else state.features[: result.n_accepted + 1]
+        self.drafter.on_accept(self.context, kept_features)
+        stats.time_draft_s += self._proposed - self._started
+        stats.time_verify_s += time.perf_counter() - self._proposed
+        stats.record(draft.k, result.n_accepted, None if draft.parents is None else draft.depth)
+        if draft.k and draft.parents is None:
+            stats.record_steps(self.source or DRAFTER_SOURCE, draft.k, result.n_accepted)
+        self.draft_length.observe(draft.k, result.n_accepted, self.source)
+        stats.record_labels(draft.labels, result.accepted_nodes)
+        self.budget -= len(result.tokens)
+        return result.tokens
+
+    def close(self) -> None:
+        """The request ended (or was abandoned): the drafter lets go of the target's cache."""
+        self.drafter.use_target_state(None)
+
+
 def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], params: SamplingParams,
                   draft_length: DraftLength, generator: torch.Generator | None, stats: SpecStats,
                   sampling_rule: SamplingRule = accept_rejection,
                   tree_sampling_rule: TreeSamplingRule = accept_tree_rejection) -> Iterator[list[int]]:
-    """Run the loop; yield the tokens each target pass emits. The caller stops it (EOS, stop, budget).
-    `draft_length` says how many tokens to draft in each pass (a fixed gamma, or chosen per pass: draft_length.py).
-
-    `sampling_rule` / `tree_sampling_rule` decide acceptance of chain / tree drafts when sampling (greedy always
-    keeps the longest path matching the target's argmax); tests swap in deliberately wrong rules as negative
-    controls.
-    """
-    started = time.perf_counter()
-    # a drafter that reads the target's hidden states (EAGLE) names the layers; every pass then keeps them
-    target_state = target.new_state(capacity=len(prompt_ids) + params.max_new_tokens + draft_length.most + 1,
-                                    feature_layers=drafter.feature_layers)
-    # a drafter whose layers are the target's own (self-speculation) takes their K/V from the target's cache
-    drafter.use_target_state(target_state)
-    if len(prompt_ids) > 1:
-        target_state.forward(prompt_ids[:-1], 1)
-    drafter.begin(prompt_ids, target_state.features)  # features: [n_prompt - 1, n_taps, D] or None
-    stats.time_prefill_s += time.perf_counter() - started
-    context = list(prompt_ids)
-    budget = params.max_new_tokens
+    """One request's loop, each target pass its own: propose -> verify -> accept -> rollback. Yields the tokens
+    each pass emits; the caller stops it (EOS, stop, budget)."""
+    loop = DecodeLoop(target, drafter, prompt_ids, params, draft_length, generator, stats, sampling_rule,
+                      tree_sampling_rule)
     try:
-        while budget > 0:
-            # propose: never draft past the token budget (the last token of a pass is the target's own)
-            t0 = time.perf_counter()
-            source = drafter.next_source(context)  # who drafts this pass, when the drafter has several sources
-            to_draft = min(draft_length.next(source, len(context)), budget - 1)
-            # nothing to draft (gamma auto found no draft pays, or one token is left): a plain pass; the drafter
-            # catches up on the context at its next proposal
-            draft = drafter.propose(context, to_draft, params, generator) if to_draft else Draft.empty()
-            t1 = time.perf_counter()
+        while not loop.finished:
+            draft = loop.propose()
             # verify: one target pass over the pending token and the k draft nodes (a tree: with a tree mask)
-            target_logits = target_state.verify(context[-1], draft)  # [k + 1, V]
-            # accept: greedy or sampling, chain or tree (a chain is a tree without branches)
-            result: Acceptance = accept_draft(draft, target_logits, params, generator, sampling_rule,
-                                              tree_sampling_rule)
-            # rollback: keep the pending token and the accepted path (moved to consecutive positions in a tree);
-            # the new last token becomes pending
-            target_state.keep_verified(result.accepted_nodes)
-            context.extend(result.tokens)
-            kept_features = None if target_state.features is None else target_state.features[: result.n_accepted + 1]
-            # the taps of the pending token and the accepted drafts (keep_verified put a tree's path in order)
-            drafter.on_accept(context, kept_features)
-            t2 = time.perf_counter()
-            stats.time_draft_s += t1 - t0
-            stats.time_verify_s += t2 - t1
-            stats.record(draft.k, result.n_accepted, None if draft.parents is None else draft.depth)
-            if draft.k and draft.parents is None:
-                stats.record_steps(source or DRAFTER_SOURCE, draft.k, result.n_accepted)
-            draft_length.observe(draft.k, result.n_accepted, source)
-            stats.record_labels(draft.labels, result.accepted_nodes)
-            budget -= len(result.tokens)
-            yield result.tokens
-    finally:  # the request ended (or was abandoned): the drafter lets go of the target's cache
-        drafter.use_target_state(None)
+            yield loop.accept(loop.state.verify(loop.pending, draft))  # logits [k + 1, V]
+    finally:
+        loop.close()
 
 
 class StopChecker:
@@ -156,8 +198,12 @@ class Engine:
 
     def __init__(self, target: LoadedModel, drafter: Drafter | None = None, spec: SpecConfig | None = None,
                  sampling_rule: SamplingRule = accept_rejection,
-                 tree_sampling_rule: TreeSamplingRule = accept_tree_rejection):
+                 tree_sampling_rule: TreeSamplingRule = accept_tree_rejection,
+                 new_drafter: Callable[[], Drafter] | None = None):
+        """new_drafter: builds another drafter like `drafter`, for requests decoded together (`generate_many`)
+        when the drafter keeps one sequence's state (load_engine passes it)."""
         self.target = target
+        self.new_drafter = new_drafter
         target.prepare_full_head()
         self.sampling_rule = sampling_rule
         self.tree_sampling_rule = tree_sampling_rule
@@ -262,6 +308,72 @@ class Engine:
             pass
         return generation.result()
 
+    def generate_many(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+                      ) -> list[GenerationResult]:
+        """Several requests decoded together, for offline batches: each target pass scores the pending token and
+        the draft of every unfinished request at once (`NativeState.verify_many`: the weights are read once for
+        all of them). Each request gets what `generate` gives it alone: its logits are bit-identical (the kernels
+        are batch-invariant), its drafter its own, its sampling its own torch.Generator (seeded from
+        params.seed as `generate` seeds it). Prompts are prefilled one by one. A pass that cannot join the batch
+        (a token tree, a drafter that reads the target's features, more than 32 tokens, the transformers
+        backend) runs on its own in the same round."""
+        params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise SpecdraftError(f"generate_many takes one SamplingParams or one per prompt: {len(prompts)} prompts, "
+                                 f"{len(params_list)} params")
+        if len(prompts) > 1 and self.drafter.keeps_sequence_state and self.new_drafter is None:
+            raise SpecdraftError(f"drafter {self.drafter.name!r} keeps one sequence's state: build the engine with "
+                                 "load_engine (or pass new_drafter=) to decode several requests together")
+        generations = [self.stream(prompt, p) for prompt, p in zip(prompts, params_list)]
+        with torch.inference_mode():
+            loops: list[tuple[Generation, DecodeLoop]] = []
+            try:
+                for i, generation in enumerate(generations):
+                    drafter = self.drafter if i == 0 or not self.drafter.keeps_sequence_state else self.new_drafter()
+                    generation.stats.finish_reason = "length"
+                    loops.append((generation, DecodeLoop(self.target, drafter, generation.prompt_ids,
+                                                         generation.params, self.new_draft_length(),
+                                                         generation.generator, generation.stats,
+                                                         self.sampling_rule, self.tree_sampling_rule)))
+                active = list(loops)
+                while active:
+                    drafts = [loop.propose() for _, loop in active]
+                    logits = self._verify_together([loop for _, loop in active], drafts)
+                    still = []
+                    for (generation, loop), rows in zip(active, logits):
+                        chunk, ended = generation.take(loop.accept(rows))
+                        generation.text += chunk.text if chunk is not None else ""
+                        if ended or loop.finished:
+                            tail = generation.finish()
+                            generation.text += tail.text if tail is not None else ""
+                            generation.done = True
+                            loop.close()
+                        else:
+                            still.append((generation, loop))
+                    active = still
+            finally:
+                for generation, loop in loops:
+                    if not generation.done:
+                        loop.close()
+                    generation.close_stats()
+        return [generation.result() for generation in generations]
+
+    def _verify_together(self, loops: list[DecodeLoop], drafts: list[Draft]) -> list[torch.Tensor]:
+        """Each loop's target pass over its pending token and draft: those that can, in one pass."""
+        together = [i for i, (loop, draft) in enumerate(zip(loops, drafts))
+                    if isinstance(loop.state, NativeState) and not loop.state.feature_layers
+                    and draft.parents is None and draft.k + 1 <= MAX_KERNEL_ROWS]
+        logits: list[torch.Tensor | None] = [None] * len(loops)
+        if len(together) > 1:
+            rows = NativeState.verify_many([loops[i].state for i in together], [loops[i].pending for i in together],
+                                           [drafts[i] for i in together])
+            for i, row in zip(together, rows):
+                logits[i] = row
+        for i, (loop, draft) in enumerate(zip(loops, drafts)):
+            if logits[i] is None:
+                logits[i] = loop.state.verify(loop.pending, draft)
+        return logits
+
 
 class Generation:
     """One request in flight: iterate it for text chunks; it owns its torch.Generator and statistics."""
@@ -280,6 +392,7 @@ class Generation:
         self.checker = StopChecker(engine.target.tokenizer, params.stop)
         self.text = ""
         self.done = False
+        self.started = time.perf_counter()
 
     def __iter__(self) -> Iterator[StreamChunk]:
         if self.done:
@@ -294,34 +407,48 @@ class Generation:
                                 prompt_ids=list(self.prompt_ids), stats=self.stats)
 
     def _run(self) -> Iterator[StreamChunk]:
-        engine, params, stats, checker = self.engine, self.params, self.stats, self.checker
-        eos = engine.target.eos_token_ids
-        started = time.perf_counter()
+        engine, params, stats = self.engine, self.params, self.stats
+        self.started = time.perf_counter()
         stats.finish_reason = "length"
         with torch.inference_mode():
             passes = decode_passes(engine.target, engine.drafter, self.prompt_ids, params, engine.new_draft_length(),
                                    self.generator, stats, engine.sampling_rule, engine.tree_sampling_rule)
             try:
                 for tokens in passes:
-                    tokens = tokens[: params.max_new_tokens - len(checker.token_ids)]
-                    eos_at = next((i for i, t in enumerate(tokens) if t in eos), None)
-                    if eos_at is not None:
-                        tokens = tokens[:eos_at]
-                        stats.finish_reason = "stop"
-                    text = checker.push(tokens)
-                    if checker.stopped:
-                        stats.finish_reason = "stop"
-                        checker.token_ids = checker.tokens_up_to_stop()
-                    stats.new_tokens = len(checker.token_ids)
-                    stats.time_total_s = time.perf_counter() - started
-                    if text:
-                        yield StreamChunk(text, tokens)
-                    if checker.stopped or eos_at is not None:
+                    chunk, ended = self.take(tokens)
+                    if chunk is not None:
+                        yield chunk
+                    if ended:
                         break
-                tail = checker.finish()
-                if tail:
-                    yield StreamChunk(tail, [])
+                tail = self.finish()
+                if tail is not None:
+                    yield tail
             finally:
                 passes.close()
-                stats.new_tokens = len(checker.token_ids)
-                stats.time_total_s = time.perf_counter() - started
+                self.close_stats()
+
+    def take(self, tokens: list[int]) -> tuple[StreamChunk | None, bool]:
+        """The tokens of one target pass: cut at the budget, an EOS or a stop string. Returns the text that became
+        final (None: none) and whether the request ended."""
+        params, stats, checker = self.params, self.stats, self.checker
+        tokens = tokens[: params.max_new_tokens - len(checker.token_ids)]
+        eos_at = next((i for i, t in enumerate(tokens) if t in self.engine.target.eos_token_ids), None)
+        if eos_at is not None:
+            tokens = tokens[:eos_at]
+            stats.finish_reason = "stop"
+        text = checker.push(tokens)
+        if checker.stopped:
+            stats.finish_reason = "stop"
+            checker.token_ids = checker.tokens_up_to_stop()
+        self.close_stats()
+        ended = checker.stopped or eos_at is not None or len(checker.token_ids) >= params.max_new_tokens
+        return (StreamChunk(text, tokens) if text else None), ended
+
+    def finish(self) -> StreamChunk | None:
+        """The text held back until the end (a possible start of a stop string), if any."""
+        tail = self.checker.finish()
+        return StreamChunk(tail, []) if tail else None
+
+    def close_stats(self) -> None:
+        self.stats.new_tokens = len(self.checker.token_ids)
+        self.stats.time_total_s = time.perf_counter() - self.started

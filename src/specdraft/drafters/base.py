@@ -31,6 +31,9 @@ class Drafter:
     backend: str = ""
     vocab_rows: int = 0
     lookup_first: int = 0
+    # whether it keeps one sequence's state between calls (a draft model's cache, an EAGLE head's): requests
+    # decoded together (Engine.generate_many) then need one instance each
+    keeps_sequence_state: bool = True
 
     @property
     def source_bytes(self) -> dict[str, int]:
@@ -70,6 +73,7 @@ class NoDrafter(Drafter):
     """Plain autoregressive decoding: the loop with an empty draft."""
 
     name = "ar"
+    keeps_sequence_state = False
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
         pass

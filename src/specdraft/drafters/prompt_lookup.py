@@ -12,6 +12,7 @@ class PromptLookupDrafter(Drafter):
     """No model. Tries n-grams from max_ngram down to min_ngram; the draft is deterministic (q one-hot)."""
 
     name = "prompt-lookup"
+    keeps_sequence_state = False  # every proposal searches the context it is given
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.max_ngram = max_ngram
