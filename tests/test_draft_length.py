@@ -16,8 +16,8 @@ from specdraft.bench.report import gamma_label
 from specdraft.bench.report import predicted_tau as report_predicted_tau
 from specdraft.bench.runner import plan_variants
 from specdraft.config import AUTO_GAMMA_MAX
-from specdraft.draft_length import (EXTRAPOLATED_SPANS, AdaptiveLength, FixedLength, VerifyCurve, best_length,
-                                    expected_tokens)
+from specdraft.draft_length import (EXTRAPOLATED_SPANS, AdaptiveLength, FixedLength, PassLoad, VerifyCurve,
+                                    best_length, expected_tokens, pass_cost_at)
 from specdraft.drafters import ModelDrafter, PromptLookupDrafter
 from specdraft.drafters.lookup_first import LOOKUP_LABEL, LookupFirstDrafter
 from specdraft.knobs import parse_gamma
@@ -49,6 +49,32 @@ def test_best_length_weighs_acceptance_against_cost(alpha, curve, draft_cost, ex
     # the choice is the argmax of tokens per unit of time (k = 0: one token per pass): no other length does better
     rate = lambda k: expected_tokens(alpha, k) / (curve[k] + k * draft_cost)  # noqa: E731
     assert all(rate(expected) >= rate(k) for k in range(0, len(curve)))
+
+
+# the Zen 3's measured GGUF curve (docs/performance.md), T(n) / T(1) for n = 1 .. 9
+ZEN3 = (1.0, 1.06, 1.22, 1.48, 1.87, 2.11, 2.37, 2.62, 2.9)
+
+
+def test_pass_cost_is_extrapolated_along_the_curves_last_slope():
+    assert pass_cost_at(STEEP, 3) == STEEP[2]
+    assert pass_cost_at(STEEP, 9 + 4) == pytest.approx(STEEP[-1] + 4 * 0.5)
+    assert pass_cost_at(FLAT, 40) == 1.0
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.6, 0.95])
+def test_a_fuller_pass_drafts_less(alpha):
+    """In a batched pass the other requests' tokens sit on the curve first: this request's extra rows cost what the
+    curve charges at the pass's width, so a full pass drafts less than an empty one, and nothing once a row costs
+    more than it brings. An empty load is the single-request choice."""
+    assert best_length(alpha, ZEN3, 0.0, PassLoad()) == best_length(alpha, ZEN3, 0.0)
+    lengths = [best_length(alpha, ZEN3, 0.0, PassLoad(tokens=n, requests=n)) for n in range(0, 33)]
+    assert lengths[0] > 0 and max(lengths[12:]) < lengths[0]
+    assert lengths[-1] == 0  # 32 others: each extra row costs ~0.28 passes, for < 0.9 tokens
+    # the choice is the argmax of the whole pass's tokens per unit of time, k = 0 included
+    load = PassLoad(tokens=6, requests=4, draft_cost=0.5)
+    rate = lambda k: (4 + expected_tokens(alpha, k)) / (pass_cost_at(ZEN3, 7 + k) + 0.5)  # noqa: E731
+    chosen = best_length(alpha, ZEN3, 0.0, load)
+    assert all(rate(chosen) >= rate(k) for k in range(len(ZEN3)))
 
 
 def test_a_resting_source_is_forgotten_pass_by_pass_until_it_drafts_again():
@@ -303,9 +329,12 @@ class Alternating:
     def __init__(self):
         self.passes = 0
 
-    def next(self, source=None, context_tokens=0):
+    def next(self, source=None, context_tokens=0, load=None):
         self.passes += 1
         return 0 if self.passes % 2 else 3
+
+    def token_cost(self, source=None):
+        return 0.0
 
     def observe(self, drafted, accepted, source=None):
         pass

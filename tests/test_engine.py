@@ -211,3 +211,12 @@ def test_empty_prompt_and_overlong_request_are_user_errors(tiny_models):
         engine.encode("   ", chat=False)
     with pytest.raises(SpecdraftError, match="context"):
         engine.stream([2] * 500, SamplingParams(max_new_tokens=100))
+
+
+def test_result_before_the_generation_ran_is_an_error(tiny_models):
+    engine = Engine(tiny_models["target"])
+    generation = engine.stream([2, 3, 4], SamplingParams(max_new_tokens=3, temperature=0))
+    with pytest.raises(SpecdraftError, match="has not run yet"):
+        generation.result()
+    text = "".join(chunk.text for chunk in generation)
+    assert generation.result().text == text

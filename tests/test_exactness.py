@@ -75,20 +75,27 @@ def outcome(result, eos: set[int]) -> tuple:
 
 
 def engine_pvalue(target, draft, params, rule=None, min_confidence: float = 0.0, drafter=None,
-                  spec: SpecConfig | None = None) -> float:
-    """p-value of the chi-square test; the drafter defaults to the independent draft model at gamma 3."""
+                  spec: SpecConfig | None = None, batch: int = 1) -> float:
+    """p-value of the chi-square test; the drafter defaults to the independent draft model at gamma 3 (one per
+    request in flight)."""
     drafter = drafter or ModelDrafter(draft, target, min_confidence)
-    engine = Engine(target, drafter, spec or SpecConfig("draft", 3), **({"sampling_rule": rule} if rule else {}))
-    return engine_chi_square_pvalue(engine, target, params, N_SAMPLES)
+    engine = Engine(target, drafter, spec or SpecConfig("draft", 3), **({"sampling_rule": rule} if rule else {}),
+                    new_drafter=lambda: ModelDrafter(draft, target, min_confidence))
+    return engine_chi_square_pvalue(engine, target, params, N_SAMPLES, batch)
 
 
-def engine_chi_square_pvalue(engine: Engine, target, params, n: int) -> float:
+def engine_chi_square_pvalue(engine: Engine, target, params, n: int, batch: int = 1) -> float:
     """Chi-square p-value of the first two tokens of `n` generations from PROMPT (seeds 0..n-1) against the
-    target's exact joint distribution; 0 when a sequence the target gives probability 0 was emitted."""
+    target's exact joint distribution; 0 when a sequence the target gives probability 0 was emitted. batch > 1:
+    the generations run `batch` at a time as concurrent requests (`generate_many`: one target pass for all)."""
     expected = exact_joint(target, params)
     counts = dict.fromkeys(expected, 0)
-    for seed in range(n):
-        result = engine.generate(PROMPT, SamplingParams(**{**params.__dict__, "seed": seed}))
+    results = []
+    for first in range(0, n, batch):
+        seeded = [SamplingParams(**{**params.__dict__, "seed": seed}) for seed in range(first, min(n, first + batch))]
+        results += (engine.generate_many([PROMPT] * len(seeded), seeded) if batch > 1
+                    else [engine.generate(PROMPT, seeded[0])])
+    for result in results:
         key = outcome(result, target.eos_token_ids)
         counts[key] = counts.get(key, 0) + 1  # a key outside the support fails the test below
     observed = np.array([counts[k] for k in counts], dtype=float)
@@ -131,6 +138,23 @@ def test_confidence_stopped_drafts_stay_exact(small_vocab):
 def test_negative_control_wrong_rule_fails_the_same_test(small_vocab, rule):
     target, draft = small_vocab
     pvalue = engine_pvalue(target, draft, SETTINGS["T=1"], rule)
+    assert pvalue < P_THRESHOLD, f"the wrong rule passed: p-value {pvalue:.2e} at N={N_SAMPLES}"
+
+
+CONCURRENT = 8  # requests decoded together in the batched tests
+
+
+def test_concurrent_requests_follow_the_target_distribution(small_vocab):
+    """Eight requests at a time, each with its own seed, drafter and generator, every target pass scoring all of
+    them: still the target's distribution."""
+    target, draft = small_vocab
+    pvalue = engine_pvalue(target, draft, SETTINGS["T=1"], batch=CONCURRENT)
+    assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
+
+
+def test_negative_control_wrong_rule_fails_with_concurrent_requests(small_vocab):
+    target, draft = small_vocab
+    pvalue = engine_pvalue(target, draft, SETTINGS["T=1"], always_accept, batch=CONCURRENT)
     assert pvalue < P_THRESHOLD, f"the wrong rule passed: p-value {pvalue:.2e} at N={N_SAMPLES}"
 
 

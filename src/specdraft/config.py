@@ -14,6 +14,7 @@ from .registry import DRAFTERS, option_fields
 
 MAX_GAMMA = 32
 MAX_TREE_BUDGET = 64
+MAX_LOOKUP_NGRAM = 16  # prompt lookup's longest n-gram
 # lookup_first "auto" for every other method: copies after a repeated pair of tokens. Measured on two prompts per
 # category, greedy, bf16 (docs/bench/2026-11-30-xeon-lookup-first-trees): eagle-tree 1.07x -> 1.39x our AR, draft 1.23x -> 1.31x
 AUTO_LOOKUP_FIRST = 2
@@ -210,8 +211,9 @@ class SpecConfig:
                 takers = ", ".join(name for name, info in DRAFTERS.items() if info.lookup_first)
                 raise SpecdraftError(f"lookup_first puts prompt lookup in front of a drafter; method {self.method!r} "
                                      f"has none to fall back on (use it with {takers}, or leave it auto)")
-        if not (1 <= self.lookup_min_ngram <= self.lookup_max_ngram):
-            raise SpecdraftError("prompt lookup needs 1 <= min n-gram <= max n-gram")
+        if not (1 <= self.lookup_min_ngram <= self.lookup_max_ngram <= MAX_LOOKUP_NGRAM):
+            raise SpecdraftError(f"prompt lookup needs 1 <= min n-gram <= max n-gram <= {MAX_LOOKUP_NGRAM}, got "
+                                 f"{self.lookup_min_ngram} and {self.lookup_max_ngram}")
         if not (1 <= self.tree_budget <= MAX_TREE_BUDGET):
             raise SpecdraftError(f"tree budget (draft nodes per pass) must be between 1 and {MAX_TREE_BUDGET}, "
                                  f"got {self.tree_budget}")

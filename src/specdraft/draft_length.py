@@ -44,14 +44,48 @@ def expected_tokens_over_passes(alpha: float, passes: int, drafted_per_position:
                for k in range(len(at_least) - 1)) / passes
 
 
-def best_length(alpha: float, pass_cost: Sequence[float], draft_cost: float) -> int:
+@dataclass(frozen=True)
+class PassLoad:
+    """What the other requests of a batched target pass put into it: their tokens (pending token and draft
+    each), the tokens they emit at least (one each), and their drafts' cost relative to T(1)."""
+
+    tokens: int = 0
+    requests: int = 0
+    draft_cost: float = 0.0
+
+    def __add__(self, other: PassLoad) -> PassLoad:
+        return PassLoad(self.tokens + other.tokens, self.requests + other.requests,
+                        self.draft_cost + other.draft_cost)
+
+    def __sub__(self, other: PassLoad) -> PassLoad:
+        return PassLoad(self.tokens - other.tokens, self.requests - other.requests,
+                        self.draft_cost - other.draft_cost)
+
+
+def pass_cost_at(pass_cost: Sequence[float], n: int) -> float:
+    """T(n) / T(1) from a curve measured for n = 1 .. len(pass_cost); past its end, a straight line through its
+    last two points (a pass that long is bound by arithmetic, which grows linearly with its tokens)."""
+    if n <= len(pass_cost):
+        return pass_cost[n - 1]
+    slope = pass_cost[-1] - pass_cost[-2] if len(pass_cost) > 1 else 1.0
+    return pass_cost[-1] + (n - len(pass_cost)) * max(slope, 0.0)
+
+
+def best_length(alpha: float, pass_cost: Sequence[float], draft_cost: float, load: PassLoad = PassLoad()) -> int:
     """The k in 0..len(pass_cost) - 1 with the most expected tokens per unit of time; 0 (a plain target pass,
     one token per T(1)) when no draft pays for its own steps and its extra verified rows.
 
     pass_cost[n - 1]: T(n) / T(1), a target pass over n tokens relative to one (pass_cost[0] == 1).
-    draft_cost: one draft token's cost relative to T(1)."""
+    draft_cost: one draft token's cost relative to T(1). load: the other requests in the same pass; the pass's
+    tokens per unit of time counts theirs too, so a fuller pass (whose extra rows cost more) drafts less, and
+    k = 0 keeps the pass as it would be without this request's draft."""
     candidates = range(0, len(pass_cost))
-    return max(candidates, key=lambda k: (expected_tokens(alpha, k) / (pass_cost[k] + k * draft_cost), -k))
+
+    def tokens_per_time(k: int) -> float:
+        spent = pass_cost_at(pass_cost, load.tokens + 1 + k) + load.draft_cost + k * draft_cost
+        return (load.requests + expected_tokens(alpha, k)) / spent
+
+    return max(candidates, key=lambda k: (tokens_per_time(k), -k))
 
 
 EXTRAPOLATED_SPANS = 8.0  # VerifyCurve.at: the farthest it extrapolates, in spans between its two contexts
@@ -93,8 +127,12 @@ class DraftLength(Protocol):
 
     most: int
 
-    def next(self, source: str | None = None, context_tokens: int = 0) -> int:
-        """Draft tokens to ask for in the coming pass (the engine caps it by the tokens left)."""
+    def next(self, source: str | None = None, context_tokens: int = 0, load: PassLoad = PassLoad()) -> int:
+        """Draft tokens to ask for in the coming pass (the engine caps it by the tokens left); `load`: what other
+        requests put into the same pass."""
+
+    def token_cost(self, source: str | None = None) -> float:
+        """A draft token's cost relative to a one-token target pass, as this policy prices it."""
 
     def observe(self, drafted: int, accepted: int, source: str | None = None) -> None:
         """The pass drafted this many tokens (a chain) and the target kept this many of them."""
@@ -108,8 +146,11 @@ class FixedLength:
     def most(self) -> int:
         return self.gamma
 
-    def next(self, source: str | None = None, context_tokens: int = 0) -> int:
+    def next(self, source: str | None = None, context_tokens: int = 0, load: PassLoad = PassLoad()) -> int:
         return self.gamma
+
+    def token_cost(self, source: str | None = None) -> float:
+        return 0.0  # a fixed length does not price its drafts
 
     def observe(self, drafted: int, accepted: int, source: str | None = None) -> None:
         pass
@@ -151,9 +192,11 @@ class AdaptiveLength:
         tally = self.tallies.get(source, Tally())
         return (tally.accepted + self.prior_alpha * self.prior_weight) / (tally.examined + self.prior_weight)
 
-    def next(self, source: str | None = None, context_tokens: int = 0) -> int:
-        cost = self.source_costs[source] if source in self.source_costs else self.draft_cost()
-        length = best_length(self.alpha(source), self.curve.at(context_tokens), cost)
+    def token_cost(self, source: str | None = None) -> float:
+        return self.source_costs[source] if source in self.source_costs else self.draft_cost()
+
+    def next(self, source: str | None = None, context_tokens: int = 0, load: PassLoad = PassLoad()) -> int:
+        length = best_length(self.alpha(source), self.curve.at(context_tokens), self.token_cost(source), load)
         if length == 0 and self.tallies.get(source, Tally()).examined < self.rest_evidence:
             length = 1  # too little evidence to rest on: one token finds out
         if length == 0:

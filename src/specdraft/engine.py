@@ -19,7 +19,7 @@ import torch
 
 from .acceptance import accept_draft, accept_rejection, accept_tree_rejection
 from .config import SamplingParams, SpecConfig
-from .draft_length import AdaptiveLength, DraftLength, FixedLength, VerifyCurve
+from .draft_length import AdaptiveLength, DraftLength, FixedLength, PassLoad, VerifyCurve
 from .drafters.base import Drafter, NoDrafter
 from .errors import SpecdraftError
 from .models.adapter import LoadedModel, NativeState
@@ -47,7 +47,8 @@ class DecodeLoop:
     the pending token and the draft (the caller runs that pass: alone, `decode_passes`; with other requests in
     one pass, `Engine.generate_many`), `accept` (keep or resample, roll back, tell the drafter) returns the
     tokens the pass emits. `draft_length` says how many tokens to draft in each pass (a fixed gamma, or chosen
-    per pass: draft_length.py).
+    per pass: draft_length.py). The prompt is prefilled at construction, or (prefill_by_chunks) by the caller's
+    calls to `prefill`.
 
     `sampling_rule` / `tree_sampling_rule` decide acceptance of chain / tree drafts when sampling (greedy always
     keeps the longest path matching the target's argmax); tests swap in deliberately wrong rules as negative
@@ -56,7 +57,7 @@ class DecodeLoop:
     def __init__(self, target: LoadedModel, drafter: Drafter, prompt_ids: list[int], params: SamplingParams,
                  draft_length: DraftLength, generator: torch.Generator | None, stats: SpecStats,
                  sampling_rule: SamplingRule = accept_rejection,
-                 tree_sampling_rule: TreeSamplingRule = accept_tree_rejection):
+                 tree_sampling_rule: TreeSamplingRule = accept_tree_rejection, prefill_by_chunks: bool = False):
         self.drafter, self.params, self.draft_length, self.generator, self.stats = (drafter, params, draft_length,
                                                                                     generator, stats)
         self.sampling_rule, self.tree_sampling_rule = sampling_rule, tree_sampling_rule
@@ -66,14 +67,37 @@ class DecodeLoop:
                                       feature_layers=drafter.feature_layers)
         # a drafter whose layers are the target's own (self-speculation) takes their K/V from the target's cache
         drafter.use_target_state(self.state)
-        if len(prompt_ids) > 1:
-            self.state.forward(prompt_ids[:-1], 1)
-        drafter.begin(prompt_ids, self.state.features)  # features: [n_prompt - 1, n_taps, D] or None
         stats.time_prefill_s += time.perf_counter() - started
         self.context = list(prompt_ids)
         self.budget = params.max_new_tokens
         self.draft, self.source = Draft.empty(), None
         self._started = self._proposed = 0.0
+        self._prefilled = 0  # prompt tokens in the target's cache (all but the last: it is the first pending token)
+        self._prefill_features: list[torch.Tensor] = []  # [chunk, n_taps, D] per chunk, for a drafter that taps
+        self.prefilling = True
+        if not prefill_by_chunks:
+            self.prefill()
+
+    def prefill(self, most: int | None = None) -> bool:
+        """Run the next `most` prompt tokens (None: all that are left) through the target; when the prompt is in,
+        the drafter begins. Returns whether prefill is done. A server prefills a long prompt in chunks between
+        the passes of running requests; a chunk's rows come out as they would in one pass (the kernels are
+        batch-invariant) except for float32 weights, whose passes over more than 32 tokens use torch's matmul."""
+        started = time.perf_counter()
+        to_cache = len(self.context) - 1
+        end = to_cache if most is None else min(to_cache, self._prefilled + most)
+        if end > self._prefilled:
+            self.state.forward(self.context[self._prefilled: end], 1)
+            if self.state.features is not None:
+                self._prefill_features.append(self.state.features)
+            self._prefilled = end
+        if self._prefilled == to_cache:
+            features = (None if not self._prefill_features else self._prefill_features[0]
+                        if len(self._prefill_features) == 1 else torch.cat(self._prefill_features))
+            self.drafter.begin(self.context, features)  # features: [n_prompt - 1, n_taps, D] or None
+            self._prefill_features, self.prefilling = [], False
+        self.stats.time_prefill_s += time.perf_counter() - started
+        return not self.prefilling
 
     @property
     def finished(self) -> bool:
@@ -84,17 +108,23 @@ class DecodeLoop:
         """The last token: scored by the next target pass, before the draft."""
         return self.context[-1]
 
-    def propose(self) -> Draft:
-        """The draft of the next pass (empty when none pays or one token is left)."""
+    def propose(self, load: PassLoad = PassLoad()) -> Draft:
+        """The draft of the next pass (empty when none pays or one token is left). load: what other requests
+        put into the same target pass (gamma auto drafts less in a fuller pass)."""
         self._started = time.perf_counter()
         # never draft past the token budget (the last token of a pass is the target's own)
         self.source = self.drafter.next_source(self.context)  # who drafts, when the drafter has several sources
-        to_draft = min(self.draft_length.next(self.source, len(self.context)), self.budget - 1)
+        to_draft = min(self.draft_length.next(self.source, len(self.context), load), self.budget - 1)
         # nothing to draft: a plain pass; the drafter catches up on the context at its next proposal
         self.draft = (self.drafter.propose(self.context, to_draft, self.params, self.generator) if to_draft
                       else Draft.empty())
         self._proposed = time.perf_counter()
         return self.draft
+
+    def load(self) -> PassLoad:
+        """What this request puts into the coming pass (after `propose`): its tokens, the one it emits at least,
+        and its draft's cost."""
+        return PassLoad(self.draft.k + 1, 1, self.draft.k * self.draft_length.token_cost(self.source))
 
     def accept(self, target_logits: torch.Tensor) -> list[int]:
         """target_logits [k + 1, V]: the pass over the pending token and the draft (`SequenceState.verify`). Returns
@@ -125,21 +155,35 @@ class DecodeLoop:
         self.drafter.use_target_state(None)
 
 
-def decode_passes(target: LoadedModel, drafter: Drafter, prompt_ids: list[int], params: SamplingParams,
-                  draft_length: DraftLength, generator: torch.Generator | None, stats: SpecStats,
-                  sampling_rule: SamplingRule = accept_rejection,
-                  tree_sampling_rule: TreeSamplingRule = accept_tree_rejection) -> Iterator[list[int]]:
-    """One request's loop, each target pass its own: propose -> verify -> accept -> rollback. Yields the tokens
-    each pass emits; the caller stops it (EOS, stop, budget)."""
-    loop = DecodeLoop(target, drafter, prompt_ids, params, draft_length, generator, stats, sampling_rule,
-                      tree_sampling_rule)
-    try:
-        while not loop.finished:
-            draft = loop.propose()
-            # verify: one target pass over the pending token and the k draft nodes (a tree: with a tree mask)
-            yield loop.accept(loop.state.verify(loop.pending, draft))  # logits [k + 1, V]
-    finally:
-        loop.close()
+def verify_together(loops: list[DecodeLoop], drafts: list[Draft]) -> list[torch.Tensor]:
+    """Each loop's target pass over its pending token and draft (logits [k + 1, V] each): those that can share
+    one pass do (`NativeState.verify_many`: the weights are read once for all); a token tree, a drafter that reads
+    the target's features, more than MAX_KERNEL_ROWS tokens or the transformers backend runs on its own."""
+    together = [i for i, (loop, draft) in enumerate(zip(loops, drafts))
+                if isinstance(loop.state, NativeState) and not loop.state.feature_layers
+                and draft.parents is None and draft.k + 1 <= MAX_KERNEL_ROWS]
+    logits: list[torch.Tensor | None] = [None] * len(loops)
+    if len(together) > 1:
+        rows = NativeState.verify_many([loops[i].state for i in together], [loops[i].pending for i in together],
+                                       [drafts[i] for i in together])
+        for i, row in zip(together, rows):
+            logits[i] = row
+    for i, (loop, draft) in enumerate(zip(loops, drafts)):
+        if logits[i] is None:
+            # one target pass over the pending token and the k draft nodes (a tree: with a tree mask)
+            logits[i] = loop.state.verify(loop.pending, draft)
+    return logits
+
+
+def propose_together(loops: list[DecodeLoop]) -> list[Draft]:
+    """The drafts of one batched pass: each request drafts knowing what the others put into the pass (those
+    before it: their drafts; those after it: their pending token)."""
+    drafts, load = [], PassLoad(tokens=len(loops), requests=len(loops))
+    for loop in loops:
+        load = load - PassLoad(1, 1)  # this request's own pending token
+        drafts.append(loop.propose(load))
+        load = load + loop.load()
+    return drafts
 
 
 class StopChecker:
@@ -214,6 +258,7 @@ class Engine:
         self.spec = spec or SpecConfig(method="ar")
         if self.spec.draft_len == 0:
             self.drafter = NoDrafter()
+        self._idle_drafters: list[Drafter] = [self.drafter]  # drafters no request holds (acquire_drafter)
         self.curve: VerifyCurve | None = None  # gamma auto: T(n) / T(1), n = 1 .. draft_len + 1, by context
         self.target_bytes = 1  # gamma auto: a draft token costs its weight bytes over these (the target's)
         self.source_costs: dict[str, float] = {}  # gamma auto: a draft token's cost, as a fraction of a one-token
@@ -226,6 +271,23 @@ class Engine:
             self.target_bytes = target_bytes = target.weight_bytes
             self.source_costs = {source: n / target_bytes
                                  for source, n in self.drafter.source_bytes.items()}
+
+    def acquire_drafter(self) -> Drafter:
+        """A drafter for one more request in flight: the engine's own while no other request holds it, or one
+        that keeps no per-sequence state (prompt lookup: every request may share it), else a new one built by
+        `new_drafter`. Give it back with `release_drafter`."""
+        if not self.drafter.keeps_sequence_state:
+            return self.drafter
+        if self._idle_drafters:
+            return self._idle_drafters.pop()
+        if self.new_drafter is None:
+            raise SpecdraftError(f"drafter {self.drafter.name!r} keeps one sequence's state: build the engine with "
+                                 "load_engine (or pass new_drafter=) to decode several requests at once")
+        return self.new_drafter()
+
+    def release_drafter(self, drafter: Drafter) -> None:
+        if drafter.keeps_sequence_state:
+            self._idle_drafters.append(drafter)
 
     def new_draft_length(self) -> DraftLength:
         """The draft-length policy of one request (gamma auto keeps per-request acceptance)."""
@@ -311,12 +373,11 @@ class Engine:
     def generate_many(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
                       ) -> list[GenerationResult]:
         """Several requests decoded together, for offline batches: each target pass scores the pending token and
-        the draft of every unfinished request at once (`NativeState.verify_many`: the weights are read once for
-        all of them). Each request gets what `generate` gives it alone: its logits are bit-identical (the kernels
-        are batch-invariant), its drafter its own, its sampling its own torch.Generator (seeded from
-        params.seed as `generate` seeds it). Prompts are prefilled one by one. A pass that cannot join the batch
-        (a token tree, a drafter that reads the target's features, more than 32 tokens, the transformers
-        backend) runs on its own in the same round."""
+        the draft of every unfinished request at once (`verify_together`: the weights are read once for all of
+        them). Each request gets what `generate` gives it alone: its logits are bit-identical (the kernels are
+        batch-invariant), its drafter its own, its sampling its own torch.Generator (seeded from params.seed as
+        `generate` seeds it). Prompts are prefilled one by one; with gamma auto each request drafts knowing
+        how full the pass is (`propose_together`)."""
         params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise SpecdraftError(f"generate_many takes one SamplingParams or one per prompt: {len(prompts)} prompts, "
@@ -326,57 +387,34 @@ class Engine:
                                  "load_engine (or pass new_drafter=) to decode several requests together")
         generations = [self.stream(prompt, p) for prompt, p in zip(prompts, params_list)]
         with torch.inference_mode():
-            loops: list[tuple[Generation, DecodeLoop]] = []
             try:
-                for i, generation in enumerate(generations):
-                    drafter = self.drafter if i == 0 or not self.drafter.keeps_sequence_state else self.new_drafter()
-                    generation.stats.finish_reason = "length"
-                    loops.append((generation, DecodeLoop(self.target, drafter, generation.prompt_ids,
-                                                         generation.params, self.new_draft_length(),
-                                                         generation.generator, generation.stats,
-                                                         self.sampling_rule, self.tree_sampling_rule)))
-                active = list(loops)
+                active = []
+                for generation in generations:
+                    generation.open()
+                    active.append(generation)
                 while active:
-                    drafts = [loop.propose() for _, loop in active]
-                    logits = self._verify_together([loop for _, loop in active], drafts)
+                    loops = [generation.loop for generation in active]
+                    logits = verify_together(loops, propose_together(loops))
                     still = []
-                    for (generation, loop), rows in zip(active, logits):
-                        chunk, ended = generation.take(loop.accept(rows))
-                        generation.text += chunk.text if chunk is not None else ""
-                        if ended or loop.finished:
-                            tail = generation.finish()
-                            generation.text += tail.text if tail is not None else ""
-                            generation.done = True
-                            loop.close()
+                    for generation, rows in zip(active, logits):
+                        _, ended = generation.accept(rows)
+                        if ended:
+                            generation.close()
                         else:
-                            still.append((generation, loop))
+                            still.append(generation)
                     active = still
             finally:
-                for generation, loop in loops:
-                    if not generation.done:
-                        loop.close()
-                    generation.close_stats()
+                for generation in generations:
+                    generation.close()
         return [generation.result() for generation in generations]
-
-    def _verify_together(self, loops: list[DecodeLoop], drafts: list[Draft]) -> list[torch.Tensor]:
-        """Each loop's target pass over its pending token and draft: those that can, in one pass."""
-        together = [i for i, (loop, draft) in enumerate(zip(loops, drafts))
-                    if isinstance(loop.state, NativeState) and not loop.state.feature_layers
-                    and draft.parents is None and draft.k + 1 <= MAX_KERNEL_ROWS]
-        logits: list[torch.Tensor | None] = [None] * len(loops)
-        if len(together) > 1:
-            rows = NativeState.verify_many([loops[i].state for i in together], [loops[i].pending for i in together],
-                                           [drafts[i] for i in together])
-            for i, row in zip(together, rows):
-                logits[i] = row
-        for i, (loop, draft) in enumerate(zip(loops, drafts)):
-            if logits[i] is None:
-                logits[i] = loop.state.verify(loop.pending, draft)
-        return logits
 
 
 class Generation:
-    """One request in flight: iterate it for text chunks; it owns its torch.Generator and statistics."""
+    """One request in flight: iterate it for text chunks; it owns its torch.Generator and statistics.
+
+    Iterating runs the request alone. A caller that runs several in one pass (`Engine.generate_many`, the
+    server's scheduler) drives them instead: `open` (the loop, its drafter, the prompt's prefill), then per pass
+    `loop.propose`, the pass, `accept`, until it reports the end; `close` in every case."""
 
     def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams):
         self.engine, self.prompt_ids, self.params = engine, prompt_ids, params
@@ -392,41 +430,73 @@ class Generation:
         self.checker = StopChecker(engine.target.tokenizer, params.stop)
         self.text = ""
         self.done = False
+        self.loop: DecodeLoop | None = None
+        self._drafter: Drafter | None = None
         self.started = time.perf_counter()
 
     def __iter__(self) -> Iterator[StreamChunk]:
-        if self.done:
+        if self.done or self.loop is not None:
             raise RuntimeError("a Generation can be iterated only once")
-        for chunk in self._run():
-            self.text += chunk.text
-            yield chunk
-        self.done = True
+        with torch.inference_mode():
+            loop = self.open()
+            try:
+                ended = False
+                while not ended:
+                    draft = loop.propose()
+                    # verify: one target pass over the pending token and the k draft nodes (a tree: with a mask)
+                    chunks, ended = self.accept(loop.state.verify(loop.pending, draft))  # logits [k + 1, V]
+                    yield from chunks
+            finally:
+                self.close()
 
     def result(self) -> GenerationResult:
+        """Text, tokens and statistics, once the generation has ended (iterated to its end, or closed)."""
+        if not self.done:
+            raise SpecdraftError("the generation has not run yet: iterate it (for chunk in generation) first, or "
+                                 "call engine.generate")
         return GenerationResult(text=self.text, token_ids=list(self.checker.token_ids),
                                 prompt_ids=list(self.prompt_ids), stats=self.stats)
 
-    def _run(self) -> Iterator[StreamChunk]:
-        engine, params, stats = self.engine, self.params, self.stats
+    def open(self, prefill_by_chunks: bool = False) -> DecodeLoop:
+        """Start the request's loop with a drafter of its own (the engine's pool); the prompt is prefilled now, or
+        (prefill_by_chunks) by the caller's `loop.prefill` calls."""
+        engine = self.engine
         self.started = time.perf_counter()
-        stats.finish_reason = "length"
-        with torch.inference_mode():
-            passes = decode_passes(engine.target, engine.drafter, self.prompt_ids, params, engine.new_draft_length(),
-                                   self.generator, stats, engine.sampling_rule, engine.tree_sampling_rule)
-            try:
-                for tokens in passes:
-                    chunk, ended = self.take(tokens)
-                    if chunk is not None:
-                        yield chunk
-                    if ended:
-                        break
-                tail = self.finish()
-                if tail is not None:
-                    yield tail
-            finally:
-                passes.close()
-                self.close_stats()
+        self.stats.finish_reason = "length"
+        self._drafter = engine.acquire_drafter()
+        try:
+            self.loop = DecodeLoop(engine.target, self._drafter, self.prompt_ids, self.params,
+                                   engine.new_draft_length(), self.generator, self.stats, engine.sampling_rule,
+                                   engine.tree_sampling_rule, prefill_by_chunks)
+        except BaseException:
+            self.close()
+            raise
+        return self.loop
 
+    def accept(self, target_logits: torch.Tensor) -> tuple[list[StreamChunk], bool]:
+        """The loop's pass came back (logits [k + 1, V]): the text that became final and whether the request
+        ended (EOS, a stop string, the token budget); at the end the held-back tail comes too."""
+        chunk, ended = self.take(self.loop.accept(target_logits))
+        ended = ended or self.loop.finished
+        chunks = [] if chunk is None else [chunk]
+        if ended:
+            tail = self.finish()
+            chunks += [] if tail is None else [tail]
+            self.done = True
+        self.text += "".join(chunk.text for chunk in chunks)
+        return chunks, ended
+
+    def close(self) -> None:
+        """The request ended or was abandoned: the loop lets go of the caches, the drafter goes back to the
+        engine. Safe to call more than once."""
+        if self.loop is not None:
+            self.loop.close()
+            self.loop = None
+        if self._drafter is not None:
+            self.engine.release_drafter(self._drafter)
+            self._drafter = None
+        self.done = True
+        self.close_stats()
     def take(self, tokens: list[int]) -> tuple[StreamChunk | None, bool]:
         """The tokens of one target pass: cut at the budget, an EOS or a stop string. Returns the text that became
         final (None: none) and whether the request ended."""
