@@ -3,11 +3,13 @@ speculative against autoregressive, from one server (each request names its meth
 
     python scripts/load_server.py --url http://127.0.0.1:8000 --concurrency 1,4,16 --methods draft,ar
     python scripts/load_server.py --serve "--target DIR --draft DIR --port 8011" ...   # starts the server too
+    python scripts/load_server.py ... --peer-slots 16   # and llama.cpp's llama-server (-np 16), same GGUF, same load
 
 Every request is a streamed chat completion (greedy by default) so the client sees the time to the first
 token; the last chunk carries the usage and the server's acceptance statistics. A level sends
 max(--requests, concurrency) requests with at most `concurrency` in flight. Under greedy decoding the script
-also checks that every method gave the same text for the same prompt (speculative decoding is lossless).
+also checks that every method gave the same text for the same prompt (speculative decoding is lossless), and
+says how many of llama.cpp's texts equal ours (its kernels round differently; equality is not expected).
 """
 
 from __future__ import annotations
@@ -60,12 +62,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+PEER = "llama.cpp"  # the method label of llama.cpp's server
+
+
 async def one_request(client: httpx.AsyncClient, model: str, prompt_index: int, method: str, max_tokens: int,
                       args) -> Sample:
     body = {"model": model, "messages": [{"role": "user", "content": PROMPTS[prompt_index % len(PROMPTS)]}],
             "max_tokens": max_tokens, "temperature": args.temperature, "seed": prompt_index, "stream": True,
-            "stream_options": {"include_usage": True},
-            "speculative": {"method": method} | ({"gamma": args.gamma} if method != "ar" and args.gamma else {})}
+            "stream_options": {"include_usage": True}}
+    if method != PEER:
+        body["speculative"] = {"method": method} | ({"gamma": args.gamma} if method != "ar" and args.gamma else {})
+    content_chunks = 0
     started = time.perf_counter()
     ttft, parts, usage, stats = None, [], {}, {}
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
@@ -83,16 +90,20 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt_index: int, 
             for choice in chunk["choices"]:
                 if choice.get("speculative_stats"):  # the choice's own statistics (backend, timings, ...)
                     stats["choice"] = choice["speculative_stats"]
-                content = choice["delta"].get("content")
+                content = (choice.get("delta") or {}).get("content")
                 if content:
                     if ttft is None:
                         ttft = time.perf_counter() - started
                     parts.append(content)
+                    content_chunks += 1
             if chunk.get("usage"):
                 usage = chunk["usage"]
                 stats.update(chunk.get("speculative_stats", {}))
-    return Sample(prompt_index, 200, time.perf_counter() - started, ttft, usage.get("completion_tokens", 0),
-                  "".join(parts), stats)
+            if chunk.get("timings"):  # llama-server's own counts
+                usage.setdefault("completion_tokens", chunk["timings"].get("predicted_n", 0))
+    # llama-server streams one token per chunk; without usage, its chunks count its tokens
+    return Sample(prompt_index, 200, time.perf_counter() - started, ttft,
+                  usage.get("completion_tokens", content_chunks), "".join(parts), stats)
 
 
 async def run_level(url: str, model: str, method: str, concurrency: int, n_requests: int, max_tokens: int,
@@ -123,34 +134,46 @@ async def run_level(url: str, model: str, method: str, concurrency: int, n_reque
         "wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "requests_per_s": len(ok) / wall,
         "latency_p50_s": percentile(latencies, 0.5), "latency_p90_s": percentile(latencies, 0.9),
         "latency_p99_s": percentile(latencies, 0.99), "ttft_p50_s": percentile(ttfts, 0.5),
-        "ttft_p90_s": percentile(ttfts, 0.9), "tau": tokens / passes if passes else 0.0,
+        "ttft_p90_s": percentile(ttfts, 0.9), "ttft_p99_s": percentile(ttfts, 0.99), "tau": tokens / passes if passes else 0.0,
         "acceptance_rate": accepted / drafted if drafted else 0.0,
         "samples": [asdict(s) for s in samples],
     }
 
 
 def markdown(levels: list[dict]) -> str:
-    lines = ["| method | concurrency | requests | ok | 429 | tokens/s | req/s | latency p50 / p90 / p99 (s) "
-             "| TTFT p50 / p90 (s) | τ | acceptance |",
-             "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"]
+    """One row per (method, concurrency); "× c=1": tokens/s over the same method's at concurrency 1."""
+    lines = ["| method | concurrency | requests | ok | 429 | tokens/s | × c=1 | req/s | latency p50 / p90 / p99 (s) "
+             "| TTFT p50 / p99 (s) | τ | acceptance |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"]
+    single = {r["method"]: r["tokens_per_s"] for r in levels if r["concurrency"] == 1}
     for r in levels:
+        ratio = f"{r['tokens_per_s'] / single[r['method']]:.2f}" if single.get(r["method"]) else "-"
+        speculative = r["method"] not in ("ar", PEER)
         lines.append(f"| {r['method']} | {r['concurrency']} | {r['requests']} | {r['ok']} | {r['rejected_429']} "
-                     f"| {r['tokens_per_s']:.2f} | {r['requests_per_s']:.3f} | {r['latency_p50_s']:.2f} / "
+                     f"| {r['tokens_per_s']:.2f} | {ratio} | {r['requests_per_s']:.3f} | {r['latency_p50_s']:.2f} / "
                      f"{r['latency_p90_s']:.2f} / {r['latency_p99_s']:.2f} | {r['ttft_p50_s']:.2f} / "
-                     f"{r['ttft_p90_s']:.2f} | {r['tau']:.2f} | "
-                     + (f"{r['acceptance_rate']:.2f}" if r["method"] != "ar" else "-") + " |")
+                     f"{r['ttft_p99_s']:.2f} | " + (f"{r['tau']:.2f}" if r["method"] != PEER else "-") + " | "
+                     + (f"{r['acceptance_rate']:.2f}" if speculative else "-") + " |")
     return "\n".join(lines)
 
 
 def lossless_check(levels: list[dict]) -> str:
-    """Greedy: the same prompt must give the same text under every method."""
-    by_prompt: dict[int, set[str]] = {}
+    """Greedy: the same prompt must give the same text under every method of ours, at every level; llama.cpp's
+    texts are compared with ours, not required to equal them."""
+    ours: dict[int, set[str]] = {}
+    peer: dict[int, set[str]] = {}
     for level in levels:
         for s in level["samples"]:
             if s["status"] == 200:
-                by_prompt.setdefault(s["prompt"], set()).add(s["text"])
-    same = sum(len(texts) == 1 for texts in by_prompt.values())
-    return f"{same}/{len(by_prompt)} prompts gave one identical text across all methods and levels"
+                (peer if level["method"] == PEER else ours).setdefault(s["prompt"], set()).add(s["text"])
+    same = sum(len(texts) == 1 for texts in ours.values())
+    line = f"{same}/{len(ours)} prompts gave one identical text across all our methods and levels"
+    if peer:
+        equal = sum(texts == ours.get(prompt) for prompt, texts in peer.items())
+        steady = sum(len(texts) == 1 for texts in peer.values())
+        line += (f"; llama.cpp: {steady}/{len(peer)} prompts gave one text at every level, {equal}/{len(peer)} "
+                 "the same text as ours")
+    return line
 
 
 def wait_healthy(url: str, process: subprocess.Popen | None, timeout: float) -> dict:
@@ -169,6 +192,30 @@ def wait_healthy(url: str, process: subprocess.Popen | None, timeout: float) -> 
         time.sleep(0.5)
 
 
+def peer_levels(args, concurrencies: list[int]) -> list[dict]:
+    """The same levels against llama-server with `--peer-slots` slots (continuous batching is its default), the
+    chat template its GGUF carries (--jinja: as transformers renders it)."""
+    from specdraft.bench.peers import LlamaServer, ServerSpec, existing_gguf, is_built, peer_binary
+    from specdraft.models.fetch import cache_root
+
+    cache = cache_root(None)
+    if not is_built(cache):
+        print("llama.cpp's server is not built (`make peers`): its levels are left out", file=sys.stderr)
+        return []
+    spec = ServerSpec(binary=peer_binary(cache, "llama-server"), model=existing_gguf(args.target, cache),
+                      threads=args.threads, context=512 * args.peer_slots, slots=args.peer_slots, jinja=True)
+    print("starting:", " ".join(spec.command(0)), file=sys.stderr, flush=True)
+    levels = []
+    with LlamaServer(spec) as server:
+        asyncio.run(run_level(server.url, "peer", PEER, 1, 1, 4, args))  # warm-up
+        for concurrency in concurrencies:
+            level = asyncio.run(run_level(server.url, "peer", PEER, concurrency, max(args.requests, concurrency),
+                                          args.max_tokens, args))
+            levels.append(level)
+            print(markdown([level]).splitlines()[-1], file=sys.stderr, flush=True)
+    return levels
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
@@ -182,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one request may take")
     parser.add_argument("--out", default=None, help="write every level and sample as JSON here")
+    parser.add_argument("--peer-slots", type=int, default=0, help="also load llama.cpp's llama-server (`make "
+                        "peers`) with this many slots (-np) on the target's GGUF, after our server stops")
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b", help="the packaged model whose GGUF the peer "
+                        "loads (ours is whatever --serve names)")
+    parser.add_argument("--threads", type=int, default=2, help="the peer's threads")
     args = parser.parse_args(argv)
     levels_c = [int(c) for c in args.concurrency.split(",")]
     methods = args.methods.split(",")
@@ -208,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         if process is not None:
             process.send_signal(signal.SIGTERM)
             process.wait(120)
+    if args.peer_slots:
+        levels += peer_levels(args, levels_c)
     print(markdown(levels))
     if args.temperature == 0:
         print("\n" + lossless_check(levels))

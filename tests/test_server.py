@@ -170,6 +170,13 @@ def server(models):
         yield live
 
 
+@pytest.fixture(scope="module")
+def serial_server(models):
+    """One request at a time (max_batch=1), so the queue's limit and order show."""
+    with LiveServer(models, max_queue=4, max_batch=1) as live:
+        yield live
+
+
 @pytest.fixture
 def idle_server(server):
     server.wait_idle()
@@ -262,7 +269,8 @@ def test_stop_string_ends_the_text_before_it(idle_server, models):
 def test_every_method_gives_the_greedy_text(idle_server, models, method):
     expected = direct(models, encode(models, "hello"), SpecConfig(method="ar"), max_new_tokens=30).text
     response = idle_server.client.completions.create(model=MODEL, prompt="hello", max_tokens=30, temperature=0,
-                                                     extra_body={"speculative": {"method": method, "gamma": 2}})
+                                                     extra_body={"speculative": {"method": method} | (
+                                                         {"gamma": 2} if method != "ar" else {})})
     assert response.choices[0].text == expected
     stats = response.model_extra["speculative_stats"]
     assert stats["method"] == method
@@ -312,7 +320,7 @@ def test_models_health_and_model_card(idle_server):
     assert [m.id for m in idle_server.client.models.list().data] == [MODEL]
     assert idle_server.client.models.retrieve(MODEL).id == MODEL
     health = idle_server.health()
-    assert (health["status"], health["model"], health["max_queue"]) == ("ok", MODEL, 4)
+    assert (health["status"], health["model"], health["max_queue"], health["max_batch"]) == ("ok", MODEL, 4, 8)
 
 
 # ---- bad input ----
@@ -362,6 +370,12 @@ BAD_COMPLETIONS = {
     # JSON may escape a lone surrogate, which no tokenizer takes (it was a 500)
     "prompt with a lone surrogate": {"model": MODEL, "prompt": "\ud800 hi"},
     "prompt list with a lone surrogate": {"model": MODEL, "prompt": ["hi", "\udfff"]},
+    "stop string with a lone surrogate": {"model": MODEL, "prompt": "abc", "stop": ["\ud800"]},
+    "prompt nested too deep": {"model": MODEL, "prompt": [[[2, 3]]]},
+    "prompt mixing text and ids": {"model": MODEL, "prompt": ["abc", 3]},
+    "speculative gamma with method ar": {"model": MODEL, "prompt": "abc", "speculative": {"method": "ar", "gamma": 4}},
+    "speculative lookup_max_ngram unbounded": {"model": MODEL, "prompt": "abc",
+                                               "speculative": {"method": "prompt-lookup", "lookup_max_ngram": 10**6}},
 }
 
 BAD_CHATS = {
@@ -411,6 +425,75 @@ def test_chat_message_with_a_lone_surrogate_is_a_400(server):
     response = server.http.post("/v1/chat/completions", content=json.dumps(body).encode(),
                                 headers={"content-type": "application/json"})
     _assert_openai_error(response, 400)
+
+
+# ---- the choices vLLM's OpenAI server makes, where OpenAI's reference leaves room ----
+
+
+def test_prompt_shapes_as_vllm_takes_them(idle_server, models):
+    """A list of token-id lists is several prompts; a prompt of blanks is text (only one without any token is
+    refused, as the bad-input table shows); a wrongly nested prompt names every accepted shape."""
+    ids = [encode(models, "abc"), encode(models, "bead")]
+    response = idle_server.client.completions.create(model=MODEL, prompt=ids, max_tokens=5, temperature=0)
+    assert [c.text for c in response.choices] == [direct(models, p, max_new_tokens=5).text for p in ids]
+    blank = idle_server.client.completions.create(model=MODEL, prompt="   ", max_tokens=3, temperature=0)
+    assert blank.usage.prompt_tokens == len(encode(models, "   ")) > 0
+    error = _assert_openai_error(idle_server.http.post("/v1/completions", json={"model": MODEL,
+                                                                               "prompt": [[[2]]]}), 400)
+    assert "list of lists of token ids" in error["message"] and error["param"] == "prompt"
+
+
+@pytest.mark.parametrize("content", [None, "", [], [{"type": "text", "text": ""}]])
+def test_chat_message_without_content_is_answered(idle_server, content):
+    """As vLLM: a message with null or empty content is part of the conversation (the template renders it)."""
+    response = idle_server.http.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "system", "content": content}, {"role": "user", "content": "hi"}],
+        "max_tokens": 3})
+    assert response.status_code == 200, response.text
+
+
+def test_n_null_means_one_choice(idle_server):
+    response = idle_server.http.post("/v1/completions", json={"model": MODEL, "prompt": "abc", "n": None,
+                                                              "max_tokens": 2})
+    assert response.status_code == 200 and len(response.json()["choices"]) == 1
+
+
+def test_chunked_body_over_the_limit_is_a_413_before_it_is_read_whole(server):
+    """A body sent in chunks (no Content-Length) is cut off once past the limit."""
+    limit = server.config.max_body_bytes
+    sent = []
+
+    def chunks():
+        yield b'{"model": "tiny", "prompt": "'
+        for _ in range(4 * limit // 65536):
+            sent.append(65536)
+            yield b"a" * 65536
+        yield b'"}'
+
+    response = server.http.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert "content-length" not in response.request.headers
+    _assert_openai_error(response, 413)
+
+
+def test_queue_places_go_in_arrival_order():
+    """A place is taken on arrival, before tokenizing: when the queue is full the refusals fall on the latest
+    arrivals, and requests that finish tokenizing out of order still queue in arrival order."""
+    import asyncio
+
+    from specdraft.server.metrics import ServerMetrics
+    from specdraft.server.scheduler import Job, QueueFull, Scheduler
+
+    scheduler = Scheduler(max_queue=2, metrics=ServerMetrics(), max_batch=1)  # never started: nothing runs
+    tickets = [scheduler.reserve() for _ in range(3)]  # one for the free batch place, two waiting places
+    with pytest.raises(QueueFull):
+        scheduler.reserve()
+    loop = asyncio.new_event_loop()
+    jobs = [Job([], loop, []) for _ in tickets]
+    for job, ticket in reversed(list(zip(jobs, tickets))):
+        scheduler.submit(job, ticket)
+    assert list(scheduler._waiting) == jobs
+    scheduler.cancel(-1)  # cancelling an unknown ticket is harmless
+    loop.close()
 
 
 def test_unknown_model_is_a_404(server):
@@ -487,7 +570,9 @@ def test_unstreamed_disconnect_frees_the_slot(idle_server):
     assert generated < LONG / 2
 
 
-def test_full_queue_answers_429_with_retry_after_and_loses_nothing(idle_server, models):
+def test_full_queue_answers_429_with_retry_after_and_loses_nothing(serial_server, models):
+    idle_server = serial_server
+    idle_server.wait_idle()
     prompts = ["a", "b", "c", "d", "e", "f", "g"]  # 4 fit in the queue (max_queue=4), 3 are refused
     expected = {p: direct(models, encode(models, p), max_new_tokens=5).text for p in prompts}
     long = idle_server.start_long_stream()
@@ -517,10 +602,13 @@ def test_full_queue_answers_429_with_retry_after_and_loses_nothing(idle_server, 
     assert all(r.choices[0].text == expected[p] for p, r in served.items())
 
 
-def test_queued_requests_are_served_in_arrival_order(idle_server):
-    """The worker serves one request at a time, so answer i + 1 is sent a whole generation after answer i. Each
+def test_queued_requests_are_served_in_arrival_order(serial_server):
+    """With max_batch 1 the worker serves one request at a time, so answer i + 1 is sent a whole generation after
+    answer i. Each
     asks for QUEUED_TOKENS tokens so that gap dwarfs thread scheduling: with 3-token answers a client thread that
     read its answer late was once recorded after the next one (in CI), the server's order being right."""
+    idle_server = serial_server
+    idle_server.wait_idle()
     finished: list[int] = []
     long = idle_server.start_long_stream()
     idle_server.wait_for(running=1, queued=0)
@@ -558,6 +646,95 @@ def test_many_concurrent_clients_all_get_their_own_complete_answer(models):
         with ThreadPoolExecutor(len(prompts)) as pool:
             answers = dict(zip(prompts, pool.map(ask, range(len(prompts)), prompts)))
     assert answers == expected
+
+
+# ---- several requests in each target pass ----
+
+# (prompt, speculative settings, max_tokens): prompts of 1 to ~70 tokens, so that with prefill chunks of 8 tokens
+# some requests prefill across several passes while others decode
+LOAD = [("abc" * 20, {"method": "ar"}, 24), ("hello", {"method": "draft", "gamma": 3}, 30),
+        ("deed" * 15 + "e", {"method": "prompt-lookup", "gamma": 4}, 40), ("cab", {"method": "draft", "gamma": 2}, 9),
+        ("bead", {"method": "ar"}, 17), ("ace" * 6, {"method": "prompt-lookup", "gamma": 2}, 33),
+        ("dab" * 23, {"method": "draft", "gamma": 4}, 12), ("e", {"method": "ar"}, 26)]
+
+
+def ask_load(live: LiveServer, i: int) -> str:
+    prompt, speculative, max_tokens = LOAD[i]
+    kwargs = dict(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                  extra_body={"speculative": speculative})
+    if i % 2:
+        return "".join(c.choices[0].text for c in live.client.completions.create(stream=True, **kwargs))
+    return live.client.completions.create(**kwargs).choices[0].text
+
+
+def alone_and_together(live: LiveServer) -> tuple[list[str], list[str], dict]:
+    """Each LOAD request served alone, then all at once; and the metrics of the second part."""
+    alone = [ask_load(live, i) for i in range(len(LOAD))]
+    before = live.metrics()
+    with ThreadPoolExecutor(len(LOAD)) as pool:
+        together = list(pool.map(lambda i: ask_load(live, i), range(len(LOAD))))
+    after = live.metrics()
+    return alone, together, {key: after[key] - before.get(key, 0) for key in after}
+
+
+def test_greedy_answers_under_load_equal_each_request_served_alone(models):
+    """Eight clients at once on a server that batches up to 4: every greedy answer is the one the request gets
+    alone, and the passes really held several requests (the pass histogram)."""
+    with LiveServer(models, max_queue=16, max_batch=4, prefill_chunk=8) as live:
+        alone, together, delta = alone_and_together(live)
+        health = live.health()
+    assert together == alone
+    assert all(alone)
+    passes = delta[("specdraft_pass_requests_count", ())]
+    single = delta[("specdraft_pass_requests_bucket", (("le", "1.0"),))]
+    assert passes > single, "no pass held more than one request"
+    assert delta[("specdraft_pass_requests_bucket", (("le", "4.0"),))] == passes  # never more than max_batch
+    assert delta[("specdraft_queue_wait_seconds_count", ())] == len(LOAD)
+    assert health["max_batch"] == 4
+
+
+def test_negative_control_mixed_up_rows_change_answers_under_load(models, monkeypatch):
+    """The same check must fail when a pass hands requests each other's logits."""
+    from specdraft.server import scheduler
+
+    verify_together = scheduler.verify_together
+
+    def mixed_up(loops, drafts):
+        logits = verify_together(loops, drafts)
+        if len(loops) < 2:
+            return logits
+        # request i gets request i + 1's rows, cut or repeated to its own length
+        shifted = logits[1:] + logits[:1]
+        return [other[torch.arange(mine.shape[0]) % other.shape[0]] for mine, other in zip(logits, shifted)]
+
+    monkeypatch.setattr(scheduler, "verify_together", mixed_up)
+    with LiveServer(models, max_queue=16, max_batch=4, prefill_chunk=8) as live:
+        alone, together, _ = alone_and_together(live)
+    assert together != alone
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_others_stream(models):
+    """A 300-token prompt, prefilled 16 tokens between two passes: a request already streaming keeps getting
+    text during that prefill, and the long prompt's answer equals its answer alone."""
+    long_prompt = "abcde" * 60
+    with LiveServer(models, max_queue=4, max_batch=4, prefill_chunk=16) as live:
+        expected = live.client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=8,
+                                                  temperature=0).choices[0].text
+        stream = live.client.completions.create(model=MODEL, prompt="abc", max_tokens=2000, temperature=0,
+                                                stream=True, extra_body={"speculative": {"method": "ar"}})
+        chunks = iter(stream)
+        next(chunks)  # the streaming request is decoding
+        with ThreadPoolExecutor(1) as pool:
+            future = pool.submit(lambda: live.client.completions.create(model=MODEL, prompt=long_prompt,
+                                                                        max_tokens=8, temperature=0))
+            received_meanwhile = 0
+            while not future.done():
+                next(chunks)
+                received_meanwhile += 1
+            answer = future.result().choices[0].text
+        stream.close()
+    assert answer == expected
+    assert received_meanwhile >= 300 // 16  # a pass of the streaming request between prefill chunks
 
 
 # ---- metrics ----

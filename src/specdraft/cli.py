@@ -81,7 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--model-name", default=None, help="the model id clients send (default: --target)")
-    serve.add_argument("--max-queue", type=int, default=16, help="requests that may wait; more get 429")
+    serve.add_argument("--max-queue", type=int, default=16,
+                       help="requests that may wait for a place in the batch; more get 429")
+    serve.add_argument("--max-batch", type=int, default=8,
+                       help="requests generated together, each target pass scoring all of them")
+    serve.add_argument("--prefill-chunk", type=int, default=128, metavar="TOKENS",
+                       help="prompt tokens prefilled between two passes of the running requests")
     serve.add_argument("--max-tokens-limit", type=int, default=2048, help="largest max_tokens a request may ask")
     serve.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request gives none")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
@@ -231,7 +236,7 @@ def cmd_serve(args) -> int:
                          cache_dir=args.cache_dir, threads=args.threads, backend=args.backend)
     spec = SpecConfig(method=args.method, gamma=args.gamma, **drafter_knobs(args))
     config = ServerConfig(host=args.host, port=args.port, model_name=args.model_name, max_queue=args.max_queue,
-                          max_tokens_limit=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
+                          max_batch=args.max_batch, prefill_chunk=args.prefill_chunk, max_tokens_limit=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
                           shutdown_timeout_s=args.shutdown_timeout, log_level=args.log_level)
     serve(models, spec, config)
     return 0

@@ -170,17 +170,21 @@ class ServerSpec:
     context: int = DEFAULT_CONTEXT
     draft: Path | None = None  # llama.cpp-spec: the draft GGUF (--spec-type draft-simple)
     draft_n_max: int = PEER_DRAFT_N_MAX
+    slots: int = 1  # requests decoded together (-np; its context is shared among them)
+    jinja: bool = False  # chat requests rendered with the GGUF's own template (as transformers renders it)
     extra: tuple[str, ...] = field(default=())
 
     def command(self, port: int) -> list[str]:
         cmd = [str(self.binary), "-m", str(self.model), "--host", "127.0.0.1", "--port", str(port),
                "-t", str(self.threads), "-tb", str(self.threads), "-c", str(self.context),
-               "-np", "1",  # one slot: the whole context for the one request at a time
+               "-np", str(self.slots),  # the bench: one slot, the whole context for the one request at a time
                "--cache-ram", "0",  # no prompt cache between requests (and cache_prompt false in each)
                "--no-webui"]
         if self.draft is not None:
             cmd += ["--spec-type", "draft-simple", "-md", str(self.draft), "--spec-draft-n-max", str(self.draft_n_max),
                     "-td", str(self.threads), "-tbd", str(self.threads)]
+        if self.jinja:
+            cmd.append("--jinja")
         return cmd + list(self.extra)
 
 

@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import SpecConfig
 from ..drafters import build_drafter
-from ..engine import Engine, Generation
+from ..engine import Engine, Generation, check_text
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel
 from ..types import GenerationResult
@@ -65,12 +65,13 @@ class ServerState:
         return getattr(self.target.model.config, "max_position_embeddings", None)
 
     def engine(self, spec: SpecConfig) -> Engine:
-        """An engine for `spec`, built once. Sharing one is safe: the single worker runs one generation at a
-        time, and a drafter starts every sequence afresh in begin()."""
+        """An engine for `spec`, built once. Requests in flight together each take a drafter of their own from
+        its pool (`Engine.acquire_drafter`; only the worker thread does)."""
         with self._engines_lock:
             engine = self._engines.get(spec)
             if engine is None:
-                engine = Engine(self.target, build_drafter(spec, self.target, self.draft), spec)
+                engine = Engine(self.target, build_drafter(spec, self.target, self.draft), spec,
+                                new_drafter=lambda: build_drafter(spec, self.target, self.draft))
                 if len(self._engines) >= ENGINE_CACHE_SIZE:
                     self._engines.pop(next(iter(self._engines)))
                 self._engines[spec] = engine
@@ -83,7 +84,8 @@ def create_app(config: ServerConfig, spec: SpecConfig, target: LoadedModel,
     metrics = ServerMetrics()
     state = ServerState(config=config, spec=spec, target=target, draft=draft,
                         model_name=config.model_name or target.name, metrics=metrics,
-                        scheduler=Scheduler(config.max_queue, metrics), created=int(time.time()))
+                        scheduler=Scheduler(config.max_queue, metrics, config.max_batch,
+                                              config.prefill_chunk), created=int(time.time()))
     state.engine(spec)  # the server's own settings must work before it listens (e.g. draft vocabulary)
 
     @contextlib.asynccontextmanager
@@ -117,8 +119,8 @@ def create_app(config: ServerConfig, spec: SpecConfig, target: LoadedModel,
     async def health():
         draining = state.scheduler.draining
         body = {"status": "draining" if draining else "ok", "model": state.model_name,
-                "running": int(state.scheduler.busy), "queued": state.scheduler.queued,
-                "max_queue": config.max_queue,
+                "running": state.scheduler.running, "queued": state.scheduler.queued,
+                "max_queue": config.max_queue, "max_batch": config.max_batch,
                 "speculative": {"method": spec.method, "gamma": spec.gamma_shown}}
         return JSONResponse(body, status_code=503 if draining else 200)
 
@@ -178,14 +180,18 @@ async def handle_generation(state: ServerState, request: Request, endpoint: str)
     arrived = time.perf_counter()
     try:
         model = CompletionRequest if endpoint == COMPLETIONS else ChatRequest
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > state.config.max_body_bytes:  # refuse before reading it
-            raise ApiError(413, f"request body is {declared} bytes; the limit is {state.config.max_body_bytes}")
-        parsed = parse_request(await request.body(), model, state.config)
+        parsed = parse_request(await read_body(request, state.config.max_body_bytes), model, state.config)
         check_model(state, parsed.model)
-        prepared = await run_in_threadpool(prepare, state, parsed, endpoint)
+        # the place in the queue is taken now, in arrival order (429 falls on the latest arrivals), and
+        # tokenizing happens after
+        ticket = reserve(state)
+        try:
+            prepared = await run_in_threadpool(prepare, state, parsed, endpoint)
+        except BaseException:
+            state.scheduler.cancel(ticket)
+            raise
         job = Job(prepared.generations, asyncio.get_running_loop(), prepared.new_prompt)
-        submit(state, job)
+        submit(state, job, ticket)
     except ApiError as error:
         state.metrics.requests.labels(endpoint, str(error.status)).inc()
         return error_response(error)
@@ -211,16 +217,41 @@ class EventStream(StreamingResponse):
             self.reply.abandon()
 
 
-def submit(state: ServerState, job: Job) -> None:
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it passes `limit` bytes: before reading it when its length is
+    declared, while reading it when it comes in chunks."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body is {declared} bytes; the limit is {limit}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, f"request body is over the limit of {limit} bytes")
+    return bytes(body)
+
+
+def reserve(state: ServerState) -> int:
     try:
-        state.scheduler.submit(job)
+        return state.scheduler.reserve()
     except QueueFull:
         raise ApiError(429, f"the server is busy: {state.scheduler.queued} requests are waiting (the limit); "
                             f"retry after {state.config.retry_after_s} s", type="rate_limit_error",
                        code="queue_full", headers={"Retry-After": str(state.config.retry_after_s)}) from None
     except ShuttingDown:
-        raise ApiError(503, "the server is shutting down; retry on another instance", type="server_error",
-                       code="server_shutting_down") from None
+        raise shutting_down() from None
+
+
+def submit(state: ServerState, job: Job, ticket: int) -> None:
+    try:
+        state.scheduler.submit(job, ticket)
+    except ShuttingDown:
+        raise shutting_down() from None
+
+
+def shutting_down() -> ApiError:
+    return ApiError(503, "the server is shutting down; retry on another instance", type="server_error",
+                    code="server_shutting_down")
 
 
 def prepare(state: ServerState, request: CompletionRequest | ChatRequest, endpoint: str) -> Prepared:
@@ -266,17 +297,28 @@ def encode_prompts(engine: Engine, request: CompletionRequest | ChatRequest, end
         return [ids]
     prompt = request.prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        prompt = [prompt]
+    if not prompt:
+        raise bad_request("prompt must not be empty", "prompt")
+    if isinstance(prompt, list) and all(isinstance(p, list) for p in prompt):  # token ids, one list per prompt
         try:
-            return [engine.check_prompt_ids(prompt)]  # the engine's own check, before the request queues
+            return [engine.check_prompt_ids(ids) for ids in prompt]  # the engine's own check, before queueing
         except SpecdraftError as exc:
             raise bad_request(str(exc), "prompt") from None
     texts = [prompt] if isinstance(prompt, str) else prompt
-    if not texts:
-        raise bad_request("prompt must not be empty", "prompt")
-    try:
-        return [engine.encode(text, chat=False) for text in texts]
-    except SpecdraftError as exc:
-        raise bad_request(str(exc), "prompt") from None
+    prompts = []
+    for text in texts:
+        try:
+            check_text(text, "the prompt")
+        except SpecdraftError as exc:
+            raise bad_request(str(exc), "prompt") from None
+        # as vLLM: a prompt of blanks is text like any other; one with no tokens at all is refused
+        ids = list(engine.target.tokenizer(text, add_special_tokens=True)["input_ids"])
+        if not ids:
+            raise bad_request("prompt must not be empty" if not text else
+                              f"the prompt {text!r} has no tokens", "prompt")
+        prompts.append(ids)
+    return prompts
 
 
 class Reply:

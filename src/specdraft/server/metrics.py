@@ -10,6 +10,8 @@ from ..types import SpecStats
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 ACCEPTED_BUCKETS = tuple(float(n) for n in range(MAX_GAMMA + 1))
+PASS_REQUESTS_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+PASS_TOKENS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 # The status label of a request whose client went away before its answer was complete (nginx's convention).
 CLIENT_CLOSED = "499"
@@ -31,7 +33,14 @@ class ServerMetrics:
                                            "Draft tokens kept by each target pass", buckets=ACCEPTED_BUCKETS,
                                            registry=r)
         self.queue_depth = Gauge("specdraft_queue_depth", "Requests waiting for the worker", registry=r)
-        self.running = Gauge("specdraft_running_requests", "Requests the worker is generating for", registry=r)
+        self.running = Gauge("specdraft_running_requests", "Choices the worker is generating for (prefill included)",
+                             registry=r)
+        self.pass_requests = Histogram("specdraft_pass_requests", "Requests scored by each batched target pass",
+                                       buckets=PASS_REQUESTS_BUCKETS, registry=r)
+        self.pass_tokens = Histogram("specdraft_pass_tokens", "Tokens (pending and draft) in each batched target pass",
+                                     buckets=PASS_TOKENS_BUCKETS, registry=r)
+        self.queue_wait = Histogram("specdraft_queue_wait_seconds", "From a request's arrival in the queue to its "
+                                    "admission into the running batch", buckets=LATENCY_BUCKETS, registry=r)
         self.time_to_first_token = Histogram("specdraft_time_to_first_token_seconds",
                                              "From request arrival to its first generated text (queueing included)",
                                              buckets=LATENCY_BUCKETS, registry=r)
@@ -55,6 +64,10 @@ class ServerMetrics:
             passes = at_least[n_accepted] - (at_least[n_accepted + 1] if n_accepted + 1 < len(at_least) else 0)
             for _ in range(passes):
                 self.accepted_per_pass.observe(n_accepted)
+
+    def record_pass(self, requests: int, tokens: int) -> None:
+        self.pass_requests.observe(requests)
+        self.pass_tokens.observe(tokens)
 
     def exposition(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

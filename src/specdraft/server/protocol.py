@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from ..config import SamplingParams, SpecConfig
+from ..engine import check_text
 from ..errors import SpecdraftError
 from ..registry import option_classes
 from .config import ServerConfig
@@ -81,7 +82,7 @@ class _CommonRequest(_Strict):
     top_k: int | None = None  # not OpenAI, accepted as vLLM does
     stop: str | list[str] | None = None
     seed: int | None = None
-    n: int = 1
+    n: int | None = 1  # null: 1, as OpenAI and vLLM take it
     stream: bool = False
     stream_options: StreamOptions | None = None
     speculative: dict[str, Any] | None = None  # validated against `speculative_options()` by parse_request
@@ -106,8 +107,11 @@ class _CommonRequest(_Strict):
         return self.max_tokens
 
 
+PROMPT_SHAPES = "a string, a list of strings, a list of token ids, or a list of lists of token ids"
+
+
 class CompletionRequest(_CommonRequest):
-    prompt: str | list[str] | list[int]
+    prompt: str | list[str] | list[int] | list[list[int]]
     echo: Any = None
     suffix: Any = None
     best_of: Any = None
@@ -167,7 +171,11 @@ def parse_request(body: bytes, model: type[_CommonRequest], limits: ServerConfig
     try:
         request = model.model_validate(data)
     except ValidationError as exc:
+        if exc.errors()[0]["loc"][:1] == ("prompt",):  # a union's error names one of its branches: say all
+            raise bad_request(f"prompt must be {PROMPT_SHAPES}", "prompt") from None
         raise _invalid(exc) from None
+    if request.n is None:
+        request.n = 1
     if request.speculative is not None:
         try:
             request.speculative = speculative_options().model_validate(request.speculative)
@@ -206,6 +214,11 @@ def sampling_params(request: _CommonRequest, limits: ServerConfig, prompt_len: i
     stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
     if len(stop) > MAX_STOP_STRINGS:
         raise bad_request(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}", "stop")
+    for text in stop:
+        try:
+            check_text(text, "a stop string")
+        except SpecdraftError as exc:
+            raise bad_request(str(exc), "stop") from None
     if request.seed is not None and not (0 <= request.seed <= MAX_SEED):
         raise bad_request(f"seed must be between 0 and {MAX_SEED}, got {request.seed}", "seed")
     for name, value in (("top_p", request.top_p), ("top_k", request.top_k)):
@@ -232,9 +245,13 @@ def spec_config(request: _CommonRequest, default: SpecConfig) -> SpecConfig:
     if options:  # a registered drafter's own settings
         overrides["options"] = {**dict(default.options), **options}
     try:
-        return replace(default, **overrides)
+        spec = replace(default, **overrides)
     except SpecdraftError as exc:
         raise bad_request(f"speculative: {exc}", "speculative") from None
+    if spec.method == "ar" and request.speculative.gamma is not None:
+        raise bad_request("speculative.gamma has no effect with method 'ar' (it drafts nothing); leave gamma out or "
+                          "choose a speculative method", "speculative")
+    return spec
 
 
 def _param_of(message: str, names: tuple[str, ...]) -> str | None:

@@ -1,9 +1,16 @@
-"""One worker thread runs generations one at a time, in arrival order, from a bounded queue.
+"""One worker thread runs every generation, several in each target pass (continuous batching).
 
-The event loop never runs the model: a handler submits a Job and awaits its events, which the worker hands
-back with `loop.call_soon_threadsafe`. A job is stopped between target passes when its client goes away or
-the server shuts down; the worker then closes the generation (which ends the loop and frees its caches) and
-takes the next job.
+The event loop never runs the model: a handler submits a Job (one Generation per choice) and awaits its events,
+which the worker hands back with `loop.call_soon_threadsafe`. Between two passes the worker
+  1. lets go of the requests that were stopped (client gone, shutdown): their caches are freed at once;
+  2. admits waiting jobs, in arrival order, while the running choices stay within `max_batch`;
+  3. prefills one chunk (`prefill_chunk` tokens) of the oldest request still prefilling, so that a long
+     prompt delays the running requests by one chunk per pass, not by its whole prefill;
+  4. runs one target pass for every request past its prefill: each drafts for itself, knowing how full the
+     pass is (`propose_together`), and the pending tokens and drafts of all go through the weights at once
+     (`verify_together`); each accepts on its own, streams its text and, at its end, leaves.
+A request's tokens never depend on who shares its passes: the kernels are batch-invariant (a row's logits are
+the same bits alone or in a pass of many), and each request has its own drafter, generator and statistics.
 """
 
 from __future__ import annotations
@@ -12,9 +19,12 @@ import asyncio
 import collections
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 
-from ..engine import Generation
+import torch
+
+from ..engine import Generation, propose_together, verify_together
 from ..errors import SpecdraftError
 from ..types import GenerationResult
 from .metrics import ServerMetrics
@@ -48,9 +58,9 @@ class DoneEvent:
 Event = TextEvent | ChoiceEvent | ErrorEvent | DoneEvent
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
-    """One request's generations (its choices, run in order) and the channel back to its handler."""
+    """One request's generations (its choices, run side by side) and the channel back to its handler."""
 
     generations: list[Generation]
     loop: asyncio.AbstractEventLoop
@@ -58,6 +68,9 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     stopped: threading.Event = field(default_factory=threading.Event)
     stop_error: ApiError | None = None
+    submitted: float = field(default_factory=time.perf_counter)
+    running: int = 0  # choices admitted and not yet ended
+    ticket: int = -1  # its place in arrival order (Scheduler.reserve)
 
     def emit(self, event: Event) -> None:
         try:
@@ -71,6 +84,24 @@ class Job:
         self.stopped.set()
 
 
+@dataclass(eq=False)
+class Slot:
+    """One running choice of a job."""
+
+    job: Job
+    choice: int
+
+    @property
+    def generation(self) -> Generation:
+        return self.job.generations[self.choice]
+
+    @property
+    def decoding(self) -> bool:
+        """Past its prefill: in the next target pass."""
+        loop = self.generation.loop
+        return loop is not None and not loop.prefilling
+
+
 class QueueFull(Exception):
     pass
 
@@ -80,12 +111,13 @@ class ShuttingDown(Exception):
 
 
 class Scheduler:
-    def __init__(self, max_queue: int, metrics: ServerMetrics):
-        self.max_queue = max_queue
-        self.metrics = metrics
-        self._waiting: collections.deque[Job] = collections.deque()
+    def __init__(self, max_queue: int, metrics: ServerMetrics, max_batch: int = 8, prefill_chunk: int = 128):
+        self.max_queue, self.metrics, self.max_batch, self.prefill_chunk = max_queue, metrics, max_batch, prefill_chunk
+        self._waiting: collections.deque[Job] = collections.deque()  # in order of arrival (their tickets)
+        self._reserved: set[int] = set()  # tickets of requests that arrived and are being tokenized
+        self._next_ticket = 0
+        self._slots: list[Slot] = []  # running choices, in admission order (the worker changes it under _cond)
         self._cond = threading.Condition()
-        self._running: Job | None = None
         self._closed = False
         self.draining = False
         self._thread = threading.Thread(target=self._loop, name="specdraft-worker", daemon=True)
@@ -98,16 +130,44 @@ class Scheduler:
         return len(self._waiting)
 
     @property
-    def busy(self) -> bool:
-        return self._running is not None
+    def running(self) -> int:
+        """Choices admitted and not yet ended."""
+        return len(self._slots)
 
-    def submit(self, job: Job) -> None:
+    @property
+    def busy(self) -> bool:
+        return bool(self._slots)
+
+    def reserve(self) -> int:
+        """A place for a request that just arrived, taken before it is tokenized, so that places go in arrival
+        order: a ticket for `submit` (or `cancel`). QueueFull when the free places of the batch and `max_queue`
+        waiting places are all taken."""
         with self._cond:
             if self.draining or self._closed:
                 raise ShuttingDown()
-            if len(self._waiting) >= self.max_queue and (self._running is not None or self._waiting):
+            places = self.max_queue + max(self.max_batch - len(self._slots), 0)
+            if len(self._waiting) + len(self._reserved) >= max(places, 1):
                 raise QueueFull()
-            self._waiting.append(job)
+            ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
+            self._reserved.add(ticket)
+            return ticket
+
+    def cancel(self, ticket: int) -> None:
+        """The request of `ticket` will not come (it was refused while being prepared)."""
+        with self._cond:
+            self._reserved.discard(ticket)
+
+    def submit(self, job: Job, ticket: int) -> None:
+        """The job of a reserved place joins the queue, ahead of those that arrived after it."""
+        with self._cond:
+            self._reserved.discard(ticket)
+            if self.draining or self._closed:
+                raise ShuttingDown()
+            job.ticket = ticket
+            position = len(self._waiting)
+            while position and self._waiting[position - 1].ticket > ticket:
+                position -= 1
+            self._waiting.insert(position, job)
             self.metrics.queue_depth.set(len(self._waiting))
             self._cond.notify()
 
@@ -120,7 +180,7 @@ class Scheduler:
             log.info("second stop signal: ending what is left now")
             self.abort_all()
             return
-        log.info("draining: %d running, %d queued; %.0f s to finish", int(self.busy), self.queued, timeout_s)
+        log.info("draining: %d running, %d queued; %.0f s to finish", self.running, self.queued, timeout_s)
         timer = threading.Timer(timeout_s, self.abort_all)
         timer.daemon = True
         timer.start()
@@ -131,12 +191,12 @@ class Scheduler:
         with self._cond:
             waiting, self._waiting = list(self._waiting), collections.deque()
             self.metrics.queue_depth.set(0)
-            running = self._running
+            running = {id(slot.job): slot.job for slot in self._slots}
         for job in waiting:
             job.stop(error)
             job.emit(ErrorEvent(error))
-        if running is not None:
-            running.stop(error)
+        for job in running.values():
+            job.stop(error)
 
     def close(self, timeout_s: float = 10.0) -> None:
         self.abort_all()
@@ -146,47 +206,93 @@ class Scheduler:
         if self._thread.is_alive():
             self._thread.join(timeout_s)
 
+    # ---- the worker ----
+
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._waiting and not self._closed:
+                while not self._waiting and not self._slots and not self._closed:
                     self._cond.wait()
-                if self._closed and not self._waiting:
+                if self._closed and not self._waiting and not self._slots:
                     return
-                job = self._running = self._waiting.popleft()
-                self.metrics.queue_depth.set(len(self._waiting))
-            self.metrics.running.set(1)
+                self._admit()
             try:
-                self._run(job)
+                with torch.inference_mode():
+                    self._step()
             except Exception as exc:  # a bug must not take the worker down with it
-                log.exception("generation failed")
-                job.emit(ErrorEvent(ApiError(500, f"internal error: {type(exc).__name__}: {exc}",
-                                             type="server_error")))
-            finally:
-                with self._cond:
-                    self._running = None
-                self.metrics.running.set(0)
+                log.exception("a target pass failed")
+                error = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+                for job in {id(slot.job): slot.job for slot in self._slots}.values():
+                    self._fail(job, error)
 
-    def _run(self, job: Job) -> None:
-        for index, generation in enumerate(job.generations):
-            if job.stopped.is_set():
+    def _admit(self) -> None:
+        """Waiting jobs join, in arrival order, while the running choices stay within max_batch (a job with more
+        choices than that runs when nothing else does). Called under _cond."""
+        while self._waiting:
+            job = self._waiting[0]
+            if self._slots and len(self._slots) + len(job.generations) > self.max_batch:
                 break
-            chunks = iter(generation)
+            self._waiting.popleft()
+            self.metrics.queue_depth.set(len(self._waiting))
+            self.metrics.queue_wait.observe(time.perf_counter() - job.submitted)
+            job.running = len(job.generations)
+            self._slots.extend(Slot(job, choice) for choice in range(len(job.generations)))
+        self.metrics.running.set(len(self._slots))
+
+    def _step(self) -> None:
+        # 1. stopped requests leave
+        for slot in [slot for slot in self._slots if slot.job.stopped.is_set()]:
+            self._end(slot)
+        # 2. one chunk of the oldest prefill
+        waiting_prefill = next((slot for slot in self._slots if not slot.decoding), None)
+        if waiting_prefill is not None:
+            generation = waiting_prefill.generation
             try:
-                for chunk in chunks:
-                    job.emit(TextEvent(index, chunk.text))
-                    if job.stopped.is_set():
-                        break
+                loop = generation.loop or generation.open(prefill_by_chunks=True)
+                loop.prefill(self.prefill_chunk)
             except SpecdraftError as exc:
-                job.emit(ErrorEvent(ApiError(400, str(exc))))
-                return
-            finally:
-                chunks.close()  # ends the loop at once: caches freed, nothing runs on
-                self.metrics.record_generation(generation.stats, count_prompt=job.new_prompt[index])
-            if not job.stopped.is_set():
-                job.emit(ChoiceEvent(index, generation.result()))
-        if job.stopped.is_set():
-            if job.stop_error is not None:
-                job.emit(ErrorEvent(job.stop_error))
+                self._fail(waiting_prefill.job, ApiError(400, str(exc)))
+        # 3. one target pass for every request past its prefill
+        running = [slot for slot in self._slots if slot.decoding]
+        if not running:
             return
-        job.emit(DoneEvent())
+        loops = [slot.generation.loop for slot in running]
+        drafts = propose_together(loops)
+        logits = verify_together(loops, drafts)  # [k + 1, V] each
+        self.metrics.record_pass(len(running), sum(draft.k + 1 for draft in drafts))
+        for slot, rows in zip(running, logits):
+            if slot not in self._slots:  # its job failed with another of its choices
+                continue
+            try:
+                chunks, ended = slot.generation.accept(rows)
+            except SpecdraftError as exc:
+                self._fail(slot.job, ApiError(400, str(exc)))
+                continue
+            for chunk in chunks:
+                slot.job.emit(TextEvent(slot.choice, chunk.text))
+            if ended:
+                slot.job.emit(ChoiceEvent(slot.choice, slot.generation.result()))
+                self._end(slot)
+
+    def _end(self, slot: Slot) -> None:
+        """The choice leaves: its caches and drafter are let go, its counts recorded; the job's last choice to
+        leave sends the job's end (done, or the error it was stopped with)."""
+        job = slot.job
+        generation = slot.generation
+        generation.close()
+        self.metrics.record_generation(generation.stats, count_prompt=job.new_prompt[slot.choice])
+        with self._cond:
+            self._slots.remove(slot)
+            self.metrics.running.set(len(self._slots))
+        job.running -= 1
+        if job.running == 0:
+            if not job.stopped.is_set():
+                job.emit(DoneEvent())
+            elif job.stop_error is not None:
+                job.emit(ErrorEvent(job.stop_error))
+
+    def _fail(self, job: Job, error: ApiError) -> None:
+        """The job ends with `error`; its other choices leave too."""
+        job.stop(error)
+        for slot in [slot for slot in self._slots if slot.job is job]:
+            self._end(slot)
