@@ -192,7 +192,7 @@ def wait_healthy(url: str, process: subprocess.Popen | None, timeout: float) -> 
         time.sleep(0.5)
 
 
-def peer_levels(args, concurrencies: list[int]) -> list[dict]:
+def peer_levels(args, target: str, concurrencies: list[int]) -> list[dict]:
     """The same levels against llama-server with `--peer-slots` slots (continuous batching is its default), the
     chat template its GGUF carries (--jinja: as transformers renders it)."""
     from specdraft.bench.peers import LlamaServer, ServerSpec, existing_gguf, is_built, peer_binary
@@ -202,7 +202,7 @@ def peer_levels(args, concurrencies: list[int]) -> list[dict]:
     if not is_built(cache):
         print("llama.cpp's server is not built (`make peers`): its levels are left out", file=sys.stderr)
         return []
-    spec = ServerSpec(binary=peer_binary(cache, "llama-server"), model=existing_gguf(args.target, cache),
+    spec = ServerSpec(binary=peer_binary(cache, "llama-server"), model=existing_gguf(target, cache),
                       threads=args.threads, context=512 * args.peer_slots, slots=args.peer_slots, jinja=True)
     print("starting:", " ".join(spec.command(0)), file=sys.stderr, flush=True)
     levels = []
@@ -231,14 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="write every level and sample as JSON here")
     parser.add_argument("--peer-slots", type=int, default=0, help="also load llama.cpp's llama-server (`make "
                         "peers`) with this many slots (-np) on the target's GGUF, after our server stops")
-    parser.add_argument("--target", default="qwen2.5-coder-1.5b", help="the packaged model whose GGUF the peer "
-                        "loads (ours is whatever --serve names)")
+    parser.add_argument("--target", default=None, help="the packaged model (or .gguf) the peer loads (default: the "
+                        "one our server names in /health)")
     parser.add_argument("--threads", type=int, default=2, help="the peer's threads")
     args = parser.parse_args(argv)
     levels_c = [int(c) for c in args.concurrency.split(",")]
     methods = args.methods.split(",")
 
-    process = None
+    process, health, levels = None, {}, []
     if args.serve:
         command = [sys.executable, "-m", "specdraft.cli", "serve", *shlex.split(args.serve)]
         print("starting:", shlex.join(command), file=sys.stderr, flush=True)
@@ -247,8 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         health = wait_healthy(args.url, process, timeout=600)
         model = health["model"]
         print(f"server: {json.dumps(health)}", file=sys.stderr, flush=True)
-        for method in methods:  # warm-up: first-call costs are not the server's steady state
-            asyncio.run(run_level(args.url, model, method, 1, 1, 4, args))
+        # warm-up at the highest concurrency: first-call costs (an engine per method, a drafter per request in
+        # flight, 0.3 s each for the 0.5B draft) are not the server's steady state
+        for method in methods:
+            asyncio.run(run_level(args.url, model, method, max(levels_c), max(levels_c), 4, args))
         levels = []
         for method in methods:
             for concurrency in levels_c:
@@ -261,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
             process.send_signal(signal.SIGTERM)
             process.wait(120)
     if args.peer_slots:
-        levels += peer_levels(args, levels_c)
+        try:
+            levels += peer_levels(args, health["model"] if args.target is None else args.target, levels_c)
+        except Exception as exc:  # ours are measured: report them, and why the peer's are missing
+            print(f"llama.cpp's levels are left out: {exc}", file=sys.stderr)
     print(markdown(levels))
     if args.temperature == 0:
         print("\n" + lossless_check(levels))

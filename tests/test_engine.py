@@ -220,3 +220,51 @@ def test_result_before_the_generation_ran_is_an_error(tiny_models):
         generation.result()
     text = "".join(chunk.text for chunk in generation)
     assert generation.result().text == text
+
+
+class CountingDrafter(Drafter):
+    """Drafts nothing useful; counts its calls."""
+
+    name = "counting"
+
+    def __init__(self, catches_up: bool):
+        self.catches_up = catches_up
+        self.begins = self.accepts = 0
+
+    def begin(self, prompt_ids, features=None):
+        self.begins += 1
+
+    def propose(self, context_ids, k, params, generator):
+        return Draft(torch.tensor([context_ids[-1]] * k, dtype=torch.long))
+
+    def on_accept(self, context_ids, features=None):
+        self.accepts += 1
+
+
+class NeverDraft:
+    most = 3
+
+    def next(self, source=None, context_tokens=0, load=None):
+        return 0
+
+    def token_cost(self, source=None):
+        return 0.0
+
+    def observe(self, drafted, accepted, source=None):
+        pass
+
+
+@pytest.mark.parametrize("catches_up", [True, False])
+def test_a_drafter_that_catches_up_is_begun_at_its_first_proposal(tiny_models, catches_up):
+    """A request whose passes never draft never pays such a drafter's prefill; one that does not catch up begins
+    with the prompt, as before."""
+    from specdraft.engine import DecodeLoop
+    from specdraft.types import SpecStats
+
+    drafter = CountingDrafter(catches_up)
+    loop = DecodeLoop(tiny_models["target"], drafter, [2, 3, 4], SamplingParams(max_new_tokens=4, temperature=0),
+                      NeverDraft(), None, SpecStats())
+    with torch.inference_mode():
+        while not loop.finished:
+            loop.accept(loop.state.verify(loop.pending, loop.propose()))
+    assert (drafter.begins, drafter.accepts) == ((0, 0) if catches_up else (1, 4))

@@ -12,7 +12,11 @@ so far (a geometric chain: each pass examines its accepted tokens plus the one i
 weigh more (`decay`), and a prior stands in for the first passes. k ranges over 0 .. most: k = 0, a plain target
 pass, wins where drafting costs more than it saves (a costly drafter on text it guesses badly). A source rests
 only on evidence, never on the prior alone, and forgets that evidence pass by pass while it rests, so it tries
-again (one token) once the evidence has faded.
+again (one token) once the evidence has faded; in a pass shared with other requests (a server's batch) it does
+not try: there the prior decides.
+
+Several requests in one pass (`PassLoad`): the other requests' tokens sit on the curve first, and the choice
+maximises the whole pass's expected tokens per unit of time (`best_length`).
 
 Exactness: the length of a pass's draft depends only on the passes before it, never on the target's
 distribution at the positions being drafted, so the output keeps the target's distribution (greedy: the same
@@ -197,8 +201,9 @@ class AdaptiveLength:
 
     def next(self, source: str | None = None, context_tokens: int = 0, load: PassLoad = PassLoad()) -> int:
         length = best_length(self.alpha(source), self.curve.at(context_tokens), self.token_cost(source), load)
-        if length == 0 and self.tallies.get(source, Tally()).examined < self.rest_evidence:
-            length = 1  # too little evidence to rest on: one token finds out
+        if length == 0 and self.tallies.get(source, Tally()).examined < self.rest_evidence and not load.requests:
+            length = 1  # too little evidence to rest on: one token finds out (alone in the pass: in a shared one,
+            # finding out costs every request in it, and the prior is what the choice rests on)
         if length == 0:
             self.resting.add(source)
         else:

@@ -72,6 +72,8 @@ class DecodeLoop:
         self.budget = params.max_new_tokens
         self.draft, self.source = Draft.empty(), None
         self._started = self._proposed = 0.0
+        self.prompt_len = len(prompt_ids)
+        self.drafter_begun = False
         self._prefilled = 0  # prompt tokens in the target's cache (all but the last: it is the first pending token)
         self._prefill_features: list[torch.Tensor] = []  # [chunk, n_taps, D] per chunk, for a drafter that taps
         self.prefilling = True
@@ -91,13 +93,22 @@ class DecodeLoop:
             if self.state.features is not None:
                 self._prefill_features.append(self.state.features)
             self._prefilled = end
-        if self._prefilled == to_cache:
-            features = (None if not self._prefill_features else self._prefill_features[0]
-                        if len(self._prefill_features) == 1 else torch.cat(self._prefill_features))
-            self.drafter.begin(self.context, features)  # features: [n_prompt - 1, n_taps, D] or None
-            self._prefill_features, self.prefilling = [], False
         self.stats.time_prefill_s += time.perf_counter() - started
+        if self._prefilled == to_cache:
+            self.prefilling = False
+            if not self.drafter.catches_up:  # else at its first proposal (`propose`)
+                features = (None if not self._prefill_features else self._prefill_features[0]
+                            if len(self._prefill_features) == 1 else torch.cat(self._prefill_features))
+                self._begin_drafter(features)  # features: [n_prompt - 1, n_taps, D] or None
+            self._prefill_features = []
         return not self.prefilling
+
+    def _begin_drafter(self, features: torch.Tensor | None) -> None:
+        """The drafter prefills its own state on the prompt (timed as prefill)."""
+        started = time.perf_counter()
+        self.drafter.begin(self.context[: self.prompt_len], features)
+        self.drafter_begun = True
+        self.stats.time_prefill_s += time.perf_counter() - started
 
     @property
     def finished(self) -> bool:
@@ -116,6 +127,9 @@ class DecodeLoop:
         self.source = self.drafter.next_source(self.context)  # who drafts, when the drafter has several sources
         to_draft = min(self.draft_length.next(self.source, len(self.context), load), self.budget - 1)
         # nothing to draft: a plain pass; the drafter catches up on the context at its next proposal
+        if to_draft and not self.drafter_begun:
+            self._begin_drafter(None)
+            self._started = time.perf_counter()  # its prefill is not draft time
         self.draft = (self.drafter.propose(self.context, to_draft, self.params, self.generator) if to_draft
                       else Draft.empty())
         self._proposed = time.perf_counter()
@@ -139,7 +153,8 @@ class DecodeLoop:
         self.context.extend(result.tokens)
         # the taps of the pending token and the accepted drafts (keep_verified put a tree's path in order)
         kept_features = None if state.features is None else state.features[: result.n_accepted + 1]
-        self.drafter.on_accept(self.context, kept_features)
+        if self.drafter_begun:
+            self.drafter.on_accept(self.context, kept_features)
         stats.time_draft_s += self._proposed - self._started
         stats.time_verify_s += time.perf_counter() - self._proposed
         stats.record(draft.k, result.n_accepted, None if draft.parents is None else draft.depth)

@@ -34,6 +34,10 @@ class Drafter:
     # whether it keeps one sequence's state between calls (a draft model's cache, an EAGLE head's): requests
     # decoded together (Engine.generate_many) then need one instance each
     keeps_sequence_state: bool = True
+    # whether `begin` and `on_accept` need only token ids and a proposal catches up on any context it has not
+    # seen: the loop then begins it at its first proposal, so a request that never drafts (gamma auto in a busy
+    # server's shared passes) never pays the drafter's own prefill
+    catches_up: bool = False
 
     @property
     def source_bytes(self) -> dict[str, int]:
@@ -74,6 +78,7 @@ class NoDrafter(Drafter):
 
     name = "ar"
     keeps_sequence_state = False
+    catches_up = True
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
         pass

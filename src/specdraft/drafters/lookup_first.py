@@ -76,6 +76,14 @@ class LookupFirstDrafter(Drafter):
     def vocab_rows(self) -> int:
         return self.inner.vocab_rows
 
+    @property
+    def catches_up(self) -> bool:  # a copy needs no state: as the wrapped drafter
+        return self.inner.catches_up
+
+    @property
+    def keeps_sequence_state(self) -> bool:
+        return self.inner.keeps_sequence_state
+
     def use_target_state(self, target_state) -> None:
         """Passed on to the wrapped drafter (drafters/base.py)."""
         self.inner.use_target_state(target_state)

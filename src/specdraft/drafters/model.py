@@ -17,6 +17,7 @@ class ModelDrafter(HasDraftVocab):
     None: auto (vocab.resolve_rows)."""
 
     name = "draft"
+    catches_up = True  # a proposal feeds the draft model whatever it has not seen (sync_for_next)
 
     def __init__(self, draft: LoadedModel, target: LoadedModel, min_confidence: float = 0.0,
                  draft_vocab: int | None = None):

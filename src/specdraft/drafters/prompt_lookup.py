@@ -13,6 +13,7 @@ class PromptLookupDrafter(Drafter):
 
     name = "prompt-lookup"
     keeps_sequence_state = False  # every proposal searches the context it is given
+    catches_up = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.max_ngram = max_ngram
