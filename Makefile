@@ -71,7 +71,7 @@ serve: fetch
 bench-server: fetch
 	$(PY) scripts/load_server.py --url http://127.0.0.1:8031 --serve "--port 8031 --max-queue 32 --log-level warning" \
 		--concurrency 1,4,16 --methods ar,prompt-lookup,draft --requests 16 --max-tokens 64 --peer-slots 16 \
-		--out bench-server.json
+		--out out/bench-server.json
 
 # llama.cpp, the benchmark's outside peer (bench methods llama.cpp and llama.cpp-spec; `specdraft profile verify`):
 # built once from the sdist of llama-cpp-python==0.3.36 on the package index (its vendor/llama.cpp; cmake Release,

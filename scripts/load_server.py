@@ -70,7 +70,9 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt_index: int, 
     body = {"model": model, "messages": [{"role": "user", "content": PROMPTS[prompt_index % len(PROMPTS)]}],
             "max_tokens": max_tokens, "temperature": args.temperature, "seed": prompt_index, "stream": True,
             "stream_options": {"include_usage": True}}
-    if method != PEER:
+    if method == PEER:
+        body["cache_prompt"] = False  # as ours: no slot reuses a cached prompt (the levels repeat prompts)
+    else:
         body["speculative"] = {"method": method} | ({"gamma": args.gamma} if method != "ar" and args.gamma else {})
     content_chunks = 0
     started = time.perf_counter()
@@ -112,7 +114,9 @@ async def run_level(url: str, model: str, method: str, concurrency: int, n_reque
     for i in range(n_requests):
         queue.put_nowait(i)
     samples: list[Sample] = []
-    limits = httpx.Limits(max_connections=concurrency + 2)
+    # a connection per request: llama-server closes a kept-alive one after a few requests, and a request sent as it
+    # closes is lost ("Server disconnected without sending a response")
+    limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=url, timeout=args.timeout, limits=limits) as client:
         async def worker():
             while not queue.empty():
@@ -203,16 +207,22 @@ def peer_levels(args, target: str, concurrencies: list[int]) -> list[dict]:
         print("llama.cpp's server is not built (`make peers`): its levels are left out", file=sys.stderr)
         return []
     spec = ServerSpec(binary=peer_binary(cache, "llama-server"), model=existing_gguf(target, cache),
-                      threads=args.threads, context=512 * args.peer_slots, slots=args.peer_slots, jinja=True)
+                      threads=args.threads, context=512 * args.peer_slots, slots=args.peer_slots, jinja=True,
+                      # an HTTP thread per client (its default, a few, drops the connections it cannot take)
+                      extra=("--threads-http", str(args.peer_slots + 2)))
     print("starting:", " ".join(spec.command(0)), file=sys.stderr, flush=True)
     levels = []
     with LlamaServer(spec) as server:
-        asyncio.run(run_level(server.url, "peer", PEER, 1, 1, 4, args))  # warm-up
-        for concurrency in concurrencies:
-            level = asyncio.run(run_level(server.url, "peer", PEER, concurrency, max(args.requests, concurrency),
-                                          args.max_tokens, args))
-            levels.append(level)
-            print(markdown([level]).splitlines()[-1], file=sys.stderr, flush=True)
+        try:
+            top = max(concurrencies)
+            asyncio.run(run_level(server.url, "peer", PEER, top, top, 4, args))  # warm-up, as ours
+            for concurrency in concurrencies:
+                level = asyncio.run(run_level(server.url, "peer", PEER, concurrency, max(args.requests, concurrency),
+                                              args.max_tokens, args))
+                levels.append(level)
+                print(markdown([level]).splitlines()[-1], file=sys.stderr, flush=True)
+        except Exception as exc:
+            raise RuntimeError(f"{type(exc).__name__}: {exc}; llama-server's log ends:\n{server.log_tail(20)}") from exc
     return levels
 
 
@@ -271,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.temperature == 0:
         print("\n" + lossless_check(levels))
     if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "server": health, "levels": levels}, f, indent=1)
     return 0

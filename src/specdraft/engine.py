@@ -128,8 +128,12 @@ class DecodeLoop:
         to_draft = min(self.draft_length.next(self.source, len(self.context), load), self.budget - 1)
         # nothing to draft: a plain pass; the drafter catches up on the context at its next proposal
         if to_draft and not self.drafter_begun:
-            self._begin_drafter(None)
-            self._started = time.perf_counter()  # its prefill is not draft time
+            if len(self.context) > self.prompt_len and self.budget < len(self.context):
+                # begun this late, it would first read the whole context: not for fewer tokens than that
+                to_draft = 0
+            else:
+                self._begin_drafter(None)
+                self._started = time.perf_counter()  # its prefill is not draft time
         self.draft = (self.drafter.propose(self.context, to_draft, self.params, self.generator) if to_draft
                       else Draft.empty())
         self._proposed = time.perf_counter()
@@ -190,10 +194,12 @@ def verify_together(loops: list[DecodeLoop], drafts: list[Draft]) -> list[torch.
     return logits
 
 
-def propose_together(loops: list[DecodeLoop]) -> list[Draft]:
+def propose_together(loops: list[DecodeLoop], joining: int = 0) -> list[Draft]:
     """The drafts of one batched pass: each request drafts knowing what the others put into the pass (those
-    before it: their drafts; those after it: their pending token)."""
-    drafts, load = [], PassLoad(tokens=len(loops), requests=len(loops))
+    before it: their drafts; those after it: their pending token). `joining`: requests still prefilling, counted
+    as one token each (they join the next passes: a request alone for a pass or two while others prefill does not
+    begin a draft model for them)."""
+    drafts, load = [], PassLoad(tokens=len(loops) + joining, requests=len(loops) + joining)
     for loop in loops:
         load = load - PassLoad(1, 1)  # this request's own pending token
         drafts.append(loop.propose(load))

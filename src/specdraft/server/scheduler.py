@@ -257,7 +257,7 @@ class Scheduler:
         if not running:
             return
         loops = [slot.generation.loop for slot in running]
-        drafts = propose_together(loops)
+        drafts = propose_together(loops, joining=len(self._slots) - len(running))
         logits = verify_together(loops, drafts)  # [k + 1, V] each
         self.metrics.record_pass(len(running), sum(draft.k + 1 for draft in drafts))
         for slot, rows in zip(running, logits):
