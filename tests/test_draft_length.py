@@ -345,7 +345,7 @@ def test_passes_without_a_draft_leave_the_model_drafter_in_step(tiny_models, mon
     once. Greedy output must stay the plain decoding's, and the drafting passes must still be accepted."""
     target = tiny_models["target"]
     engine = Engine(target, ModelDrafter(tiny_models["draft"], target), SpecConfig("draft", 3, lookup_first=0))
-    monkeypatch.setattr(engine, "new_draft_length", Alternating)
+    monkeypatch.setattr(engine, "new_draft_length", lambda drafter=None: Alternating())
     params = SamplingParams(max_new_tokens=30)
     for prompt in ["abc ab", "dead beef cafe. dead be"]:
         ids = Engine(target).encode(prompt, chat=False)

@@ -268,3 +268,34 @@ def test_a_drafter_that_catches_up_is_begun_at_its_first_proposal(tiny_models, c
         while not loop.finished:
             loop.accept(loop.state.verify(loop.pending, loop.propose()))
     assert (drafter.begins, drafter.accepts) == ((0, 0) if catches_up else (1, 4))
+
+
+class DraftFromSecondPass(NeverDraft):
+    def __init__(self):
+        self.passes = 0
+
+    def next(self, source=None, context_tokens=0, load=None):
+        self.passes += 1
+        return 0 if self.passes == 1 else 2
+
+
+@pytest.mark.parametrize("max_new_tokens, begun", [(12, True), (4, False)])
+def test_a_drafter_begun_late_reads_the_prompt_only_when_enough_tokens_are_left(tiny_models, max_new_tokens, begun):
+    """The first pass drafts nothing; at the second the drafter is begun with the prompt (and catches up on the
+    token since) when the tokens left are at least the context's length, else that pass drafts nothing. The
+    greedy output is plain decoding's either way."""
+    from specdraft.engine import DecodeLoop
+    from specdraft.types import SpecStats
+
+    target = tiny_models["target"]
+    prompt = [2, 3, 4, 5, 6]
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0)
+    drafter = CountingDrafter(catches_up=True)
+    loop = DecodeLoop(target, drafter, prompt, params, DraftFromSecondPass(), None, SpecStats())
+    emitted = []
+    with torch.inference_mode():
+        while not loop.finished:
+            emitted += loop.accept(loop.state.verify(loop.pending, loop.propose()))
+    assert drafter.begins == int(begun)
+    expected = Engine(target).generate(prompt, params).token_ids  # it stops at an EOS; the loop goes on
+    assert emitted[:len(expected)] == expected

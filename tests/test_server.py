@@ -458,21 +458,42 @@ def test_n_null_means_one_choice(idle_server):
     assert response.status_code == 200 and len(response.json()["choices"]) == 1
 
 
-def test_chunked_body_over_the_limit_is_a_413_before_it_is_read_whole(server):
-    """A body sent in chunks (no Content-Length) is cut off once past the limit."""
+def test_chunked_body_over_the_limit_is_a_413(server):
+    """A body sent in chunks (no Content-Length) over the limit is refused (uvicorn drains what the app leaves)."""
     limit = server.config.max_body_bytes
-    sent = []
 
     def chunks():
         yield b'{"model": "tiny", "prompt": "'
-        for _ in range(4 * limit // 65536):
-            sent.append(65536)
+        for _ in range(2 * limit // 65536):
             yield b"a" * 65536
         yield b'"}'
 
     response = server.http.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
     assert "content-length" not in response.request.headers
     _assert_openai_error(response, 413)
+
+
+def test_a_chunked_body_is_read_only_up_to_the_limit():
+    """The app stops reading (and holding) a body once it passes the limit, instead of reading it whole first."""
+    import asyncio
+
+    from specdraft.server.app import read_body
+    from specdraft.server.protocol import ApiError
+
+    pulled = []
+
+    class Chunked:  # a request whose body comes in 64 KiB chunks, 64 MiB in all
+        headers: dict = {}
+
+        async def stream(self):
+            for _ in range(1024):
+                pulled.append(65536)
+                yield b"a" * 65536
+
+    with pytest.raises(ApiError) as caught:
+        asyncio.run(read_body(Chunked(), 1_000_000))
+    assert caught.value.status == 413
+    assert sum(pulled) <= 1_000_000 + 65536
 
 
 def test_queue_places_go_in_arrival_order():
@@ -655,7 +676,8 @@ def test_many_concurrent_clients_all_get_their_own_complete_answer(models):
 LOAD = [("abc" * 20, {"method": "ar"}, 24), ("hello", {"method": "draft", "gamma": 3}, 30),
         ("deed" * 15 + "e", {"method": "prompt-lookup", "gamma": 4}, 40), ("cab", {"method": "draft", "gamma": 2}, 9),
         ("bead", {"method": "ar"}, 17), ("ace" * 6, {"method": "prompt-lookup", "gamma": 2}, 33),
-        ("dab" * 23, {"method": "draft", "gamma": 4}, 12), ("e", {"method": "ar"}, 26)]
+        ("dab" * 23, {"method": "draft", "gamma": 4}, 12), ("e", {"method": "ar"}, 26),
+        ("bad" * 9, {"method": "draft", "gamma": "auto"}, 28), ("face", {"method": "prompt-lookup", "gamma": "auto"}, 21)]
 
 
 def ask_load(live: LiveServer, i: int) -> str:
@@ -678,8 +700,9 @@ def alone_and_together(live: LiveServer) -> tuple[list[str], list[str], dict]:
 
 
 def test_greedy_answers_under_load_equal_each_request_served_alone(models):
-    """Eight clients at once on a server that batches up to 4: every greedy answer is the one the request gets
-    alone, and the passes really held several requests (the pass histogram)."""
+    """Ten clients at once on a server that batches up to 4 (gamma auto among them: lengths chosen with the pass's
+    load, drafters begun late): every greedy answer is the one the request gets alone, and the passes really held
+    several requests (the pass histogram)."""
     with LiveServer(models, max_queue=16, max_batch=4, prefill_chunk=8) as live:
         alone, together, delta = alone_and_together(live)
         health = live.health()
@@ -713,28 +736,72 @@ def test_negative_control_mixed_up_rows_change_answers_under_load(models, monkey
     assert together != alone
 
 
-def test_a_long_prompt_is_prefilled_in_chunks_while_others_stream(models):
-    """A 300-token prompt, prefilled 16 tokens between two passes: a request already streaming keeps getting
-    text during that prefill, and the long prompt's answer equals its answer alone."""
-    long_prompt = "abcde" * 60
-    with LiveServer(models, max_queue=4, max_batch=4, prefill_chunk=16) as live:
-        expected = live.client.completions.create(model=MODEL, prompt=long_prompt, max_tokens=8,
-                                                  temperature=0).choices[0].text
-        stream = live.client.completions.create(model=MODEL, prompt="abc", max_tokens=2000, temperature=0,
+def test_one_request_failing_leaves_the_others_in_its_passes_running(models, monkeypatch):
+    """A failure in one request's own work (here its acceptance step raises) ends that request with a 500; the
+    request sharing its passes gets its whole, exact answer."""
+    from specdraft.engine import Generation
+
+    poison, original = encode(models, "ded"), Generation.accept
+
+    def accept(self, rows):
+        if self.prompt_ids == poison and len(self.checker.token_ids) >= 2:
+            raise RuntimeError("boom")
+        return original(self, rows)
+
+    monkeypatch.setattr(Generation, "accept", accept)
+    expected = direct(models, encode(models, "abc"), SpecConfig(method="ar"), max_new_tokens=300).text
+    with LiveServer(models, max_batch=4) as live:
+        stream = live.client.completions.create(model=MODEL, prompt="abc", max_tokens=300, temperature=0,
                                                 stream=True, extra_body={"speculative": {"method": "ar"}})
         chunks = iter(stream)
-        next(chunks)  # the streaming request is decoding
-        with ThreadPoolExecutor(1) as pool:
-            future = pool.submit(lambda: live.client.completions.create(model=MODEL, prompt=long_prompt,
-                                                                        max_tokens=8, temperature=0))
-            received_meanwhile = 0
-            while not future.done():
-                next(chunks)
-                received_meanwhile += 1
-            answer = future.result().choices[0].text
-        stream.close()
-    assert answer == expected
-    assert received_meanwhile >= 300 // 16  # a pass of the streaming request between prefill chunks
+        text = next(chunks).choices[0].text  # decoding when the other arrives
+        failed = live.http.post("/v1/completions", json={"model": MODEL, "prompt": "ded", "max_tokens": 50,
+                                                          "temperature": 0, "speculative": {"method": "ar"}})
+        text += "".join(chunk.choices[0].text for chunk in chunks)
+    error = _assert_openai_error(failed, 500)
+    assert "boom" in error["message"]
+    assert text == expected
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_others_stream(models):
+    """The scheduler driven step by step: a 300-token prompt prefills 16 tokens per step, and a request already
+    decoding gets a pass (and tokens) at every one of those steps; the long prompt's answer equals its answer
+    served alone."""
+    import asyncio
+
+    from specdraft.engine import Engine
+    from specdraft.server.metrics import ServerMetrics
+    from specdraft.server.scheduler import Job, Scheduler
+
+    engine = Engine(models["target"])
+    long_prompt, loop = encode(models, "abcde" * 60), asyncio.new_event_loop()
+    params = SamplingParams(max_new_tokens=8, temperature=0)
+    expected = engine.generate(long_prompt, params).token_ids
+    scheduler = Scheduler(max_queue=4, metrics=ServerMetrics(), max_batch=4, prefill_chunk=16)  # not started
+    streaming = Job([engine.stream(encode(models, "abc"), SamplingParams(max_new_tokens=500, temperature=0))],
+                    loop, [True])
+    scheduler.submit(streaming, scheduler.reserve())
+    scheduler._admit()
+    with torch.inference_mode():
+        scheduler._step()  # prefilled (3 tokens) and its first pass
+        long = Job([engine.stream(long_prompt, params)], loop, [True])
+        scheduler.submit(long, scheduler.reserve())
+        scheduler._admit()
+        steps, gained = 0, []
+        while long.generations[0].loop is None or long.generations[0].loop.prefilling:
+            before = len(streaming.generations[0].checker.token_ids)
+            scheduler._step()
+            steps += 1
+            gained.append(len(streaming.generations[0].checker.token_ids) - before)
+        while long.running:
+            scheduler._step()
+    scheduler.abort_all()
+    with torch.inference_mode():
+        scheduler._step()  # the streaming request leaves
+    loop.close()
+    assert steps == -(-(len(long_prompt) - 1) // 16)  # one chunk per step
+    assert all(n >= 1 for n in gained)  # the other request decoded at every step of that prefill
+    assert long.generations[0].result().token_ids == expected
 
 
 # ---- metrics ----

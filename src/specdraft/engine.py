@@ -71,7 +71,7 @@ class DecodeLoop:
         self.context = list(prompt_ids)
         self.budget = params.max_new_tokens
         self.draft, self.source = Draft.empty(), None
-        self._started = self._proposed = 0.0
+        self._started = self._proposed_at = self.verify_started = 0.0  # verify_started: when its pass began
         self.prompt_len = len(prompt_ids)
         self.drafter_begun = False
         self._prefilled = 0  # prompt tokens in the target's cache (all but the last: it is the first pending token)
@@ -136,7 +136,7 @@ class DecodeLoop:
                 self._started = time.perf_counter()  # its prefill is not draft time
         self.draft = (self.drafter.propose(self.context, to_draft, self.params, self.generator) if to_draft
                       else Draft.empty())
-        self._proposed = time.perf_counter()
+        self._proposed_at = self.verify_started = time.perf_counter()
         return self.draft
 
     def load(self) -> PassLoad:
@@ -159,8 +159,8 @@ class DecodeLoop:
         kept_features = None if state.features is None else state.features[: result.n_accepted + 1]
         if self.drafter_begun:
             self.drafter.on_accept(self.context, kept_features)
-        stats.time_draft_s += self._proposed - self._started
-        stats.time_verify_s += time.perf_counter() - self._proposed
+        stats.time_draft_s += self._proposed_at - self._started
+        stats.time_verify_s += time.perf_counter() - self.verify_started
         stats.record(draft.k, result.n_accepted, None if draft.parents is None else draft.depth)
         if draft.k and draft.parents is None:
             stats.record_steps(self.source or DRAFTER_SOURCE, draft.k, result.n_accepted)
@@ -174,13 +174,18 @@ class DecodeLoop:
         self.drafter.use_target_state(None)
 
 
+def shares_pass(loop: DecodeLoop, draft: Draft) -> bool:
+    """Whether this request's pass can join others' (`NativeState.verify_many`): a chain of at most
+    MAX_KERNEL_ROWS tokens on the native backend, without taps for a drafter that reads the target's features."""
+    return (isinstance(loop.state, NativeState) and not loop.state.feature_layers and draft.parents is None
+            and draft.k + 1 <= MAX_KERNEL_ROWS)
+
+
 def verify_together(loops: list[DecodeLoop], drafts: list[Draft]) -> list[torch.Tensor]:
     """Each loop's target pass over its pending token and draft (logits [k + 1, V] each): those that can share
     one pass do (`NativeState.verify_many`: the weights are read once for all); a token tree, a drafter that reads
     the target's features, more than MAX_KERNEL_ROWS tokens or the transformers backend runs on its own."""
-    together = [i for i, (loop, draft) in enumerate(zip(loops, drafts))
-                if isinstance(loop.state, NativeState) and not loop.state.feature_layers
-                and draft.parents is None and draft.k + 1 <= MAX_KERNEL_ROWS]
+    together = [i for i, (loop, draft) in enumerate(zip(loops, drafts)) if shares_pass(loop, draft)]
     logits: list[torch.Tensor | None] = [None] * len(loops)
     if len(together) > 1:
         rows = NativeState.verify_many([loops[i].state for i in together], [loops[i].pending for i in together],
@@ -204,6 +209,9 @@ def propose_together(loops: list[DecodeLoop], joining: int = 0) -> list[Draft]:
         load = load - PassLoad(1, 1)  # this request's own pending token
         drafts.append(loop.propose(load))
         load = load + loop.load()
+    verify_starts = time.perf_counter()
+    for loop in loops:  # a request's verify time starts with the pass, not with its own proposal
+        loop.verify_started = verify_starts
     return drafts
 
 
@@ -310,17 +318,18 @@ class Engine:
         if drafter.keeps_sequence_state:
             self._idle_drafters.append(drafter)
 
-    def new_draft_length(self) -> DraftLength:
-        """The draft-length policy of one request (gamma auto keeps per-request acceptance)."""
+    def new_draft_length(self, drafter: Drafter | None = None) -> DraftLength:
+        """The draft-length policy of one request (gamma auto keeps per-request acceptance), pricing the drafts
+        of `drafter`, the request's own (default: the engine's)."""
         if self.curve is None:
             return FixedLength(self.spec.draft_len)
-        return AdaptiveLength(self.curve, self.source_costs, self.draft_cost)
+        return AdaptiveLength(self.curve, self.source_costs, lambda: self.draft_cost(drafter))
 
-    def draft_cost(self) -> float:
+    def draft_cost(self, drafter: Drafter | None = None) -> float:
         """A draft token's cost as a fraction of a one-token target pass: its weight bytes over the target's
         (decoding is bound by weight reads on a CPU). Read every pass: it may follow the request (the sorted
         draft prices a token by the exits the request has used)."""
-        return self.drafter.draft_bytes / self.target_bytes
+        return (drafter or self.drafter).draft_bytes / self.target_bytes
 
     def encode(self, prompt: str, chat: bool = True, system: str | None = None) -> list[int]:
         if not isinstance(prompt, str):
@@ -487,7 +496,8 @@ class Generation:
         self._drafter = engine.acquire_drafter()
         try:
             self.loop = DecodeLoop(engine.target, self._drafter, self.prompt_ids, self.params,
-                                   engine.new_draft_length(), self.generator, self.stats, engine.sampling_rule,
+                                   engine.new_draft_length(self._drafter), self.generator, self.stats,
+                                   engine.sampling_rule,
                                    engine.tree_sampling_rule, prefill_by_chunks)
         except BaseException:
             self.close()

@@ -43,9 +43,9 @@ class LookupFirstDrafter(Drafter):
         self.feature_layers = inner.feature_layers  # the engine taps these for the inner drafter
         self.backend = inner.backend
         self.budget = inner.budget  # a tree drafter's: the copy becomes its first branch
-        # next_source's search, for propose to reuse on the same context: (context length, the whole continuation
-        # of the match; a copy of k tokens is its first k, since the match does not depend on k)
-        self._found: tuple[int, list[int]] | None = None
+        # next_source's search, for propose to reuse on the same context: ((context length, its hash), the whole
+        # continuation of the match; a copy of k tokens is its first k, since the match does not depend on k)
+        self._found: tuple[tuple[int, int], list[int]] | None = None
 
     @property
     def draft_bytes(self) -> int:
@@ -63,9 +63,10 @@ class LookupFirstDrafter(Drafter):
         return LOOKUP_LABEL if self._continuation(context_ids) else None
 
     def _continuation(self, context_ids: list[int]) -> list[int]:
-        if self._found is None or self._found[0] != len(context_ids):
-            found = find_continuation(context_ids, len(context_ids), self.max_ngram, self.min_ngram)
-            self._found = (len(context_ids), found)
+        # keyed by the context itself: a pooled instance may serve another request next, before its `begin`
+        key = (len(context_ids), hash(tuple(context_ids)))
+        if self._found is None or self._found[0] != key:
+            self._found = (key, find_continuation(context_ids, len(context_ids), self.max_ngram, self.min_ngram))
         return self._found[1]
 
     @property

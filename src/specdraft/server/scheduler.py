@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..engine import Generation, propose_together, verify_together
+from ..engine import Generation, propose_together, shares_pass, verify_together
 from ..errors import SpecdraftError
 from ..types import GenerationResult
 from .metrics import ServerMetrics
@@ -70,6 +70,7 @@ class Job:
     stop_error: ApiError | None = None
     submitted: float = field(default_factory=time.perf_counter)
     running: int = 0  # choices admitted and not yet ended
+    completed: int = 0  # choices answered to the end
     ticket: int = -1  # its place in arrival order (Scheduler.reserve)
 
     def emit(self, event: Event) -> None:
@@ -90,6 +91,7 @@ class Slot:
 
     job: Job
     choice: int
+    opened: bool = False  # its generation started (a request stopped while it waited never does)
 
     @property
     def generation(self) -> Generation:
@@ -100,6 +102,18 @@ class Slot:
         """Past its prefill: in the next target pass."""
         loop = self.generation.loop
         return loop is not None and not loop.prefilling
+
+
+def request_error(exc: Exception) -> ApiError:
+    """A failure of one request's own work: a 400 for what the request asked (SpecdraftError), else a 500."""
+    if isinstance(exc, SpecdraftError):
+        return ApiError(400, str(exc))
+    log.exception("a request failed")
+    return internal_error(exc)
+
+
+def internal_error(exc: Exception) -> ApiError:
+    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
 
 
 class QueueFull(Exception):
@@ -146,7 +160,7 @@ class Scheduler:
             if self.draining or self._closed:
                 raise ShuttingDown()
             places = self.max_queue + max(self.max_batch - len(self._slots), 0)
-            if len(self._waiting) + len(self._reserved) >= max(places, 1):
+            if len(self._waiting) + len(self._reserved) >= places and (self._slots or self._waiting or self._reserved):
                 raise QueueFull()
             ticket, self._next_ticket = self._next_ticket, self._next_ticket + 1
             self._reserved.add(ticket)
@@ -219,11 +233,10 @@ class Scheduler:
             try:
                 with torch.inference_mode():
                     self._step()
-            except Exception as exc:  # a bug must not take the worker down with it
+            except Exception as exc:  # the shared pass failed: every request in it gets the error
                 log.exception("a target pass failed")
-                error = ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
                 for job in {id(slot.job): slot.job for slot in self._slots}.values():
-                    self._fail(job, error)
+                    self._fail(job, internal_error(exc))
 
     def _admit(self) -> None:
         """Waiting jobs join, in arrival order, while the running choices stay within max_batch (a job with more
@@ -248,10 +261,12 @@ class Scheduler:
         if waiting_prefill is not None:
             generation = waiting_prefill.generation
             try:
-                loop = generation.loop or generation.open(prefill_by_chunks=True)
-                loop.prefill(self.prefill_chunk)
-            except SpecdraftError as exc:
-                self._fail(waiting_prefill.job, ApiError(400, str(exc)))
+                if generation.loop is None:
+                    waiting_prefill.opened = True
+                    generation.open(prefill_by_chunks=True)
+                generation.loop.prefill(self.prefill_chunk)
+            except Exception as exc:  # this request's alone: the others go on
+                self._fail(waiting_prefill.job, request_error(exc))
         # 3. one target pass for every request past its prefill
         running = [slot for slot in self._slots if slot.decoding]
         if not running:
@@ -259,19 +274,24 @@ class Scheduler:
         loops = [slot.generation.loop for slot in running]
         drafts = propose_together(loops, joining=len(self._slots) - len(running))
         logits = verify_together(loops, drafts)  # [k + 1, V] each
-        self.metrics.record_pass(len(running), sum(draft.k + 1 for draft in drafts))
+        shared = [draft for loop, draft in zip(loops, drafts) if shares_pass(loop, draft)]
+        if len(shared) > 1:
+            self.metrics.record_pass(len(shared), sum(draft.k + 1 for draft in shared))
+        for draft in drafts if len(shared) <= 1 else [d for d in drafts if all(d is not s for s in shared)]:
+            self.metrics.record_pass(1, draft.k + 1)  # a pass of its own (verify_together)
         for slot, rows in zip(running, logits):
             if slot not in self._slots:  # its job failed with another of its choices
                 continue
             try:
                 chunks, ended = slot.generation.accept(rows)
-            except SpecdraftError as exc:
-                self._fail(slot.job, ApiError(400, str(exc)))
+            except Exception as exc:  # this request's alone: the others go on
+                self._fail(slot.job, request_error(exc))
                 continue
             for chunk in chunks:
                 slot.job.emit(TextEvent(slot.choice, chunk.text))
             if ended:
                 slot.job.emit(ChoiceEvent(slot.choice, slot.generation.result()))
+                slot.job.completed += 1
                 self._end(slot)
 
     def _end(self, slot: Slot) -> None:
@@ -279,17 +299,21 @@ class Scheduler:
         leave sends the job's end (done, or the error it was stopped with)."""
         job = slot.job
         generation = slot.generation
-        generation.close()
-        self.metrics.record_generation(generation.stats, count_prompt=job.new_prompt[slot.choice])
         with self._cond:
             self._slots.remove(slot)
             self.metrics.running.set(len(self._slots))
         job.running -= 1
-        if job.running == 0:
-            if not job.stopped.is_set():
-                job.emit(DoneEvent())
-            elif job.stop_error is not None:
-                job.emit(ErrorEvent(job.stop_error))
+        try:
+            generation.close()
+            if slot.opened:  # a request stopped before it ran counts nothing
+                self.metrics.record_generation(generation.stats, count_prompt=job.new_prompt[slot.choice])
+        finally:
+            if job.running == 0:
+                # every choice answered (a stop that came during the last pass is too late to matter): done
+                if job.completed == len(job.generations) or not job.stopped.is_set():
+                    job.emit(DoneEvent())
+                elif job.stop_error is not None:
+                    job.emit(ErrorEvent(job.stop_error))
 
     def _fail(self, job: Job, error: ApiError) -> None:
         """The job ends with `error`; its other choices leave too."""
