@@ -763,6 +763,29 @@ def test_one_request_failing_leaves_the_others_in_its_passes_running(models, mon
     assert text == expected
 
 
+def test_drafters_are_built_while_preparing_not_in_the_worker(models, monkeypatch):
+    """A request in flight beside others needs a drafter of its own; building one (a draft model's vocabulary, an
+    EAGLE head from disk) happens in the thread that prepares the request, never in the loop that runs every
+    request's passes."""
+    from specdraft.server import app as server_app
+
+    built_in, build = [], server_app.build_drafter
+
+    def recording_build(*args, **kwargs):
+        built_in.append(threading.current_thread().name)
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(server_app, "build_drafter", recording_build)
+    with LiveServer(models, max_batch=4) as live:
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(lambda p: live.client.completions.create(
+                model=MODEL, prompt=p, max_tokens=20, temperature=0,
+                extra_body={"speculative": {"method": "draft", "gamma": 2}}).choices[0].text, ["abc", "bead", "cafe"]))
+    assert answers == [direct(models, encode(models, p), SpecConfig(method="draft", gamma=2),
+                              max_new_tokens=20).text for p in ["abc", "bead", "cafe"]]
+    assert built_in and "specdraft-worker" not in built_in
+
+
 def test_a_long_prompt_is_prefilled_in_chunks_while_others_stream(models):
     """The scheduler driven step by step: a 300-token prompt prefills 16 tokens per step, and a request already
     decoding gets a pass (and tokens) at every one of those steps; the long prompt's answer equals its answer

@@ -11,6 +11,7 @@ accepted path then moves to consecutive cache positions (SequenceState.keep_veri
 from __future__ import annotations
 
 import operator
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -288,6 +289,7 @@ class Engine:
         if self.spec.draft_len == 0:
             self.drafter = NoDrafter()
         self._idle_drafters: list[Drafter] = [self.drafter]  # drafters no request holds (acquire_drafter)
+        self._drafters_lock = threading.Lock()
         self.curve: VerifyCurve | None = None  # gamma auto: T(n) / T(1), n = 1 .. draft_len + 1, by context
         self.target_bytes = 1  # gamma auto: a draft token costs its weight bytes over these (the target's)
         self.source_costs: dict[str, float] = {}  # gamma auto: a draft token's cost, as a fraction of a one-token
@@ -307,8 +309,9 @@ class Engine:
         `new_drafter`. Give it back with `release_drafter`."""
         if not self.drafter.keeps_sequence_state:
             return self.drafter
-        if self._idle_drafters:
-            return self._idle_drafters.pop()
+        with self._drafters_lock:
+            if self._idle_drafters:
+                return self._idle_drafters.pop()
         if self.new_drafter is None:
             raise SpecdraftError(f"drafter {self.drafter.name!r} keeps one sequence's state: build the engine with "
                                  "load_engine (or pass new_drafter=) to decode several requests at once")
@@ -316,7 +319,8 @@ class Engine:
 
     def release_drafter(self, drafter: Drafter) -> None:
         if drafter.keeps_sequence_state:
-            self._idle_drafters.append(drafter)
+            with self._drafters_lock:
+                self._idle_drafters.append(drafter)
 
     def new_draft_length(self, drafter: Drafter | None = None) -> DraftLength:
         """The draft-length policy of one request (gamma auto keeps per-request acceptance), pricing the drafts
@@ -487,13 +491,19 @@ class Generation:
         return GenerationResult(text=self.text, token_ids=list(self.checker.token_ids),
                                 prompt_ids=list(self.prompt_ids), stats=self.stats)
 
+    def take_drafter(self) -> None:
+        """Take this request's drafter from the engine's pool now (building one may take a while: a server does it
+        while preparing the request, not in the loop that runs everyone's passes); `open` does it otherwise."""
+        if self._drafter is None:
+            self._drafter = self.engine.acquire_drafter()
+
     def open(self, prefill_by_chunks: bool = False) -> DecodeLoop:
         """Start the request's loop with a drafter of its own (the engine's pool); the prompt is prefilled now, or
         (prefill_by_chunks) by the caller's `loop.prefill` calls."""
         engine = self.engine
         self.started = time.perf_counter()
         self.stats.finish_reason = "length"
-        self._drafter = engine.acquire_drafter()
+        self.take_drafter()
         try:
             self.loop = DecodeLoop(engine.target, self._drafter, self.prompt_ids, self.params,
                                    engine.new_draft_length(self._drafter), self.generator, self.stats,

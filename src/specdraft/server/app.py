@@ -191,7 +191,12 @@ async def handle_generation(state: ServerState, request: Request, endpoint: str)
             state.scheduler.cancel(ticket)
             raise
         job = Job(prepared.generations, asyncio.get_running_loop(), prepared.new_prompt)
-        submit(state, job, ticket)
+        try:
+            submit(state, job, ticket)
+        except ApiError:
+            for generation in prepared.generations:
+                generation.close()
+            raise
     except ApiError as error:
         state.metrics.requests.labels(endpoint, str(error.status)).inc()
         return error_response(error)
@@ -268,16 +273,26 @@ def prepare(state: ServerState, request: CompletionRequest | ChatRequest, endpoi
         raise bad_request(f"n must be between 1 and {state.config.max_choices // len(prompts)} for "
                           f"{len(prompts)} prompt(s) on this server, got {request.n}", "n")
     generations, new_prompt = [], []
-    for prompt_ids in prompts:
-        params = sampling_params(request, state.config, len(prompt_ids), state.context_len)
-        for i in range(request.n):
-            # choice i of a seeded request uses seed + i: choice 0 is what the engine gives for that seed
-            choice_params = params if params.seed is None else replace(params, seed=params.seed + i)
-            try:
-                generations.append(engine.stream(prompt_ids, choice_params))
-            except SpecdraftError as exc:
-                raise bad_request(str(exc)) from None
-            new_prompt.append(i == 0)
+    try:
+        for prompt_ids in prompts:
+            params = sampling_params(request, state.config, len(prompt_ids), state.context_len)
+            for i in range(request.n):
+                # choice i of a seeded request uses seed + i: choice 0 is what the engine gives for that seed
+                choice_params = params if params.seed is None else replace(params, seed=params.seed + i)
+                try:
+                    generation = engine.stream(prompt_ids, choice_params)
+                except SpecdraftError as exc:
+                    raise bad_request(str(exc)) from None
+                generations.append(generation)
+                new_prompt.append(i == 0)
+                try:
+                    generation.take_drafter()  # built here, if the pool has none idle, not in the worker's loop
+                except SpecdraftError as exc:
+                    raise bad_request(f"speculative: {exc}", "speculative") from None
+    except BaseException:
+        for generation in generations:  # their drafters go back to the pool
+            generation.close()
+        raise
     return Prepared(request, spec, generations, new_prompt)
 
 

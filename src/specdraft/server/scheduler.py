@@ -208,6 +208,8 @@ class Scheduler:
             running = {id(slot.job): slot.job for slot in self._slots}
         for job in waiting:
             job.stop(error)
+            for generation in job.generations:  # never opened: only their drafters go back to the pool
+                generation.close()
             job.emit(ErrorEvent(error))
         for job in running.values():
             job.stop(error)
