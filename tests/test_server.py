@@ -722,8 +722,8 @@ def test_negative_control_mixed_up_rows_change_answers_under_load(models, monkey
 
     verify_together = scheduler.verify_together
 
-    def mixed_up(loops, drafts):
-        logits = verify_together(loops, drafts)
+    def mixed_up(loops, drafts, errors=None):
+        logits = verify_together(loops, drafts, errors)
         if len(loops) < 2:
             return logits
         # request i gets request i + 1's rows, cut or repeated to its own length
@@ -749,18 +749,22 @@ def test_one_request_failing_leaves_the_others_in_its_passes_running(models, mon
         return original(self, rows)
 
     monkeypatch.setattr(Generation, "accept", accept)
-    expected = direct(models, encode(models, "abc"), SpecConfig(method="ar"), max_new_tokens=300).text
+    expected = direct(models, encode(models, "abc"), SpecConfig(method="ar"), max_new_tokens=600).text
     with LiveServer(models, max_batch=4) as live:
-        stream = live.client.completions.create(model=MODEL, prompt="abc", max_tokens=300, temperature=0,
+        stream = live.client.completions.create(model=MODEL, prompt="abc", max_tokens=600, temperature=0,
                                                 stream=True, extra_body={"speculative": {"method": "ar"}})
         chunks = iter(stream)
         text = next(chunks).choices[0].text  # decoding when the other arrives
         failed = live.http.post("/v1/completions", json={"model": MODEL, "prompt": "ded", "max_tokens": 50,
                                                           "temperature": 0, "speculative": {"method": "ar"}})
         text += "".join(chunk.choices[0].text for chunk in chunks)
+        metrics = live.metrics()
     error = _assert_openai_error(failed, 500)
     assert "boom" in error["message"]
     assert text == expected
+    shared = (metrics[("specdraft_pass_requests_count", ())]
+              - metrics[("specdraft_pass_requests_bucket", (("le", "1.0"),))])
+    assert shared > 0, "the two requests never shared a pass: the test showed nothing"
 
 
 def test_drafters_are_built_while_preparing_not_in_the_worker(models, monkeypatch):
@@ -777,13 +781,17 @@ def test_drafters_are_built_while_preparing_not_in_the_worker(models, monkeypatc
 
     monkeypatch.setattr(server_app, "build_drafter", recording_build)
     with LiveServer(models, max_batch=4) as live:
-        with ThreadPoolExecutor(3) as pool:
-            answers = list(pool.map(lambda p: live.client.completions.create(
-                model=MODEL, prompt=p, max_tokens=20, temperature=0,
-                extra_body={"speculative": {"method": "draft", "gamma": 2}}).choices[0].text, ["abc", "bead", "cafe"]))
-    assert answers == [direct(models, encode(models, p), SpecConfig(method="draft", gamma=2),
-                              max_new_tokens=20).text for p in ["abc", "bead", "cafe"]]
-    assert built_in and "specdraft-worker" not in built_in
+        response = live.client.completions.create(model=MODEL, prompt="abc", max_tokens=20, temperature=0.8, seed=3,
+                                                  n=3, extra_body={"speculative": {"method": "draft", "gamma": 2}})
+        again = live.client.completions.create(model=MODEL, prompt="abc", max_tokens=20, temperature=0.8, seed=3,
+                                               n=3, extra_body={"speculative": {"method": "draft", "gamma": 2}})
+    assert [c.text for c in response.choices] == [
+        direct(models, encode(models, "abc"), SpecConfig(method="draft", gamma=2), max_new_tokens=20,
+               temperature=0.8, seed=3 + i).text for i in range(3)]
+    assert [c.text for c in again.choices] == [c.text for c in response.choices]
+    # the server's default engine at start; then this setting's engine and two more drafters for three choices in
+    # flight, in the threads preparing the request; the second request found them in the pool
+    assert "specdraft-worker" not in built_in and len(built_in) == 1 + 3
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_while_others_stream(models):

@@ -182,10 +182,13 @@ def shares_pass(loop: DecodeLoop, draft: Draft) -> bool:
             and draft.k + 1 <= MAX_KERNEL_ROWS)
 
 
-def verify_together(loops: list[DecodeLoop], drafts: list[Draft]) -> list[torch.Tensor]:
+def verify_together(loops: list[DecodeLoop], drafts: list[Draft],
+                    errors: dict[int, Exception] | None = None) -> list[torch.Tensor | None]:
     """Each loop's target pass over its pending token and draft (logits [k + 1, V] each): those that can share
     one pass do (`NativeState.verify_many`: the weights are read once for all); a token tree, a drafter that reads
-    the target's features, more than MAX_KERNEL_ROWS tokens or the transformers backend runs on its own."""
+    the target's features, more than MAX_KERNEL_ROWS tokens or the transformers backend runs on its own.
+    errors: where a pass of its own fails, its loop's index -> the exception, and None for its logits (without
+    it, the exception propagates)."""
     together = [i for i, (loop, draft) in enumerate(zip(loops, drafts)) if shares_pass(loop, draft)]
     logits: list[torch.Tensor | None] = [None] * len(loops)
     if len(together) > 1:
@@ -195,20 +198,33 @@ def verify_together(loops: list[DecodeLoop], drafts: list[Draft]) -> list[torch.
             logits[i] = row
     for i, (loop, draft) in enumerate(zip(loops, drafts)):
         if logits[i] is None:
-            # one target pass over the pending token and the k draft nodes (a tree: with a tree mask)
-            logits[i] = loop.state.verify(loop.pending, draft)
+            try:
+                # one target pass over the pending token and the k draft nodes (a tree: with a tree mask)
+                logits[i] = loop.state.verify(loop.pending, draft)
+            except Exception as exc:
+                if errors is None:
+                    raise
+                errors[i] = exc
     return logits
 
 
-def propose_together(loops: list[DecodeLoop], joining: int = 0) -> list[Draft]:
+def propose_together(loops: list[DecodeLoop], joining: int = 0,
+                     errors: dict[int, Exception] | None = None) -> list[Draft]:
     """The drafts of one batched pass: each request drafts knowing what the others put into the pass (those
     before it: their drafts; those after it: their pending token). `joining`: requests still prefilling, counted
     as one token each (they join the next passes: a request alone for a pass or two while others prefill does not
-    begin a draft model for them)."""
+    begin a draft model for them). errors: where a drafter fails, its loop's index -> the exception, and an empty
+    draft in its place (without it, the exception propagates)."""
     drafts, load = [], PassLoad(tokens=len(loops) + joining, requests=len(loops) + joining)
-    for loop in loops:
+    for i, loop in enumerate(loops):
         load = load - PassLoad(1, 1)  # this request's own pending token
-        drafts.append(loop.propose(load))
+        try:
+            drafts.append(loop.propose(load))
+        except Exception as exc:
+            if errors is None:
+                raise
+            errors[i] = exc
+            drafts.append(Draft.empty())
         load = load + loop.load()
     verify_starts = time.perf_counter()
     for loop in loops:  # a request's verify time starts with the pass, not with its own proposal
@@ -289,6 +305,7 @@ class Engine:
         if self.spec.draft_len == 0:
             self.drafter = NoDrafter()
         self._idle_drafters: list[Drafter] = [self.drafter]  # drafters no request holds (acquire_drafter)
+        self._drafters_owned = 1  # built for this engine: held by requests or idle
         self._drafters_lock = threading.Lock()
         self.curve: VerifyCurve | None = None  # gamma auto: T(n) / T(1), n = 1 .. draft_len + 1, by context
         self.target_bytes = 1  # gamma auto: a draft token costs its weight bytes over these (the target's)
@@ -312,10 +329,28 @@ class Engine:
         with self._drafters_lock:
             if self._idle_drafters:
                 return self._idle_drafters.pop()
+        return self._build_drafter()
+
+    def ensure_drafters(self, count: int) -> None:
+        """Build drafters until the engine owns `count` (held or idle), so that that many requests in flight find
+        one without waiting for a build (a server calls it while preparing a request, not in the loop that runs
+        every request's passes). The pool never shrinks: `count` bounds it."""
+        if not self.drafter.keeps_sequence_state or self.new_drafter is None:
+            return
+        while True:
+            with self._drafters_lock:
+                if self._drafters_owned >= count:
+                    return
+            self.release_drafter(self._build_drafter())
+
+    def _build_drafter(self) -> Drafter:
         if self.new_drafter is None:
             raise SpecdraftError(f"drafter {self.drafter.name!r} keeps one sequence's state: build the engine with "
                                  "load_engine (or pass new_drafter=) to decode several requests at once")
-        return self.new_drafter()
+        drafter = self.new_drafter()
+        with self._drafters_lock:
+            self._drafters_owned += 1
+        return drafter
 
     def release_drafter(self, drafter: Drafter) -> None:
         if drafter.keeps_sequence_state:
@@ -491,19 +526,14 @@ class Generation:
         return GenerationResult(text=self.text, token_ids=list(self.checker.token_ids),
                                 prompt_ids=list(self.prompt_ids), stats=self.stats)
 
-    def take_drafter(self) -> None:
-        """Take this request's drafter from the engine's pool now (building one may take a while: a server does it
-        while preparing the request, not in the loop that runs everyone's passes); `open` does it otherwise."""
-        if self._drafter is None:
-            self._drafter = self.engine.acquire_drafter()
-
     def open(self, prefill_by_chunks: bool = False) -> DecodeLoop:
         """Start the request's loop with a drafter of its own (the engine's pool); the prompt is prefilled now, or
         (prefill_by_chunks) by the caller's `loop.prefill` calls."""
         engine = self.engine
         self.started = time.perf_counter()
         self.stats.finish_reason = "length"
-        self.take_drafter()
+        if self._drafter is None:
+            self._drafter = engine.acquire_drafter()
         try:
             self.loop = DecodeLoop(engine.target, self._drafter, self.prompt_ids, self.params,
                                    engine.new_draft_length(self._drafter), self.generator, self.stats,

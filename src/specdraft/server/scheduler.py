@@ -238,7 +238,10 @@ class Scheduler:
             except Exception as exc:  # the shared pass failed: every request in it gets the error
                 log.exception("a target pass failed")
                 for job in {id(slot.job): slot.job for slot in self._slots}.values():
-                    self._fail(job, internal_error(exc))
+                    try:
+                        self._fail(job, internal_error(exc))
+                    except Exception:  # the worker must live on: the others are waiting for it
+                        log.exception("ending a failed request failed")
 
     def _admit(self) -> None:
         """Waiting jobs join, in arrival order, while the running choices stay within max_batch (a job with more
@@ -264,8 +267,8 @@ class Scheduler:
             generation = waiting_prefill.generation
             try:
                 if generation.loop is None:
-                    waiting_prefill.opened = True
                     generation.open(prefill_by_chunks=True)
+                    waiting_prefill.opened = True
                 generation.loop.prefill(self.prefill_chunk)
             except Exception as exc:  # this request's alone: the others go on
                 self._fail(waiting_prefill.job, request_error(exc))
@@ -274,15 +277,19 @@ class Scheduler:
         if not running:
             return
         loops = [slot.generation.loop for slot in running]
-        drafts = propose_together(loops, joining=len(self._slots) - len(running))
-        logits = verify_together(loops, drafts)  # [k + 1, V] each
+        errors: dict[int, Exception] = {}  # a request's own failure (its drafter, a pass of its own): it alone ends
+        drafts = propose_together(loops, joining=len(self._slots) - len(running), errors=errors)
+        logits = verify_together(loops, drafts, errors)  # [k + 1, V] each (None where it failed)
+        for i, exc in errors.items():
+            if running[i] in self._slots:
+                self._fail(running[i].job, request_error(exc))
         shared = [draft for loop, draft in zip(loops, drafts) if shares_pass(loop, draft)]
         if len(shared) > 1:
             self.metrics.record_pass(len(shared), sum(draft.k + 1 for draft in shared))
         for draft in drafts if len(shared) <= 1 else [d for d in drafts if all(d is not s for s in shared)]:
             self.metrics.record_pass(1, draft.k + 1)  # a pass of its own (verify_together)
         for slot, rows in zip(running, logits):
-            if slot not in self._slots:  # its job failed with another of its choices
+            if slot not in self._slots:  # its job failed (with another of its choices)
                 continue
             try:
                 chunks, ended = slot.generation.accept(rows)
@@ -309,6 +316,8 @@ class Scheduler:
             generation.close()
             if slot.opened:  # a request stopped before it ran counts nothing
                 self.metrics.record_generation(generation.stats, count_prompt=job.new_prompt[slot.choice])
+        except Exception:
+            log.exception("closing a generation failed")
         finally:
             if job.running == 0:
                 # every choice answered (a stop that came during the last pass is too late to matter): done
