@@ -45,8 +45,8 @@ class StreamChunk:
 
 class DecodeLoop:
     """One request's token-scale loop, a target pass at a time: `propose` (the drafter drafts), the target scores
-    the pending token and the draft (the caller runs that pass: alone, `decode_passes`; with other requests in
-    one pass, `Engine.generate_many`), `accept` (keep or resample, roll back, tell the drafter) returns the
+    the pending token and the draft (the caller runs that pass: alone, `Generation.__iter__`; with other requests
+    in one pass, `verify_together`, as `Engine.generate_many` and the server do), `accept` (keep or resample, roll back, tell the drafter) returns the
     tokens the pass emits. `draft_length` says how many tokens to draft in each pass (a fixed gamma, or chosen
     per pass: draft_length.py). The prompt is prefilled at construction, or (prefill_by_chunks) by the caller's
     calls to `prefill`.
