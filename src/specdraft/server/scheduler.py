@@ -283,11 +283,14 @@ class Scheduler:
         for i, exc in errors.items():
             if running[i] in self._slots:
                 self._fail(running[i].job, request_error(exc))
-        shared = [draft for loop, draft in zip(loops, drafts) if shares_pass(loop, draft)]
-        if len(shared) > 1:
-            self.metrics.record_pass(len(shared), sum(draft.k + 1 for draft in shared))
-        for draft in drafts if len(shared) <= 1 else [d for d in drafts if all(d is not s for s in shared)]:
-            self.metrics.record_pass(1, draft.k + 1)  # a pass of its own (verify_together)
+        # the passes verify_together ran: one shared by those that could share it (two or more), one per other
+        sharing = [shares_pass(loop, draft) for loop, draft in zip(loops, drafts)]
+        together = sum(sharing) > 1
+        if together:
+            self.metrics.record_pass(sum(sharing), sum(d.k + 1 for d, shared in zip(drafts, sharing) if shared))
+        for draft, shared in zip(drafts, sharing):
+            if not (together and shared):
+                self.metrics.record_pass(1, draft.k + 1)
         for slot, rows in zip(running, logits):
             if slot not in self._slots:  # its job failed (with another of its choices)
                 continue
