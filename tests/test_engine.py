@@ -72,6 +72,27 @@ def test_greedy_with_confidence_stopped_drafts_equals_autoregressive(tiny_models
     assert got.stats.drafted < 6 * got.stats.target_passes  # some drafts really stopped early
 
 
+@pytest.mark.parametrize("context_tokens", [1, 3])
+def test_a_draft_model_reading_the_prompts_end_only_stays_greedy_exact(tiny_models, context_tokens):
+    """draft_context: the draft model prefills only the prompt's last tokens and follows the context from there;
+    the output is plain decoding's, and the draft's cache holds the window, not the whole prompt."""
+    target = tiny_models["target"]
+    drafter = ModelDrafter(tiny_models["draft"], target, context_tokens=context_tokens)
+    engine = Engine(target, drafter, SpecConfig("draft", 3, draft_context=context_tokens, lookup_first=0))
+    for prompt in PROMPTS:
+        ids = engine.encode(prompt, chat=False)
+        got = engine.generate(ids, GREEDY)
+        assert got.token_ids == ar_engine(tiny_models).generate(ids, GREEDY).token_ids, prompt
+        assert got.stats.drafted > 0
+        window = min(context_tokens, len(ids))
+        assert drafter.context_start == len(ids) - window
+        # the draft has seen the window and the tokens since (not the last one: it is fed at the next proposal)
+        assert len(drafter.state) <= window + len(got.token_ids)
+    with torch.inference_mode():
+        drafter.begin(list(range(2, 12)))
+    assert (drafter.context_start, len(drafter.state)) == (10 - context_tokens, context_tokens - 1)
+
+
 def test_greedy_full_acceptance_with_target_as_its_own_draft(tiny_models):
     engine = draft_engine(tiny_models, 4, draft="target")
     ids = engine.encode("abc ab", chat=False)

@@ -134,6 +134,22 @@ def test_confidence_stopped_drafts_stay_exact(small_vocab):
     assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
 
 
+def test_a_draft_reading_part_of_the_prompt_stays_exact(small_vocab):
+    """draft_context 1: the draft model sees the prompt's last token only, so its q differs from the full
+    prompt's (checked) and the emitted tokens must still follow the target."""
+    target, draft = small_vocab
+    params = SETTINGS["T=1"]
+    windowed = ModelDrafter(draft, target, context_tokens=1)
+    with torch.inference_mode():
+        windowed.begin(PROMPT)
+        q_window = processed_probs(windowed.state.forward(PROMPT[-1:], 1), params)[0]
+        q_full = processed_probs(draft.new_state().forward(PROMPT, 1), params)[0]
+    assert 0.5 * (q_window - q_full).abs().sum() > 0.05
+    engine = Engine(target, ModelDrafter(draft, target, context_tokens=1), SpecConfig("draft", 3, draft_context=1))
+    pvalue = engine_chi_square_pvalue(engine, target, params, N_SAMPLES)
+    assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
+
+
 @pytest.mark.parametrize("rule", [always_accept, resample_from_target], ids=["always-accept", "resample-from-p"])
 def test_negative_control_wrong_rule_fails_the_same_test(small_vocab, rule):
     target, draft = small_vocab

@@ -131,6 +131,11 @@ class SpecConfig:
     # model drafter: stop drafting early once the draft's top-1 probability falls below this (0 disables).
     # Lossless: the draft length depends only on the draft's own distribution.
     draft_confidence: float = 0.0
+    # model drafter: the draft model reads only the prompt's last draft_context tokens (0: all of it) and the
+    # tokens generated since. Its prefill of the whole prompt cost more than its better guesses gained: on the
+    # quick benchmark (Zen 3, GGUF, 2026-12-03) 16 tokens ran 1.11x the whole prompt end to end (32: 1.09x, 64:
+    # 1.06x, 128: 1.03x; acceptance 0.76 -> 0.70); docs/benchmarks.md
+    draft_context: int = 16
     # prompt lookup: longest and shortest n-gram to match in the context
     lookup_max_ngram: int = 3
     lookup_min_ngram: int = 1
@@ -194,7 +199,7 @@ class SpecConfig:
                                                              for e in self.sorted_exits)):
             raise SpecdraftError(f"SpecConfig.sorted_exits must be a tuple of layer counts, got {self.sorted_exits!r}")
         check_types(self, ints=("gamma", "lookup_max_ngram", "lookup_min_ngram", "lookup_first", "tree_budget",
-                                "tree_depth", "tree_branch", "draft_vocab"),
+                                "tree_depth", "tree_branch", "draft_vocab", "draft_context"),
                     numbers_=("draft_confidence",), strings=("method", "eagle_head", "exit_rule", "sorted_draft"),
                     optional=("gamma", "lookup_first", "eagle_head", "draft_vocab"))
         if self.method not in DRAFTERS:
@@ -203,6 +208,8 @@ class SpecConfig:
             raise SpecdraftError(f"gamma must be between 1 and {MAX_GAMMA}, got {self.gamma}")
         if not (0.0 <= self.draft_confidence < 1.0):
             raise SpecdraftError(f"draft confidence must be in [0, 1), got {self.draft_confidence}")
+        if self.draft_context < 0:
+            raise SpecdraftError(f"draft context must be >= 0 tokens (0: the whole prompt), got {self.draft_context}")
         if self.lookup_first is not None:
             if not (0 <= self.lookup_first <= self.lookup_max_ngram):
                 raise SpecdraftError(f"lookup_first must be between 0 (off) and lookup_max_ngram "

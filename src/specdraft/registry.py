@@ -81,6 +81,9 @@ class DraftModelOptions:
 
     draft_confidence: float = setting(0.0, "draft model: stop drafting when the draft's top-1 probability is below "
                                       "this (0: always draft gamma)", server=True)
+    draft_context: int = setting(16, "draft model: read only the prompt's last N tokens (0: all of it): the draft's "
+                                 "prefill costs less, its guesses get a little worse, the output stays exact",
+                                 metavar="N", server=True)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ class BenchSettings:
     draft: str | None = ModelConfig.draft
     gammas: tuple[int | None, ...] = (SpecConfig.gamma,)  # None: auto (each pass chooses its length)
     draft_confidence: float = 0.0
+    draft_context: int = SpecConfig.draft_context  # draft model: prompt tokens it reads (0: all)
     eagle_head: str | None = None  # method eagle: a trained head's name or folder
     tree_budget: int = SpecConfig.tree_budget  # tree methods (draft-tree): nodes, levels, children per node
     tree_depth: int = SpecConfig.tree_depth

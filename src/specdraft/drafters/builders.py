@@ -44,9 +44,9 @@ def prompt_lookup(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | No
 
 
 def draft_model(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:
-    return ModelDrafter(require_draft(draft, spec.method), target,
-                        spec.drafter_options(DraftModelOptions).draft_confidence,
-                        spec.drafter_options(DraftVocabOptions).draft_vocab)
+    options = spec.drafter_options(DraftModelOptions)
+    return ModelDrafter(require_draft(draft, spec.method), target, options.draft_confidence,
+                        spec.drafter_options(DraftVocabOptions).draft_vocab, options.draft_context)
 
 
 def draft_tree(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:

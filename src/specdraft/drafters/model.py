@@ -20,9 +20,12 @@ class ModelDrafter(HasDraftVocab):
     catches_up = True  # a proposal feeds the draft model whatever it has not seen (sync_for_next)
 
     def __init__(self, draft: LoadedModel, target: LoadedModel, min_confidence: float = 0.0,
-                 draft_vocab: int | None = None):
+                 draft_vocab: int | None = None, context_tokens: int = 0):
         check_compatible_vocab(draft, target)
         self.min_confidence = min_confidence  # stop drafting when the draft's top-1 probability drops below
+        # the draft model reads the context from `context_start` on: the prompt's last `context_tokens` (0: all)
+        self.context_tokens = context_tokens
+        self.context_start = 0
         self.draft = draft
         self.backend = draft.backend  # shown in the statistics
         self.state = draft.new_state()
@@ -47,11 +50,13 @@ class ModelDrafter(HasDraftVocab):
         if self.vocab is not None:
             self.vocab.for_prompt(prompt_ids)
             self.state.lm_head = self.vocab.weight  # logits are then [n, V_draft]
-        if len(prompt_ids) > 1:
-            self.state.forward(prompt_ids[:-1], 1)
+        self.context_start = max(0, len(prompt_ids) - self.context_tokens) if self.context_tokens else 0
+        seen = prompt_ids[self.context_start:]
+        if len(seen) > 1:
+            self.state.forward(seen[:-1], 1)
 
     def propose(self, context_ids, k, params: SamplingParams, generator) -> Draft:
-        to_feed = self.state.sync_for_next(context_ids)
+        to_feed = self.state.sync_for_next(context_ids[self.context_start:])
         token_ids: list[int] = []
         rows: list[torch.Tensor] = []
         logits = self.state.forward(to_feed, 1)  # [1, V_draft]
@@ -74,7 +79,7 @@ class ModelDrafter(HasDraftVocab):
         return Draft(torch.tensor(token_ids, dtype=torch.long), draft_probs)
 
     def on_accept(self, context_ids: list[int], features=None) -> None:
-        self.state.sync(context_ids)  # drop rejected draft tokens; the new token is fed at the next propose
+        self.state.sync(context_ids[self.context_start:])  # drop rejected draft tokens; the new token is fed at the next propose
 
 
 def check_compatible_vocab(draft: LoadedModel, target: LoadedModel) -> None:
