@@ -36,7 +36,8 @@ import torch
 
 from specdraft import load_model
 from specdraft.bench.runner import Conversation
-from specdraft.config import AUTO_LOOKUP_FIRST, SpecConfig
+from specdraft.config import AUTO_LOOKUP_FIRST
+from specdraft.registry import LookupOptions
 from specdraft.drafters.prompt_lookup import find_continuation
 from specdraft.models.adapter import set_threads
 from specdraft.models.eagle_head import load_head
@@ -73,7 +74,7 @@ def agreement(target, head, prompt_ids: list[int], answer_ids: list[int], steps:
         if j == 1:
             prompt = (float(hit[:in_prompt].sum()), in_prompt)
             for row in range(in_prompt, len(hit)):  # the engine's context then ends at position row + 1
-                copies = bool(find_continuation(ids[: row + 2], 1, SpecConfig.lookup_max_ngram, AUTO_LOOKUP_FIRST))
+                copies = bool(find_continuation(ids[: row + 2], 1, LookupOptions.lookup_max_ngram, AUTO_LOOKUP_FIRST))
                 split[copies][0] += float(hit[row])
                 split[copies][1] += 1
     return answer_hits, answer_rows, prompt, split, sampled

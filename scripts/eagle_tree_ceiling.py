@@ -48,7 +48,8 @@ from specdraft import load_model
 from specdraft.bench.methods import TurnOutput
 from specdraft.bench.runner import Conversation
 from specdraft.bench.suite import load_prompts
-from specdraft.config import AUTO_LOOKUP_FIRST, SpecConfig
+from specdraft.config import AUTO_LOOKUP_FIRST
+from specdraft.registry import LookupOptions
 from specdraft.drafters.prompt_lookup import find_continuation
 from specdraft.models.adapter import set_threads
 from specdraft.models.eagle_head import load_head
@@ -78,7 +79,7 @@ def rank_vectors(target, head, prompt_ids: list[int], answer_ids: list[int], dep
             wanted = int(draft_id[ids[a + 1 + j]])
             row = logits[a]  # [V_draft]
             ranks.append(NEVER if wanted < 0 else int((row > row[wanted]).sum()))
-        copy = find_continuation(ids[: a + 2], depth, SpecConfig.lookup_max_ngram, AUTO_LOOKUP_FIRST)
+        copy = find_continuation(ids[: a + 2], depth, LookupOptions.lookup_max_ngram, AUTO_LOOKUP_FIRST)
         copy_kept = 0
         while copy_kept < len(copy) and a + 2 + copy_kept < len(ids) and copy[copy_kept] == ids[a + 2 + copy_kept]:
             copy_kept += 1

@@ -266,8 +266,9 @@ def test_python_api_takes_the_cli_spellings_and_paths(tmp_path):
 
     spec = SpecConfig(gamma="auto", lookup_first="auto", draft_vocab="auto", sorted_exits=[8, 16],
                       eagle_head=tmp_path)
-    assert (spec.gamma, spec.lookup_first, spec.draft_vocab, spec.sorted_exits) == (None, None, None, (8, 16))
-    assert spec.eagle_head == str(tmp_path)
+    assert (spec.gamma, spec.lookup_first, spec.setting("draft_vocab"), spec.setting("sorted_exits")) == (
+        None, None, None, (8, 16))
+    assert spec.setting("eagle_head") == str(tmp_path)
     assert ModelConfig(target=tmp_path, draft=None).target == str(tmp_path)
     assert SamplingParams(stop=["a", "b"]).stop == ("a", "b")
     assert SamplingParams(stop=(s for s in ["a"])).stop == ("a",)  # a generator, read once

@@ -248,7 +248,7 @@ def test_a_method_can_carry_its_own_drafter_settings(tiny_models, tiny_dirs, tmp
     assert split_methods("ar,draft[gamma=3,draft_vocab=4],sorted[exits=1:2]") == (
         "ar", "draft[gamma=3,draft_vocab=4]", "sorted[exits=1:2]")
     assert parse_method("sorted[sorted_exits=1:2;exit_rule=cost:1.0]") == (
-        "sorted", {"sorted_exits": (1, 2), "exit_rule": "cost:1.0"})
+        "sorted", {"options": {"sorted_exits": (1, 2), "exit_rule": "cost:1.0"}})
     for bad, match in (("draft[gama=3]", "not KEY=VALUE"), ("draft[gamma=x]", "gamma takes a draft length or auto"),
                        ("draft[gamma=3", "one pair of brackets")):
         with pytest.raises(SpecdraftError, match=match):
@@ -286,7 +286,7 @@ def test_every_drafter_knob_of_the_command_line_reaches_the_bench_and_its_method
     settings = settings_from_args(args)
     fields = {f.name for f in dataclasses.fields(BenchSettings)}
     assert set(drafter_knobs(args)) <= fields
-    rules = {label: spec.exit_rule for label, _, _, spec in plan_variants(settings)}
+    rules = {label: spec.setting("exit_rule") for label, _, _, spec in plan_variants(settings)}
     assert rules == {"sorted": "cost-probe:2", "sorted[exit_rule=probe:0.9]": "probe:0.9"}
 
 
@@ -295,11 +295,12 @@ def test_lookup_first_is_auto_per_method_and_a_run_wide_value_applies_where_ther
 
     methods = ("ar", "draft", "prompt-lookup", "draft[lookup_first=0]", "eagle-tree[lookup_first=auto]")
     auto = {label: spec.lookup_first_ngram
-            for label, _, _, spec in plan_variants(BenchSettings(methods=methods, draft="d", eagle_head="h"))}
+            for label, _, _, spec in plan_variants(BenchSettings(methods=methods, draft="d", options=(("eagle_head", "h"),)))}
     assert auto == {"ar": 0, "draft": 2, "prompt-lookup": 0, "draft[lookup_first=0]": 0,
                     "eagle-tree[lookup_first=auto]": 2}
     run_wide = {label: spec.lookup_first_ngram for label, _, _, spec in
-                plan_variants(BenchSettings(methods=methods, draft="d", eagle_head="h", lookup_first=3))}
+                plan_variants(BenchSettings(methods=methods, draft="d", options=(("eagle_head", "h"),),
+                                            lookup_first=3))}
     assert run_wide == {**auto, "draft": 3}  # ar and prompt-lookup keep theirs; a method's own setting wins
     with pytest.raises(SpecdraftError, match="has none to fall back on"):
         plan_variants(BenchSettings(methods=("prompt-lookup[lookup_first=2]",), draft="d"))

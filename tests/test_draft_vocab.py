@@ -137,15 +137,15 @@ def test_auto_draft_vocabulary_is_32768_rows_on_a_larger_native_head_and_all_oth
     assert resolve_rows(None, None) == 0  # transformers backend: no native head to take rows of
     assert resolve_rows(0, large) == 0 and resolve_rows(7, large) == 7  # explicit values stand
     target, draft, _ = models
-    assert SpecConfig().draft_vocab is None and ModelDrafter(draft, target).vocab_rows == 0  # tiny vocabulary
+    assert SpecConfig().setting("draft_vocab") is None and ModelDrafter(draft, target).vocab_rows == 0  # tiny vocabulary
 
 
 def test_draft_vocab_flag_takes_auto_or_a_count_and_rejects_the_rest(capsys):
     from specdraft.bench.options import parse_method
     from specdraft.cli import main
 
-    assert parse_method("draft[draft_vocab=auto]") == ("draft", {"draft_vocab": None})
-    assert parse_method("draft[draft_vocab=0]") == ("draft", {"draft_vocab": 0})
+    assert parse_method("draft[draft_vocab=auto]") == ("draft", {"options": {"draft_vocab": None}})
+    assert parse_method("draft[draft_vocab=0]") == ("draft", {"options": {"draft_vocab": 0}})
     with pytest.raises(SpecdraftError, match="draft_vocab takes a row count or auto"):
         parse_method("draft[draft_vocab=-3]")
     with pytest.raises(SystemExit):

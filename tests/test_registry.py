@@ -102,17 +102,34 @@ def test_a_registered_drafter_runs_in_the_engine_and_stays_exact(echo_registered
 def test_unknown_settings_are_refused_and_gone_with_the_drafter(echo_registered):
     with pytest.raises(SpecdraftError, match="no registered drafter's setting"):
         SpecConfig(method="echo", options={"echo_spam": 3})
-    with pytest.raises(SpecdraftError, match="pass draft_vocab= itself"):
-        SpecConfig(method="draft", options={"draft_vocab": 3})
+    with pytest.raises(SpecdraftError, match="no registered drafter's setting"):
+        SpecConfig(method="echo", echo_spam=3)
     unregister("echo")
     assert "echo" not in DRAFTERS and "echo_span" not in option_fields()
     with pytest.raises(SpecdraftError, match="unknown method 'echo'"):
         SpecConfig(method="echo")
 
 
-def test_the_built_in_settings_are_spec_config_fields_with_the_same_defaults():
-    """The built-in drafters' options dataclasses and SpecConfig (the Python API's spelling) agree."""
-    spec_fields = {f.name: f.default for f in dataclasses.fields(SpecConfig)}
+def test_every_setting_travels_in_options_whichever_way_it_was_given(echo_registered):
+    """Keywords or the options dict, built in or registered from outside: one place, every registered setting
+    present (its default where none was given), so configs that mean the same are equal and hash alike."""
+    by_keyword = SpecConfig("echo", 2, echo_span=3, draft_confidence=0.25)
+    by_dict = SpecConfig("echo", 2, options={"echo_span": 3, "draft_confidence": 0.25})
+    assert by_keyword == by_dict and hash(by_keyword) == hash(by_dict)
+    assert {name for name, _ in by_keyword.options} == set(option_fields())
+    assert by_keyword.setting("echo_span") == 3 and by_keyword.setting("tree_budget") == 5
+    assert SpecConfig() == SpecConfig(tree_budget=5, draft_context=16)  # the defaults, spelled out
+    assert dataclasses.replace(by_keyword, gamma=4).options == by_keyword.options
+    assert [f.name for f in dataclasses.fields(SpecConfig)] == ["method", "gamma", "lookup_first", "options"]
+
+
+def test_each_options_dataclass_checks_its_own_settings(echo_registered):
+    """A setting's checks live with it: its options dataclass refuses a bad value, and SpecConfig says so."""
+    for bad, message in (({"draft_confidence": 1.0}, "draft confidence must be in"),
+                         ({"draft_context": -1}, "draft context must be >= 0"),
+                         ({"tree_budget": 0}, "tree budget"), ({"lookup_min_ngram": 4}, "prompt lookup needs"),
+                         ({"exit_rule": "sometimes"}, "exit rule"), ({"draft_vocab": "5"}, "draft_vocab must be")):
+        with pytest.raises(SpecdraftError, match=message):
+            SpecConfig(**bad)
     for cls in option_classes():
-        for f in dataclasses.fields(cls):
-            assert f.name in spec_fields and spec_fields[f.name] == f.default, (cls.__name__, f.name)
+        cls()  # every default passes its own checks

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specdraft import Engine, ModelConfig, SamplingParams, SpecConfig, load_engine, load_model
-from specdraft.config import parse_exit_rule
+from specdraft.registry import parse_exit_rule
 from specdraft.drafters import SortedDrafter, SortedTreeDrafter, build_drafter
 from specdraft.drafters.sorted import CostAwareExit, LayeredState, ThresholdExit
 from specdraft.errors import SpecdraftError

@@ -515,8 +515,8 @@ def test_bench_runs_draft_tree_with_its_knobs_and_records_tree_statistics(tiny_m
     prompts.write_text(json.dumps({"question_id": "code-1", "category": "code", "turns": ["abc abc abc ab"]}) + "\n")
     settings = BenchSettings(prompts=str(prompts), methods=("ar", "draft-tree"), target=str(tiny_dirs["target"]),
                              draft=str(tiny_dirs["target"]), gammas=(2, 4), max_new_tokens=12, dtype="float32",
-                             out=str(tmp_path / "out"), chat=False, warmup_tokens=2, tree_budget=7, tree_depth=3,
-                             tree_branch=2)
+                             out=str(tmp_path / "out"), chat=False, warmup_tokens=2,
+                             options=(("tree_branch", 2), ("tree_budget", 7), ("tree_depth", 3)))
     models = BenchModels(settings.model_config(), tiny_models["target"], tiny_models["target"])
     run_bench(settings, progress=False, models=models)
     records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]

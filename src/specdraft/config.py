@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import math
-import numbers
-import operator
-import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .checks import auto_to_none, check_types, paths_to_str
 from .errors import SpecdraftError
-from .registry import DRAFTERS, option_fields
+from .registry import DRAFTERS, MAX_GAMMA, default_of, option_classes, option_fields
 
-MAX_GAMMA = 32
-MAX_TREE_BUDGET = 64
-MAX_LOOKUP_NGRAM = 16  # prompt lookup's longest n-gram
 # lookup_first "auto" for every other method: copies after a repeated pair of tokens. Measured on two prompts per
 # category, greedy, bf16 (docs/bench/2026-11-30-xeon-lookup-first-trees): eagle-tree 1.07x -> 1.39x our AR, draft 1.23x -> 1.31x
 AUTO_LOOKUP_FIRST = 2
@@ -28,52 +23,6 @@ DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16", "floa
 
 # what torch.Generator.manual_seed takes; the server allows less (protocol.MAX_SEED: 0.., with room for seed + i)
 SEED_RANGE = (-(2**63), 2**64 - 1)
-
-
-def check_types(config: object, ints: tuple[str, ...] = (), numbers_: tuple[str, ...] = (),
-                strings: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> None:
-    """Python API callers pass values the CLI would have parsed: refuse a wrong type with a message that names the
-    field, instead of a TypeError deep in torch (a bool is no number here; fields in `optional` may be None)."""
-    def as_int(value):
-        return operator.index(value)  # ints and numpy integers; not floats or strings
-
-    def as_number(value):
-        if not isinstance(value, numbers.Real) or not math.isfinite(value):
-            raise TypeError
-        return float(value) if not isinstance(value, int) else value
-
-    def as_string(value):
-        if not isinstance(value, str):
-            raise TypeError
-        return value
-
-    for names, convert, kind in ((ints, as_int, "an integer"), (numbers_, as_number, "a finite number"),
-                                 (strings, as_string, "a string")):
-        for name in names:
-            value = getattr(config, name)
-            if value is None and name in optional:
-                continue
-            try:
-                if isinstance(value, bool):  # an int to Python, but no count or rate (numpy's bool is neither)
-                    raise TypeError
-                object.__setattr__(config, name, convert(value))  # numpy scalars become Python ones
-            except TypeError:
-                raise SpecdraftError(f"{type(config).__name__}.{name} must be {kind}"
-                                     f"{' or None' if name in optional else ''}, got {value!r}") from None
-
-
-def paths_to_str(config: object, *names: str) -> None:
-    """A model, head or cache folder may be given as a pathlib.Path: kept as its string."""
-    for name in names:
-        if isinstance(getattr(config, name), os.PathLike):
-            object.__setattr__(config, name, os.fspath(getattr(config, name)))
-
-
-def auto_to_none(config: object, *names: str) -> None:
-    """"auto", the CLI's and the server's spelling, means None (auto) in the Python API too."""
-    for name in names:
-        if getattr(config, name) == "auto":
-            object.__setattr__(config, name, None)
 
 
 @dataclass(frozen=True)
@@ -118,9 +67,14 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class SpecConfig:
-    """Which drafter proposes and how many tokens per target pass (gamma)."""
+    """Which drafter proposes (method), how many tokens per target pass (gamma), whether prompt lookup goes in front
+    of it (lookup_first), and every drafter setting the registry declares (registry.py), by name: given as
+    keywords, `SpecConfig("draft", 4, draft_confidence=0.3)`, or in `options`, a dict. Each setting's options
+    dataclass checks it; one not given takes its default. `options` keeps them all as sorted (name, value) pairs,
+    so that two configs that mean the same are equal and hash alike (the server keeps engines by SpecConfig); read
+    one with `setting(name)`, or a drafter's own with `drafter_options(TheOptions)`."""
 
     method: str = "draft"
     # None is auto: each pass of a chain method chooses its length (see AUTO_GAMMA_MAX); tree methods ignore
@@ -128,119 +82,64 @@ class SpecConfig:
     # 0.5B draft (1.05-1.10x); at temperature 1 two 16-turn runs are inconclusive (-7 % to +1 %, sampling noise;
     # docs/performance.md, "Draft length per pass").
     gamma: int | None = None
-    # model drafter: stop drafting early once the draft's top-1 probability falls below this (0 disables).
-    # Lossless: the draft length depends only on the draft's own distribution.
-    draft_confidence: float = 0.0
-    # model drafter: the draft model reads only the prompt's last draft_context tokens (0: all of it) and the
-    # tokens generated since. Its prefill of the whole prompt cost more than its better guesses gained: on the
-    # quick benchmark (Zen 3, GGUF, 2026-12-03) 16 tokens ran 1.11x the whole prompt end to end (32: 1.09x, 64:
-    # 1.06x, 128: 1.03x; acceptance 0.76 -> 0.70); docs/benchmarks.md
-    draft_context: int = 16
-    # prompt lookup: longest and shortest n-gram to match in the context
-    lookup_max_ngram: int = 3
-    lookup_min_ngram: int = 1
     # any model or head drafter: draft by prompt lookup first when the context's last n-gram, n >= lookup_first
     # (up to lookup_max_ngram), occurred earlier, and by the drafter otherwise (drafters/lookup_first.py; 0: off).
     # None is auto: AUTO_LOOKUP_FIRST for model and head drafters, off for the methods whose registry entry
-    # says lookup_first=False (they draft by lookup already, or draft nothing)
-    # (see lookup_first_ngram)
+    # says lookup_first=False (they draft by lookup already, or draft nothing) (see lookup_first_ngram)
     lookup_first: int | None = None
-    # method eagle: a trained EAGLE head, by name (~/.cache/specdraft/heads/NAME) or folder (ours or EAGLE-3 layout)
-    eagle_head: str | None = None
-    # token trees (EAGLE-2-style dynamic trees, drafters/tree.py): at most tree_budget draft nodes, tree_depth
-    # levels, the tree_branch most likely children of each expanded node. The verify pass covers budget + 1
-    # tokens. Default from the verify-cost curve T(k)/T(1) measured on a quiet machine, 2 threads, bf16 native,
-    # 1.5B target (2026-11-29): k=2 1.22, 3 1.44, 4 1.75, 6 2.04, 8 2.66, 16 4.30. The step from 4 to 6 tokens
-    # is the cheapest per token on that curve, so 5 nodes (a 6-token pass, about 2 steps). A faster k > 1 kernel
-    # flattens the curve and favours larger budgets: re-measure and override (--tree-budget). The kernel with
-    # next-group prefetch (2026-11-29): k=2 1.08, 3 1.15, 4 1.42, 6 1.89, 16 4.57 against a faster T(1); the budget has
-    # not been re-tuned end to end against it (docs/performance.md).
-    tree_budget: int = 5
-    tree_depth: int = 4
-    tree_branch: int = 2
-    # method sorted (S2D, drafters/sorted.py): the draft's exits as layer counts, ascending (empty: a half, three
-    # quarters and all of the draft's layers), and the rule that stops a token at an exit:
-    # "threshold:T1,T2,.." (stop at exit i when its top-1 probability > Ti; S2D's rule), "probe:T1,T2,.." (the
-    # same on the trained exit probes), "cost:W" (stop when 1 - top-1 <= W x the cost of the remaining layers as
-    # a fraction of a target pass) or "cost-probe:W" (the same on the probe).
-    sorted_exits: tuple[int, ...] = ()
-    exit_rule: str = "threshold:0.5"
-    # method sorted: trained exit adapters (models/exit_adapters.py) by name or folder; "auto" uses the shipped
-    # ones trained for the draft model when there are any, "none" the bare exits (the final norm and LM head)
-    sorted_draft: str = "auto"
-    # methods draft and sorted: score only this many rows of the draft's LM head (drafters/vocab.py; 0 = all;
-    # sorted with trained adapters: the vocabulary they were trained on). None is auto: 32768 rows on the native
-    # backend when the vocabulary is larger (the 0.5B draft's head is a third of its step; measured 1.04-1.05x
-    # -> 1.07-1.09x our AR in three interleaved runs, docs/s2d.md and docs/eagle.md), all rows on transformers.
-    draft_vocab: int | None = None
-    # the settings of drafters registered from outside (registry.py) that are not fields above, by name: a dict
-    # here, kept as sorted (name, value) pairs; a builder reads them with `drafter_options`
-    options: Any = ()
+    options: tuple[tuple[str, Any], ...] = ()  # every registered drafter setting, (name, value), sorted by name
 
-    def __post_init__(self) -> None:
-        options = dict(self.options) if isinstance(self.options, (dict, tuple, list)) else None
-        if options is None:
-            raise SpecdraftError(f"SpecConfig.options must be a dict of drafter settings, got {self.options!r}")
-        own = {f.name for f in fields(self)}
-        known = set(option_fields()) - own
-        for name in options:
+    def __init__(self, method: str = "draft", gamma: int | None = None, lookup_first: int | None = None,
+                 options: Mapping[str, Any] | Iterable[tuple[str, Any]] = (), **settings: Any) -> None:
+        if not isinstance(options, (Mapping, tuple, list)):
+            raise SpecdraftError(f"SpecConfig.options must be a dict of drafter settings, got {options!r}")
+        given = {**dict(options), **settings}
+        known = option_fields()
+        for name in given:
             if name not in known:
-                raise SpecdraftError(f"SpecConfig.options: {name!r} is no registered drafter's setting"
-                                     + (f" (it is a SpecConfig field: pass {name}= itself)" if name in own else
-                                        f" (known: {', '.join(sorted(known)) or 'none'})"))
-        # lists (JSON's arrays) become tuples: a SpecConfig is hashable (the server keeps engines by it)
-        object.__setattr__(self, "options", tuple(sorted((name, tuple(value) if isinstance(value, list) else value)
-                                                         for name, value in options.items())))
-        auto_to_none(self, "gamma", "lookup_first", "draft_vocab")
-        paths_to_str(self, "eagle_head", "sorted_draft")
-        if isinstance(self.sorted_exits, list):
-            object.__setattr__(self, "sorted_exits", tuple(self.sorted_exits))
-        if not (isinstance(self.sorted_exits, tuple) and all(isinstance(e, int) and not isinstance(e, bool)
-                                                             for e in self.sorted_exits)):
-            raise SpecdraftError(f"SpecConfig.sorted_exits must be a tuple of layer counts, got {self.sorted_exits!r}")
-        check_types(self, ints=("gamma", "lookup_max_ngram", "lookup_min_ngram", "lookup_first", "tree_budget",
-                                "tree_depth", "tree_branch", "draft_vocab", "draft_context"),
-                    numbers_=("draft_confidence",), strings=("method", "eagle_head", "exit_rule", "sorted_draft"),
-                    optional=("gamma", "lookup_first", "eagle_head", "draft_vocab"))
+                raise SpecdraftError(f"SpecConfig: {name!r} is no registered drafter's setting (known: "
+                                     f"{', '.join(sorted(known)) or 'none'})")
+        values = {name: default_of(f) for name, f in known.items()}
+        for cls in option_classes():  # each options dataclass checks and normalizes its own settings
+            checked = cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
+            values.update((f.name, getattr(checked, f.name)) for f in fields(cls))
+        object.__setattr__(self, "method", method)
+        object.__setattr__(self, "gamma", gamma)
+        object.__setattr__(self, "lookup_first", lookup_first)
+        # lists (JSON's arrays) become tuples: a SpecConfig is hashable
+        object.__setattr__(self, "options", tuple(sorted(
+            (name, tuple(value) if isinstance(value, list) else value) for name, value in values.items())))
+        auto_to_none(self, "gamma", "lookup_first")
+        check_types(self, ints=("gamma", "lookup_first"), strings=("method",), optional=("gamma", "lookup_first"))
         if self.method not in DRAFTERS:
             raise SpecdraftError(f"unknown method {self.method!r}; choose one of {', '.join(DRAFTERS)}")
         if self.method != "ar" and self.gamma is not None and not (1 <= self.gamma <= MAX_GAMMA):
             raise SpecdraftError(f"gamma must be between 1 and {MAX_GAMMA}, got {self.gamma}")
-        if not (0.0 <= self.draft_confidence < 1.0):
-            raise SpecdraftError(f"draft confidence must be in [0, 1), got {self.draft_confidence}")
-        if self.draft_context < 0:
-            raise SpecdraftError(f"draft context must be >= 0 tokens (0: the whole prompt), got {self.draft_context}")
         if self.lookup_first is not None:
-            if not (0 <= self.lookup_first <= self.lookup_max_ngram):
+            if not (0 <= self.lookup_first <= self.setting("lookup_max_ngram")):
                 raise SpecdraftError(f"lookup_first must be between 0 (off) and lookup_max_ngram "
-                                     f"({self.lookup_max_ngram}), or auto; got {self.lookup_first}")
+                                     f"({self.setting('lookup_max_ngram')}), or auto; got {self.lookup_first}")
             if self.lookup_first and not DRAFTERS[self.method].lookup_first:
                 takers = ", ".join(name for name, info in DRAFTERS.items() if info.lookup_first)
                 raise SpecdraftError(f"lookup_first puts prompt lookup in front of a drafter; method {self.method!r} "
                                      f"has none to fall back on (use it with {takers}, or leave it auto)")
-        if not (1 <= self.lookup_min_ngram <= self.lookup_max_ngram <= MAX_LOOKUP_NGRAM):
-            raise SpecdraftError(f"prompt lookup needs 1 <= min n-gram <= max n-gram <= {MAX_LOOKUP_NGRAM}, got "
-                                 f"{self.lookup_min_ngram} and {self.lookup_max_ngram}")
-        if not (1 <= self.tree_budget <= MAX_TREE_BUDGET):
-            raise SpecdraftError(f"tree budget (draft nodes per pass) must be between 1 and {MAX_TREE_BUDGET}, "
-                                 f"got {self.tree_budget}")
-        if not (1 <= self.tree_depth <= MAX_GAMMA):
-            raise SpecdraftError(f"tree depth must be between 1 and {MAX_GAMMA}, got {self.tree_depth}")
-        if self.tree_branch < 1:
-            raise SpecdraftError(f"tree branch (children per expanded node) must be >= 1, got {self.tree_branch}")
-        parse_exit_rule(self.exit_rule)  # raises on a malformed rule
-        if self.draft_vocab is not None and self.draft_vocab < 0:
-            raise SpecdraftError(f"draft vocabulary size must be >= 1 (0: the whole vocabulary, auto: chosen by "
-                                 f"backend), got {self.draft_vocab}")
-        if any(e < 1 for e in self.sorted_exits) or list(self.sorted_exits) != sorted(set(self.sorted_exits)):
-            raise SpecdraftError(f"exits must be increasing layer counts >= 1, got {self.sorted_exits}")
+
+    def setting(self, name: str) -> Any:
+        """A drafter setting's value (registry.py), by name (one registered after this config was made: its
+        default)."""
+        values = dict(self.options)
+        if name in values:
+            return values[name]
+        if name in option_fields():
+            return default_of(option_fields()[name])
+        raise SpecdraftError(f"{name!r} is no registered drafter's setting")
 
     @property
     def lookup_first_ngram(self) -> int:
         """The shortest repeated n-gram whose continuation is copied before the drafter is asked (0: never)."""
         if self.lookup_first is not None:
             return self.lookup_first
-        if not DRAFTERS[self.method].lookup_first or self.lookup_max_ngram < AUTO_LOOKUP_FIRST:
+        if not DRAFTERS[self.method].lookup_first or self.setting("lookup_max_ngram") < AUTO_LOOKUP_FIRST:
             return 0
         return AUTO_LOOKUP_FIRST
 
@@ -251,7 +150,7 @@ class SpecConfig:
         if not info.drafts:
             return 0
         if info.tree:
-            return self.tree_depth
+            return self.setting("tree_depth")
         return AUTO_GAMMA_MAX if self.gamma is None else self.gamma
 
     @property
@@ -261,33 +160,15 @@ class SpecConfig:
         return self.gamma is None and info.drafts and not info.tree
 
     def drafter_options(self, cls: type):
-        """The settings an options dataclass (registry.py) declares, as an instance of it: SpecConfig's field of
-        each name, else the value in `options`, else the dataclass's default."""
-        own, extra = self.__dataclass_fields__, dict(self.options)
-        return cls(**{f.name: getattr(self, f.name) if f.name in own else extra[f.name]
-                      for f in fields(cls) if f.name in own or f.name in extra})
+        """The settings an options dataclass (registry.py) declares, as an instance of it (a setting registered
+        after this config was made: the dataclass's default)."""
+        values = dict(self.options)
+        return cls(**{f.name: values[f.name] for f in fields(cls) if f.name in values})
 
     @property
     def gamma_shown(self) -> int | str:
         """The draft length as the server reports it: "auto", or draft_len."""
         return "auto" if self.adaptive_gamma else self.draft_len
-
-
-def parse_exit_rule(text: str) -> tuple[str, tuple[float, ...]]:
-    """"threshold:0.5,0.6" -> ("threshold", (0.5, 0.6)); "probe:0.6" -> ("probe", (0.6,));
-    "cost:1.0" -> ("cost", (1.0,)); "cost-probe:1.0" -> ("cost-probe", (1.0,))."""
-    kind, _, values = text.partition(":")
-    try:
-        numbers = tuple(float(v) for v in values.split(",")) if values else ()
-    except ValueError:
-        numbers = None
-    if kind in ("threshold", "probe") and numbers and all(0.0 <= v <= 1.0 for v in numbers):
-        return kind, numbers
-    if kind in ("cost", "cost-probe") and numbers and len(numbers) == 1 and numbers[0] >= 0:
-        return kind, numbers
-    raise SpecdraftError(f"exit rule {text!r} not understood; use threshold:T1,T2,.. (top-1 probabilities in "
-                         f"[0, 1], one per exit but the last), probe:T1,T2,.. (the trained exit probes' "
-                         f"probabilities), cost:W or cost-probe:W (W >= 0)")
 
 
 def parse_int_list(text: str, what: str) -> tuple[int, ...]:

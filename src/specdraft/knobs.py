@@ -1,11 +1,9 @@
 """The drafters' settings on the command line, shared by `generate`, `serve` and `bench`: one flag per setting
-that a drafter declares in the registry (registry.py), mapped onto SpecConfig (its fields of the same names, or
-its `options` for a drafter registered from outside)."""
+that a drafter declares in the registry (registry.py), mapped onto SpecConfig's `options`."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
 from typing import Any
 
 from .config import SpecConfig
@@ -63,11 +61,5 @@ def add_drafter_knob_args(parser: argparse.ArgumentParser) -> None:
 
 
 def drafter_knobs(args: argparse.Namespace) -> dict:
-    """The parsed settings as SpecConfig keyword arguments (a registered drafter's own ones in `options`)."""
-    own = {f.name for f in fields(SpecConfig)}
-    knobs: dict[str, Any] = {"lookup_first": args.lookup_first}
-    options = {}
-    for name in option_fields():
-        (knobs if name in own else options)[name] = getattr(args, name)
-    knobs["options"] = options
-    return knobs
+    """The parsed settings as SpecConfig keyword arguments: lookup_first, and every drafter setting in `options`."""
+    return {"lookup_first": args.lookup_first, "options": {name: getattr(args, name) for name in option_fields()}}

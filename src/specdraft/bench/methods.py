@@ -154,7 +154,7 @@ register(Method("hf-prompt-lookup",
                 f"transformers generate(prompt_lookup_num_tokens=gamma; auto: {HF_AUTO_GAMMA}, its default)",
                 lambda models, spec: _hf_generate(
                     models, lambda s: {"prompt_lookup_num_tokens": s.gamma,
-                                       "max_matching_ngram_size": s.lookup_max_ngram}, spec),
+                                       "max_matching_ngram_size": s.setting("lookup_max_ngram")}, spec),
                 uses_gamma=True))
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from dataclasses import dataclass
 
 from ..config import ModelConfig, SamplingParams, SpecConfig, normalize_backend, normalize_dtype
@@ -24,20 +23,8 @@ class BenchSettings:
     target: str = ModelConfig.target
     draft: str | None = ModelConfig.draft
     gammas: tuple[int | None, ...] = (SpecConfig.gamma,)  # None: auto (each pass chooses its length)
-    draft_confidence: float = 0.0
-    draft_context: int = SpecConfig.draft_context  # draft model: prompt tokens it reads (0: all)
-    eagle_head: str | None = None  # method eagle: a trained head's name or folder
-    tree_budget: int = SpecConfig.tree_budget  # tree methods (draft-tree): nodes, levels, children per node
-    tree_depth: int = SpecConfig.tree_depth
-    tree_branch: int = SpecConfig.tree_branch
-    sorted_exits: tuple[int, ...] = ()  # method sorted: the draft's exits (layer counts) and its exit rule
-    exit_rule: str = SpecConfig.exit_rule
-    sorted_draft: str = SpecConfig.sorted_draft
-    draft_vocab: int | None = SpecConfig.draft_vocab  # methods draft and sorted: head rows (0: all, None: auto)
     lookup_first: int | None = SpecConfig.lookup_first  # model and head drafters: prompt lookup first (0: off, None: auto)
-    lookup_max_ngram: int = SpecConfig.lookup_max_ngram  # prompt lookup's longest and shortest n-grams
-    lookup_min_ngram: int = SpecConfig.lookup_min_ngram
-    options: tuple = ()  # settings of drafters registered from outside (registry.py), as (name, value) pairs
+    options: tuple = ()  # the run's drafter settings (registry.py) as sorted (name, value) pairs; absent: default
     max_new_tokens: int = 128
     dtype: str = "auto"
     backend: str = "auto"  # our methods' forward: auto, native or transformers (transformers' methods: their own)
@@ -54,11 +41,13 @@ class BenchSettings:
     versus: tuple[str, ...] = ()  # method labels every method is compared with, paired, in the report
 
     def drafter_settings(self) -> dict:
-        """SpecConfig keyword arguments: every drafter setting of this run (registry.py), lookup_first, and the
-        settings of drafters registered from outside in `options`."""
-        own = {f.name for f in dataclasses.fields(SpecConfig)}
-        settings = {name: getattr(self, name) for name in option_fields() if name in own}
-        return {**settings, "lookup_first": self.lookup_first, "options": dict(self.options)}
+        """SpecConfig keyword arguments: lookup_first and the run's drafter settings (registry.py)."""
+        return {"lookup_first": self.lookup_first, "options": dict(self.options)}
+
+    def drafter_values(self) -> dict:
+        """Every registered drafter setting's value in this run, by name, as SpecConfig normalizes it (its default
+        where the run sets none; "auto" as None)."""
+        return dict(SpecConfig(options=dict(self.options)).options)
 
     def model_config(self) -> ModelConfig:
         return ModelConfig(target=self.target, draft=self.draft, dtype=self.dtype, cache_dir=self.cache_dir,
@@ -90,17 +79,17 @@ def split_methods(text: str) -> tuple[str, ...]:
 
 def parse_method(text: str) -> tuple[str, dict]:
     """A benchmark method with optional drafter settings for this column only, e.g.
-    "draft[draft_vocab=32768,gamma=3]" -> ("draft", {"draft_vocab": 32768, "gamma": 3}). Keys are gamma,
+    "draft[draft_vocab=32768,gamma=3]" -> ("draft", {"gamma": 3, "options": {"draft_vocab": 32768}}). Keys are gamma,
     lookup_first and the drafters' settings (registry.py), parsed as on the command line (layer counts take
-    "8:16:24"); a registered drafter's own settings go under "options"."""
+    "8:16:24"); the drafter settings go under "options"."""
 
     name, bracket, rest = text.partition("[")
     if not bracket:
         return text.strip(), {}
     if not rest.endswith("]"):
         raise SpecdraftError(f"method {text!r}: settings go in one pair of brackets, e.g. draft[gamma=3]")
-    own = {f.name for f in dataclasses.fields(SpecConfig)}
-    known = ["gamma", "lookup_first", *option_fields()]
+    own = ("gamma", "lookup_first")  # SpecConfig's own; the rest are drafter settings
+    known = [*own, *option_fields()]
     overrides: dict = {}
     options: dict = {}
     for item in rest[:-1].replace(";", ",").split(","):
@@ -128,7 +117,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="prompts per category (default: all)")
     parser.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma list of benchmark methods; a "
                         "method may carry its own drafter settings for an A/B in one run, e.g. "
-                        "draft,draft[draft_vocab=32768],sorted[sorted_draft=none;exits=12:18:24]")
+                        "draft,draft[draft_vocab=32768],sorted[sorted_draft=none;sorted_exits=12:18:24]")
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--draft", default=DEFAULT_DRAFT)
     parser.add_argument("--gamma", default="auto",
@@ -156,7 +145,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def bench_drafter_settings(args: argparse.Namespace) -> dict:
-    """The drafter flags as BenchSettings fields (a registered drafter's own settings as sorted pairs)."""
+    """The drafter flags as BenchSettings fields (the drafter settings as sorted pairs)."""
     knobs = drafter_knobs(args)
     return {**knobs, "options": tuple(sorted(knobs["options"].items()))}
 

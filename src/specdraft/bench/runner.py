@@ -243,9 +243,23 @@ def run_identity(settings: BenchSettings) -> dict:
     """The settings a resumed run must share with the run it continues, plus the prompt file's content hash
     (a suite rebuilt between the parts would mix answers to different prompts under one question_id)."""
     prompts_file = Path(settings.prompts) if settings.prompts else DEFAULT_PROMPTS
-    identity = {k: v for k, v in asdict(settings).items() if k not in NOT_RUN_IDENTITY}
+    identity = {k: v for k, v in asdict(settings).items() if k not in NOT_RUN_IDENTITY and k != "options"}
+    identity.update(settings.drafter_values())  # by name, as run files before 2026-12-03 kept them
     identity["prompts_sha256"] = hashlib.sha256(prompts_file.read_bytes()).hexdigest()
     return json.loads(json.dumps(identity))
+
+
+def run_identity_defaults() -> dict:
+    """Every identity setting's default (a setting absent from a run file had its default then)."""
+    defaults = BenchSettings()
+    flat = {k: v for k, v in asdict(defaults).items() if k != "options"}
+    return json.loads(json.dumps({**flat, **defaults.drafter_values()}))
+
+
+def _flat_settings(stored: dict) -> dict:
+    """A run file's settings with the drafter settings by name (older files also kept outside drafters' settings
+    in "options", as pairs)."""
+    return {**{k: v for k, v in stored.items() if k != "options"}, **dict(stored.get("options", []))}
 
 
 def complete_records(records: list[dict], prompts: list[dict], labels: list[str]) -> tuple[list[dict], set[str]]:
@@ -263,7 +277,8 @@ def complete_records(records: list[dict], prompts: list[dict], labels: list[str]
 
 
 # settings whose default changed after they were added: what a run made before the setting existed used
-RAN_BEFORE_SETTING = {"lookup_first": 0}  # off until the auto default (2026-11-30)
+# off until the auto default (2026-11-30); the draft model read the whole prompt until 2026-12-03
+RAN_BEFORE_SETTING = {"lookup_first": 0, "draft_context": 0}
 
 
 def open_run(settings: BenchSettings, prompts: list[dict], labels: list[str]) -> tuple[list[dict], set[str], dict]:
@@ -298,8 +313,9 @@ def open_run(settings: BenchSettings, prompts: list[dict], labels: list[str]) ->
     run.setdefault("segments", [])
     # a setting added to specdraft after that run began is absent from its file; the run used the behaviour
     # from before the setting: its default, or the value in RAN_BEFORE_SETTING where the default changed later
-    defaults = {**json.loads(json.dumps(asdict(BenchSettings()))), **RAN_BEFORE_SETTING}
-    then = {**{k: defaults[k] for k in identity.keys() - run["settings"].keys() if k in defaults}, **run["settings"]}
+    defaults = {**run_identity_defaults(), **RAN_BEFORE_SETTING}
+    stored = _flat_settings(run["settings"])
+    then = {**{k: defaults[k] for k in identity.keys() - stored.keys() if k in defaults}, **stored}
     changed = sorted(k for k in identity.keys() | then.keys() if identity.get(k) != then.get(k))
     if changed:
         details = ", ".join(f"{k}: {then.get(k)!r} then, {identity.get(k)!r} now" for k in changed)

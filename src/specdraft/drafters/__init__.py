@@ -37,7 +37,7 @@ def build_drafter(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | No
         build = getattr(importlib.import_module(module), function)
     drafter = build(spec, target, draft)
     if spec.lookup_first_ngram:
-        drafter = LookupFirstDrafter(drafter, spec.lookup_max_ngram, spec.lookup_first_ngram)
+        drafter = LookupFirstDrafter(drafter, spec.setting("lookup_max_ngram"), spec.lookup_first_ngram)
     return drafter
 
 

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import SamplingParams, parse_exit_rule
+from ..config import SamplingParams
+from ..registry import parse_exit_rule
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel, SequenceState
 from ..models.exit_adapters import ExitAdapters, find_shipped, load_adapters

@@ -240,10 +240,9 @@ def spec_config(request: _CommonRequest, default: SpecConfig) -> SpecConfig:
     for name in ("lookup_first", "gamma"):  # "auto" is SpecConfig's None (None above meant "the server's")
         if overrides.get(name) == "auto":
             overrides[name] = None
-    own = {f.name for f in fields(SpecConfig)}
-    options = {name: overrides.pop(name) for name in list(overrides) if name not in own}
-    if options:  # a registered drafter's own settings
-        overrides["options"] = {**dict(default.options), **options}
+    settings = {name: overrides.pop(name) for name in list(overrides) if name not in ("method", "gamma", "lookup_first")}
+    if settings:  # drafter settings (registry.py)
+        overrides["options"] = {**dict(default.options), **settings}
     try:
         spec = replace(default, **overrides)
     except SpecdraftError as exc:
