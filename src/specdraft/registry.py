@@ -100,7 +100,7 @@ class DraftModelOptions:
     N tokens (0: all of it) and the tokens generated since. Its prefill of the whole prompt cost more than its
     better guesses gained: on the quick benchmark (Zen 3, GGUF, 2026-12-03, interleaved) 16 tokens ran 12.99
     tok/s end to end, 32 12.76, 64 12.36; in a second run 64 ran 12.38, 128 11.98, the whole prompt 11.68
-    (acceptance 0.76 -> 0.70; docs/benchmarks.md)."""
+    (acceptance rate 0.76 -> 0.70; docs/benchmarks.md)."""
 
     draft_confidence: float = setting(0.0, "draft model: stop drafting when the draft's top-1 probability is below "
                                       "this (0: always draft gamma)", server=True)
