@@ -162,19 +162,15 @@ def test_the_policy_keeps_each_sources_acceptance_and_cost_apart():
     assert policy.alpha("other") == fresh.alpha(None) == 0.6
 
 
-def use_machine_shaped_curve(monkeypatch) -> None:
-    """gamma auto's verify curve fixed at this machine's shape, T(n) / T(1) = 1 + 0.08 (n - 1), in place of one
-    measured on a tiny model."""
-    from specdraft.models import verify_curve as vc
-
-    flat = tuple(1 + 0.08 * n for n in range(AUTO_GAMMA_MAX + 1))
-    monkeypatch.setattr(vc, "verify_curve", lambda target, n: VerifyCurve(flat[:n], flat[:n]))
+def machine_shaped_curve() -> VerifyCurve:
+    """gamma auto's verify curve at this machine's shape, T(n) / T(1) = 1 + 0.08 (n - 1), in place of one measured
+    on a tiny model."""
+    return VerifyCurve.flat(1 + 0.08 * n for n in range(AUTO_GAMMA_MAX + 1))
 
 
-def test_lookup_first_names_the_source_of_its_next_proposal(tiny_models, monkeypatch):
+def test_lookup_first_names_the_source_of_its_next_proposal(tiny_models):
     """next_source says, from the context alone, whether the coming proposal is a copy: it agrees with the
     labels of what propose returns, and greedy output with gamma auto per source equals plain decoding."""
-    use_machine_shaped_curve(monkeypatch)  # a noisy tiny-model T(2) can make every draft lose
     target = tiny_models["target"]
     drafter = LookupFirstDrafter(ModelDrafter(tiny_models["draft"], target), max_ngram=3, min_ngram=2)
     ar = Engine(target)
@@ -187,7 +183,8 @@ def test_lookup_first_names_the_source_of_its_next_proposal(tiny_models, monkeyp
         assert set(labels) == ({LOOKUP_LABEL} if source == LOOKUP_LABEL else {drafter.inner.name}), prompt
     assert drafter.next_source(ar.encode("abc abc ab", chat=False)) == LOOKUP_LABEL
     assert drafter.next_source(ar.encode("j. ihg", chat=False)) is None
-    engine = Engine(target, drafter, SpecConfig("draft", None))
+    # a curve measured on a tiny model is noisy: its T(2) can make every draft lose
+    engine = Engine(target, drafter, SpecConfig("draft", None), curve=machine_shaped_curve())
     assert engine.source_costs == {LOOKUP_LABEL: 0.0} and engine.draft_cost() > 0
     # the tiny draft weighs nearly what the tiny target does, and would rarely pay for its steps: priced as a real
     # draft is (the 0.5B reads about 0.3 of the 1.5B), so that both sources draft
@@ -224,6 +221,26 @@ def test_gamma_auto_is_a_chain_setting():
     tree = SpecConfig("draft-tree", None, tree_depth=3)
     assert not tree.adaptive_gamma and tree.draft_len == 3  # a tree's depth plays gamma's part
     assert not SpecConfig("ar", None).adaptive_gamma and SpecConfig("ar", None).draft_len == 0
+
+
+def test_an_engine_measures_nothing_and_gamma_auto_asks_for_the_curve(tiny_models, monkeypatch):
+    """Measuring the verify curve is a step of its own (verify_curve, which load_engine takes): constructing an
+    Engine times nothing and writes nothing; gamma auto without a curve is refused with what to do."""
+    from specdraft import api, load_engine
+    from specdraft.config import ModelConfig
+    from specdraft.models import verify_curve as vc
+
+    target, drafter = tiny_models["target"], PromptLookupDrafter(3, 1)
+    monkeypatch.setattr(vc, "measure", lambda *a: pytest.fail("an Engine measured the verify curve"))
+    with pytest.raises(SpecdraftError, match="pass curve=verify_curve"):
+        Engine(target, drafter, SpecConfig("prompt-lookup", None))
+    assert Engine(target, drafter, SpecConfig("prompt-lookup", 3)).curve is None
+    assert Engine(target, drafter, SpecConfig("prompt-lookup", None), curve=machine_shaped_curve()).curve is not None
+    measured = []
+    monkeypatch.setattr(api, "verify_curve", lambda model, n: measured.append(n) or machine_shaped_curve())
+    engine = load_engine(ModelConfig(target="unused", draft=None), SpecConfig("prompt-lookup"), progress=False,
+                         target=target)
+    assert measured == [AUTO_GAMMA_MAX + 1] and engine.curve == machine_shaped_curve()
 
 
 def test_the_curve_is_measured_once_and_kept_per_machine_setting(tiny_models, monkeypatch):
@@ -297,14 +314,13 @@ def test_the_curve_is_the_median_of_the_rounds_ratios():
 
 
 @pytest.mark.parametrize("method", ["prompt-lookup", "draft"])
-def test_greedy_with_gamma_auto_equals_autoregressive_and_varies_its_length(tiny_models, method, monkeypatch):
+def test_greedy_with_gamma_auto_equals_autoregressive_and_varies_its_length(tiny_models, method):
     # the lengths chosen must follow acceptance, not the timing noise of a tiny model's passes on a loaded machine
     # (CI failed on that once)
-    use_machine_shaped_curve(monkeypatch)
     target = tiny_models["target"]
     drafter = (PromptLookupDrafter(3, 1) if method == "prompt-lookup"
                else ModelDrafter(tiny_models["draft"], target))
-    engine = Engine(target, drafter, SpecConfig(method, None, lookup_first=0))
+    engine = Engine(target, drafter, SpecConfig(method, None, lookup_first=0), curve=machine_shaped_curve())
     assert engine.curve is not None and len(engine.curve.short) == len(engine.curve.long) == AUTO_GAMMA_MAX + 1
     ar = Engine(target)
     params = SamplingParams(max_new_tokens=40)
@@ -381,8 +397,8 @@ def test_gamma_auto_keeps_the_target_distribution_and_the_negative_control_fails
     params = SamplingParams(**{**SETTINGS["T=1"].__dict__, "max_new_tokens": 8})
 
     def engine(price: float = 0.0, **rule):
-        built = Engine(target, ModelDrafter(draft, target), SpecConfig("draft", None, lookup_first=0), **rule)
-        built.curve = VerifyCurve.flat(1.0 + 0.1 * n for n in range(9))
+        built = Engine(target, ModelDrafter(draft, target), SpecConfig("draft", None, lookup_first=0), **rule,
+                       curve=VerifyCurve.flat(1.0 + 0.1 * n for n in range(9)))
         # priced as free, so that the lengths follow acceptance alone; or at `price` of a target pass
         built.drafter.draft_bytes = price * built.target_bytes
         return built

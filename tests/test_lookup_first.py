@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from specdraft import Engine, SamplingParams, SpecConfig
-from specdraft.config import AUTO_LOOKUP_FIRST
+from specdraft.config import AUTO_GAMMA_MAX, AUTO_LOOKUP_FIRST
+from specdraft.draft_length import VerifyCurve
 from specdraft.registry import DRAFTERS
 
 from specdraft.drafters import (
@@ -126,7 +127,8 @@ def test_lookup_first_auto_wraps_model_and_head_drafters_only(models):
     assert isinstance(build_drafter(SpecConfig("draft"), target, draft), LookupFirstDrafter)
     assert isinstance(build_drafter(SpecConfig("draft-tree"), target, draft), LookupFirstDrafter)
     assert not isinstance(build_drafter(SpecConfig("prompt-lookup"), target, draft), LookupFirstDrafter)
-    engine = Engine(target, build_drafter(SpecConfig("draft"), target, draft), SpecConfig("draft"))
+    engine = Engine(target, build_drafter(SpecConfig("draft"), target, draft), SpecConfig("draft"),
+                    curve=VerifyCurve.flat([1.0] * (AUTO_GAMMA_MAX + 1)))
     result = engine.generate(target.tokenizer.encode("abc abc abc"), SamplingParams(max_new_tokens=4))
     assert result.stats.lookup_first == AUTO_LOOKUP_FIRST
 

@@ -14,6 +14,7 @@ from .drafters import build_drafter, check_drafter_inputs, needs_draft_model
 from .engine import Engine
 from .errors import SpecdraftError
 from .models.adapter import LoadedModel, check_model_reference, load_model, set_threads
+from .models.verify_curve import verify_curve
 
 
 def load_engine(models: ModelConfig, spec: SpecConfig, progress: bool = True,
@@ -36,8 +37,9 @@ def load_engine(models: ModelConfig, spec: SpecConfig, progress: bool = True,
     target = target or load_model(models.target, models.dtype, models.cache_dir, progress, models.backend)
     if needs_draft_model(spec.method) and draft is None:
         draft = load_draft(models, target, progress)
+    curve = verify_curve(target, spec.draft_len + 1) if spec.adaptive_gamma else None  # cached after its first time
     return Engine(target, build_drafter(spec, target, draft), spec,
-                  new_drafter=lambda: build_drafter(spec, target, draft))
+                  new_drafter=lambda: build_drafter(spec, target, draft), curve=curve)
 
 
 def load_draft(models: ModelConfig, target: LoadedModel, progress: bool = True) -> LoadedModel | None:

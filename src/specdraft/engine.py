@@ -289,9 +289,11 @@ class Engine:
     def __init__(self, target: LoadedModel, drafter: Drafter | None = None, spec: SpecConfig | None = None,
                  sampling_rule: SamplingRule = accept_rejection,
                  tree_sampling_rule: TreeSamplingRule = accept_tree_rejection,
-                 new_drafter: Callable[[], Drafter] | None = None):
+                 new_drafter: Callable[[], Drafter] | None = None, curve: VerifyCurve | None = None):
         """new_drafter: builds another drafter like `drafter`, for requests decoded together (`generate_many`)
-        when the drafter keeps one sequence's state (load_engine passes it)."""
+        when the drafter keeps one sequence's state (load_engine passes it). curve: the target's verify cost,
+        which gamma auto needs (measured once per machine and cached: `verify_curve(target, spec.draft_len + 1)`,
+        models/verify_curve.py; load_engine measures it); the engine itself measures nothing."""
         self.target = target
         self.new_drafter = new_drafter
         target.prepare_full_head()
@@ -312,9 +314,12 @@ class Engine:
         self.source_costs: dict[str, float] = {}  # gamma auto: a draft token's cost, as a fraction of a one-token
         # target pass, for the drafter's other sources
         if self.spec.adaptive_gamma:
-            from .models.verify_curve import verify_curve
-
-            self.curve = verify_curve(target, self.spec.draft_len + 1)
+            if curve is None:
+                raise SpecdraftError("gamma auto chooses each pass's draft length from the target's verify cost: pass "
+                                     "curve=verify_curve(target, spec.draft_len + 1) (specdraft.models.verify_curve; "
+                                     "measured once per machine, about 30 s, then cached), build the engine with "
+                                     "load_engine, which does that, or give a fixed gamma")
+            self.curve = curve
             # decoding is bound by weight reads on a CPU: a draft token costs its weight bytes over the target's
             self.target_bytes = target_bytes = target.weight_bytes
             self.source_costs = {source: n / target_bytes

@@ -30,6 +30,7 @@ from ..drafters import build_drafter
 from ..engine import Engine, Generation, check_text
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel
+from ..models.verify_curve import verify_curve
 from ..types import GenerationResult
 from .config import ServerConfig
 from .metrics import CLIENT_CLOSED, ServerMetrics
@@ -70,8 +71,9 @@ class ServerState:
         with self._engines_lock:
             engine = self._engines.get(spec)
             if engine is None:
+                curve = verify_curve(self.target, spec.draft_len + 1) if spec.adaptive_gamma else None
                 engine = Engine(self.target, build_drafter(spec, self.target, self.draft), spec,
-                                new_drafter=lambda: build_drafter(spec, self.target, self.draft))
+                                new_drafter=lambda: build_drafter(spec, self.target, self.draft), curve=curve)
                 if len(self._engines) >= ENGINE_CACHE_SIZE:
                     self._engines.pop(next(iter(self._engines)))
                 self._engines[spec] = engine
