@@ -16,6 +16,7 @@ from specdraft.drafters import ModelDrafter, SortedDrafter, build_drafter
 from specdraft.drafters.sorted import ThresholdExit
 from specdraft.drafters.vocab import DraftVocab
 from specdraft.errors import SpecdraftError
+from specdraft.models.verify_curve import verify_curve
 from specdraft.models.exit_adapters import (
     AdapterConfig,
     ExitAdapters,
@@ -295,7 +296,8 @@ def test_a_sorted_draft_token_is_priced_by_the_exits_this_request_used(models):
     counted = CountedReads(deep, target, (1, 2, 4), ThresholdExit((0.5,), signal="probe"),
                            with_probes(adapters_for(deep), (50.0,)), SMALL_VOCAB)
     spec = SpecConfig("sorted", None, lookup_first=0)  # gamma auto reads the price before every pass
-    result = Engine(target, counted, spec).generate(PROMPT, SamplingParams(max_new_tokens=20))
+    result = Engine(target, counted, spec, curve=verify_curve(target, spec.draft_len + 1)).generate(
+        PROMPT, SamplingParams(max_new_tokens=20))
     assert CountedReads.reads >= result.stats.target_passes > 1
 
 

@@ -12,7 +12,7 @@ import torch
 from specdraft import Engine, SamplingParams, SpecConfig
 from specdraft.config import AUTO_GAMMA_MAX, AUTO_LOOKUP_FIRST
 from specdraft.draft_length import VerifyCurve
-from specdraft.registry import DRAFTERS
+from specdraft.registry import DRAFTERS, method_names
 
 from specdraft.drafters import (
     EagleDrafter,
@@ -117,11 +117,10 @@ def test_lookup_first_is_built_from_the_config_and_refused_where_it_has_nothing_
 
 def test_lookup_first_auto_wraps_model_and_head_drafters_only(models):
     target, draft, _ = models
-    assert [m for m, info in DRAFTERS.items() if not info.lookup_first] == ["ar", "prompt-lookup",
-                                                                            "prompt-lookup-tree"]
-    for method in DRAFTERS:
+    assert [m for m, info in DRAFTERS.items() if not info.lookup_first] == ["ar", "prompt-lookup"]
+    for method in method_names():  # the tree spellings too ("prompt-lookup-tree": no)
         spec = SpecConfig(method)  # lookup_first None: auto
-        expected = AUTO_LOOKUP_FIRST if DRAFTERS[method].lookup_first else 0
+        expected = AUTO_LOOKUP_FIRST if DRAFTERS[spec.method].lookup_first else 0
         assert spec.lookup_first_ngram == expected, method
     assert SpecConfig("draft", lookup_max_ngram=1, lookup_min_ngram=1).lookup_first_ngram == 0  # no pair to match
     assert isinstance(build_drafter(SpecConfig("draft"), target, draft), LookupFirstDrafter)

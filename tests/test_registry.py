@@ -120,7 +120,59 @@ def test_every_setting_travels_in_options_whichever_way_it_was_given(echo_regist
     assert by_keyword.setting("echo_span") == 3 and by_keyword.setting("tree_budget") == 5
     assert SpecConfig() == SpecConfig(tree_budget=5, draft_context=16)  # the defaults, spelled out
     assert dataclasses.replace(by_keyword, gamma=4).options == by_keyword.options
-    assert [f.name for f in dataclasses.fields(SpecConfig)] == ["method", "gamma", "lookup_first", "options"]
+    assert [f.name for f in dataclasses.fields(SpecConfig)] == ["method", "gamma", "lookup_first", "tree", "options"]
+
+
+def test_tree_is_an_option_and_the_tree_spellings_stay():
+    """A tree is SpecConfig.tree on a drafter that registers a tree builder; "draft-tree" is that spelled as a
+    method. Front ends show the spelling (stats, server), drafters of chains only refuse it."""
+    from specdraft.registry import method_names, resolve_method
+
+    assert SpecConfig("draft-tree") == SpecConfig("draft", tree=True)
+    spec = SpecConfig("eagle-tree", tree_depth=5, eagle_head="h")
+    assert (spec.method, spec.tree, spec.name, spec.draft_len, spec.adaptive_gamma) == ("eagle", True, "eagle-tree",
+                                                                                       5, False)
+    assert dataclasses.replace(spec, gamma=3).tree  # replace keeps it
+    assert {"draft-tree", "prompt-lookup-tree", "eagle-tree", "sorted-tree"} <= set(method_names())
+    assert resolve_method("ar-tree") is None and resolve_method("draft") == ("draft", False)
+    with pytest.raises(SpecdraftError, match="drafts chains only"):
+        SpecConfig("ar", tree=True)
+    with pytest.raises(SpecdraftError, match="unknown method 'ar-tree'"):
+        SpecConfig("ar-tree")
+    with pytest.raises(SpecdraftError, match="tree must be true or false"):
+        SpecConfig("draft", tree="yes")
+
+
+def test_the_tree_option_reaches_the_cli_the_bench_and_the_server(tiny_models):
+    from specdraft.bench.methods import get_method
+    from specdraft.bench.options import BenchSettings
+    from specdraft.bench.runner import variant_spec
+    from specdraft.cli import build_parser
+    from specdraft.knobs import drafter_knobs
+    from specdraft.server.config import ServerConfig
+    from specdraft.server.protocol import CompletionRequest, parse_request, spec_config
+
+    args = build_parser().parse_args(["generate", "--method", "prompt-lookup", "--tree", "--tree-budget", "6"])
+    spec = SpecConfig(method=args.method, gamma=args.gamma, tree=args.tree, **drafter_knobs(args))
+    assert (spec.name, spec.setting("tree_budget")) == ("prompt-lookup-tree", 6)
+    method = get_method("prompt-lookup-tree")
+    assert not method.uses_gamma and variant_spec(BenchSettings(), method, None, {}).name == "prompt-lookup-tree"
+
+    def requested(speculative: dict, default: SpecConfig) -> SpecConfig:
+        body = {"model": "m", "prompt": "x", "speculative": speculative}
+        return spec_config(parse_request(json.dumps(body).encode(), CompletionRequest, ServerConfig()), default)
+
+    assert requested({"method": "draft", "tree": True}, SpecConfig("ar")).name == "draft-tree"
+    assert requested({"method": "draft-tree"}, SpecConfig("ar")).name == "draft-tree"
+    assert requested({"method": "draft"}, SpecConfig("draft-tree")).name == "draft"  # naming a method: a chain
+    assert requested({"gamma": 3}, SpecConfig("prompt-lookup-tree")).name == "prompt-lookup-tree"
+    target = tiny_models["target"]
+    spec = SpecConfig("prompt-lookup", tree=True)
+    engine = Engine(target, build_drafter(spec, target, None), spec)
+    ids = engine.encode("abc abc abc ab", chat=False)
+    got = engine.generate(ids, SamplingParams(max_new_tokens=12))
+    assert got.token_ids == Engine(target).generate(ids, SamplingParams(max_new_tokens=12)).token_ids
+    assert got.stats.method == "prompt-lookup-tree" and got.stats.tree_passes > 0
 
 
 def test_each_options_dataclass_checks_its_own_settings(echo_registered):

@@ -9,7 +9,7 @@ import sys
 from .config import AUTO_GAMMA_MAX, DTYPES, MAX_GAMMA, ModelConfig, SamplingParams, SpecConfig
 from .errors import SpecdraftError, require_extra
 from .knobs import add_drafter_knob_args, drafter_knobs, parse_gamma
-from .registry import method_names
+from .registry import DRAFTERS, method_names
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a short docstring."
 
@@ -49,6 +49,11 @@ class DefaultsParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+def _tree_help() -> str:
+    takers = ", ".join(name for name, info in DRAFTERS.items() if info.tree_build is not None)
+    return f"draft token trees (methods {takers}; the same as METHOD-tree): the tree settings size the draft"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = DefaultsParser(prog="specdraft", description="Lossless speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -60,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--gamma", type=parse_gamma, default=SpecConfig.gamma, metavar="N|auto",
                      help=f"draft tokens per target pass (1..{MAX_GAMMA}; auto, the default: each pass chooses "
                      f"0..{AUTO_GAMMA_MAX} from the acceptance so far and this machine's measured verify cost)")
+    gen.add_argument("--tree", action="store_true", help=_tree_help())
     add_drafter_knob_args(gen)
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
@@ -77,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--method", default="draft", help=f"default for requests: one of {', '.join(method_names())}")
     serve.add_argument("--gamma", type=parse_gamma, default=SpecConfig.gamma, metavar="N|auto",
                        help=f"default draft tokens per target pass (1..{MAX_GAMMA}, or auto: the default)")
+    serve.add_argument("--tree", action="store_true", help=_tree_help())
     add_drafter_knob_args(serve)  # the defaults of requests that do not set them
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -223,7 +230,7 @@ def cmd_answers(args) -> int:
 def _configs(args) -> tuple[ModelConfig, SpecConfig, SamplingParams]:
     models = ModelConfig(target=args.target, draft=args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
                          threads=args.threads, backend=args.backend)
-    spec = SpecConfig(method=args.method, gamma=args.gamma, **drafter_knobs(args))
+    spec = SpecConfig(method=args.method, gamma=args.gamma, tree=args.tree, **drafter_knobs(args))
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), seed=args.seed)
     return models, spec, params
@@ -234,7 +241,7 @@ def cmd_serve(args) -> int:
 
     models = ModelConfig(target=args.target, draft=None if args.no_draft else args.draft, dtype=args.dtype,
                          cache_dir=args.cache_dir, threads=args.threads, backend=args.backend)
-    spec = SpecConfig(method=args.method, gamma=args.gamma, **drafter_knobs(args))
+    spec = SpecConfig(method=args.method, gamma=args.gamma, tree=args.tree, **drafter_knobs(args))
     config = ServerConfig(host=args.host, port=args.port, model_name=args.model_name, max_queue=args.max_queue,
                           max_batch=args.max_batch, prefill_chunk=args.prefill_chunk, max_tokens_limit=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
                           shutdown_timeout_s=args.shutdown_timeout, log_level=args.log_level)
@@ -265,7 +272,7 @@ def cmd_generate(args) -> int:
     baseline = Engine(engine.target).generate(prompt_ids, params) if args.compare else None
     if args.json:
         out = result.to_dict()
-        out["target"], out["draft"] = models.target, models.draft if spec.method == "draft" else None
+        out["target"], out["draft"] = models.target, models.draft if DRAFTERS[spec.method].needs_draft_model else None
         out["dtype"] = engine.target.dtype_name
         if baseline is not None:
             out["baseline"] = baseline.to_dict()

@@ -8,7 +8,8 @@ from typing import Any
 
 from .checks import auto_to_none, check_types, paths_to_str
 from .errors import SpecdraftError
-from .registry import DRAFTERS, MAX_GAMMA, default_of, option_classes, option_fields
+from .registry import (DRAFTERS, MAX_GAMMA, TREE_SUFFIX, default_of, method_names, option_classes, option_fields,
+                       resolve_method)
 
 # lookup_first "auto" for every other method: copies after a repeated pair of tokens. Measured on two prompts per
 # category, greedy, bf16 (docs/bench/2026-11-30-xeon-lookup-first-trees): eagle-tree 1.07x -> 1.39x our AR, draft 1.23x -> 1.31x
@@ -70,8 +71,9 @@ class SamplingParams:
 @dataclass(frozen=True, init=False)
 class SpecConfig:
     """Which drafter proposes (method), how many tokens per target pass (gamma), whether prompt lookup goes in front
-    of it (lookup_first), and every drafter setting the registry declares (registry.py), by name: given as
-    keywords, `SpecConfig("draft", 4, draft_confidence=0.3)`, or in `options`, a dict. Each setting's options
+    of it (lookup_first), whether it drafts token trees (tree; "draft-tree" spells method "draft" with tree), and
+    every drafter setting the registry declares (registry.py), by name: given as keywords,
+    `SpecConfig("draft", 4, draft_confidence=0.3)`, or in `options`, a dict. Each setting's options
     dataclass checks it; one not given takes its default. `options` keeps them all as sorted (name, value) pairs,
     so that two configs that mean the same are equal and hash alike (the server keeps engines by SpecConfig); read
     one with `setting(name)`, or a drafter's own with `drafter_options(TheOptions)`."""
@@ -87,10 +89,14 @@ class SpecConfig:
     # None is auto: AUTO_LOOKUP_FIRST for model and head drafters, off for the methods whose registry entry
     # says lookup_first=False (they draft by lookup already, or draft nothing) (see lookup_first_ngram)
     lookup_first: int | None = None
+    # draft token trees (EAGLE-2-style dynamic trees, drafters/tree.py; TreeOptions' settings), for the drafters
+    # that can (registry.py tree_build): the tree's depth plays gamma's part
+    tree: bool = False
     options: tuple[tuple[str, Any], ...] = ()  # every registered drafter setting, (name, value), sorted by name
 
     def __init__(self, method: str = "draft", gamma: int | None = None, lookup_first: int | None = None,
-                 options: Mapping[str, Any] | Iterable[tuple[str, Any]] = (), **settings: Any) -> None:
+                 tree: bool = False, options: Mapping[str, Any] | Iterable[tuple[str, Any]] = (),
+                 **settings: Any) -> None:
         if not isinstance(options, (Mapping, tuple, list)):
             raise SpecdraftError(f"SpecConfig.options must be a dict of drafter settings, got {options!r}")
         given = {**dict(options), **settings}
@@ -103,16 +109,25 @@ class SpecConfig:
         for cls in option_classes():  # each options dataclass checks and normalizes its own settings
             checked = cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
             values.update((f.name, getattr(checked, f.name)) for f in fields(cls))
+        if not isinstance(tree, bool):
+            raise SpecdraftError(f"SpecConfig.tree must be true or false, got {tree!r}")
+        resolved = resolve_method(method) if isinstance(method, str) else None
+        if resolved is not None:  # "draft-tree" is method "draft" with tree
+            method, tree = resolved[0], tree or resolved[1]
         object.__setattr__(self, "method", method)
         object.__setattr__(self, "gamma", gamma)
         object.__setattr__(self, "lookup_first", lookup_first)
+        object.__setattr__(self, "tree", tree)
         # lists (JSON's arrays) become tuples: a SpecConfig is hashable
         object.__setattr__(self, "options", tuple(sorted(
             (name, tuple(value) if isinstance(value, list) else value) for name, value in values.items())))
         auto_to_none(self, "gamma", "lookup_first")
         check_types(self, ints=("gamma", "lookup_first"), strings=("method",), optional=("gamma", "lookup_first"))
         if self.method not in DRAFTERS:
-            raise SpecdraftError(f"unknown method {self.method!r}; choose one of {', '.join(DRAFTERS)}")
+            raise SpecdraftError(f"unknown method {self.method!r}; choose one of {', '.join(method_names())}")
+        if self.tree and DRAFTERS[self.method].tree_build is None:
+            takers = ", ".join(name for name, info in DRAFTERS.items() if info.tree_build is not None)
+            raise SpecdraftError(f"method {self.method!r} drafts chains only; token trees: {takers}")
         if self.method != "ar" and self.gamma is not None and not (1 <= self.gamma <= MAX_GAMMA):
             raise SpecdraftError(f"gamma must be between 1 and {MAX_GAMMA}, got {self.gamma}")
         if self.lookup_first is not None:
@@ -146,18 +161,21 @@ class SpecConfig:
     @property
     def draft_len(self) -> int:
         """The most draft tokens one pass can accept: gamma for a chain (its cap when auto), the depth for a tree."""
-        info = DRAFTERS[self.method]
-        if not info.drafts:
+        if not DRAFTERS[self.method].drafts:
             return 0
-        if info.tree:
+        if self.tree:
             return self.setting("tree_depth")
         return AUTO_GAMMA_MAX if self.gamma is None else self.gamma
 
     @property
     def adaptive_gamma(self) -> bool:
         """Whether each pass chooses its own draft length (gamma auto on a chain method)."""
-        info = DRAFTERS[self.method]
-        return self.gamma is None and info.drafts and not info.tree
+        return self.gamma is None and DRAFTERS[self.method].drafts and not self.tree
+
+    @property
+    def name(self) -> str:
+        """The method as reports and the server show it: "draft", or "draft-tree" when it drafts trees."""
+        return self.method + TREE_SUFFIX if self.tree else self.method
 
     def drafter_options(self, cls: type):
         """The settings an options dataclass (registry.py) declares, as an instance of it (a setting registered

@@ -492,7 +492,7 @@ class Generation:
 
     def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams):
         self.engine, self.prompt_ids, self.params = engine, prompt_ids, params
-        self.stats = SpecStats(method=engine.spec.method, gamma=engine.spec.draft_len,
+        self.stats = SpecStats(method=engine.spec.name, gamma=engine.spec.draft_len,
                                gamma_auto=engine.spec.adaptive_gamma, prompt_tokens=len(prompt_ids),
                                backend=engine.target.backend, draft_backend=engine.drafter.backend,
                                draft_vocab=engine.drafter.vocab_rows, lookup_first=engine.drafter.lookup_first)

@@ -229,14 +229,16 @@ def parse_exit_rule(text: str) -> tuple[str, tuple[float, ...]]:
 @dataclass(frozen=True)
 class DrafterInfo:
     """One drafter as the front ends see it. build: (spec, target, draft model or None) -> Drafter, or its
-    "module:function" path (imported on first use, so that this module stays light)."""
+    "module:function" path (imported on first use, so that this module stays light); tree_build: the same for
+    its token-tree drafter (SpecConfig.tree, or the method spelled NAME-tree), None for a drafter of chains only.
+    In a tree the depth plays gamma's part."""
 
     name: str
     build: str | Callable
     options: tuple[type, ...] = ()  # dataclasses whose fields are the settings it reads
     needs_draft_model: bool = False
     needs_head: bool = False  # a trained EAGLE head (EagleOptions.eagle_head)
-    tree: bool = False  # drafts token trees: the tree depth plays gamma's part
+    tree_build: str | Callable | None = None
     lookup_first: bool = True  # prompt lookup may go in front (False: it drafts by lookup already, or nothing)
     drafts: bool = True  # False: plain decoding (no draft, no gamma)
 
@@ -254,8 +256,23 @@ def unregister(name: str) -> None:
     DRAFTERS.pop(name, None)
 
 
+TREE_SUFFIX = "-tree"  # "draft-tree" is method "draft" drafting trees
+
+
+def resolve_method(name: str) -> tuple[str, bool] | None:
+    """(drafter, tree) for a method's spelling: a registered drafter's name (chains), or NAME-tree for one that
+    drafts trees; None for anything else."""
+    if name in DRAFTERS:
+        return name, False
+    base = name.removesuffix(TREE_SUFFIX)
+    if base != name and base in DRAFTERS and DRAFTERS[base].tree_build is not None:
+        return base, True
+    return None
+
+
 def method_names() -> tuple[str, ...]:
-    return tuple(DRAFTERS)
+    """Every method spelling: the drafters, then the tree spellings of those that draft trees."""
+    return (*DRAFTERS, *(name + TREE_SUFFIX for name, info in DRAFTERS.items() if info.tree_build is not None))
 
 
 def option_classes() -> list[type]:
@@ -282,18 +299,13 @@ def default_of(f: Field) -> Any:
 _BUILT = "specdraft.drafters.builders:"
 for _info in (
         DrafterInfo("ar", _BUILT + "plain", lookup_first=False, drafts=False),
-        DrafterInfo("draft", _BUILT + "draft_model", (DraftModelOptions, DraftVocabOptions, LookupOptions),
-                    needs_draft_model=True),
-        DrafterInfo("prompt-lookup", _BUILT + "prompt_lookup", (LookupOptions,), lookup_first=False),
-        DrafterInfo("draft-tree", _BUILT + "draft_tree", (TreeOptions, LookupOptions), needs_draft_model=True,
-                    tree=True),
-        DrafterInfo("prompt-lookup-tree", _BUILT + "prompt_lookup_tree", (TreeOptions, LookupOptions), tree=True,
-                    lookup_first=False),
-        DrafterInfo("eagle", _BUILT + "eagle", (EagleOptions, LookupOptions), needs_head=True),
-        DrafterInfo("eagle-tree", _BUILT + "eagle_tree", (EagleOptions, TreeOptions, LookupOptions), needs_head=True,
-                    tree=True),
-        DrafterInfo("sorted", _BUILT + "sorted_chain", (SortedOptions, DraftVocabOptions, LookupOptions),
-                    needs_draft_model=True),
-        DrafterInfo("sorted-tree", _BUILT + "sorted_tree", (SortedOptions, DraftVocabOptions, TreeOptions,
-                                                             LookupOptions), needs_draft_model=True, tree=True)):
+        DrafterInfo("draft", _BUILT + "draft_model", (DraftModelOptions, DraftVocabOptions, LookupOptions,
+                                                      TreeOptions), needs_draft_model=True,
+                    tree_build=_BUILT + "draft_tree"),
+        DrafterInfo("prompt-lookup", _BUILT + "prompt_lookup", (LookupOptions, TreeOptions), lookup_first=False,
+                    tree_build=_BUILT + "prompt_lookup_tree"),
+        DrafterInfo("eagle", _BUILT + "eagle", (EagleOptions, LookupOptions, TreeOptions), needs_head=True,
+                    tree_build=_BUILT + "eagle_tree"),
+        DrafterInfo("sorted", _BUILT + "sorted_chain", (SortedOptions, DraftVocabOptions, LookupOptions, TreeOptions),
+                    needs_draft_model=True, tree_build=_BUILT + "sorted_tree")):
     register(_info)

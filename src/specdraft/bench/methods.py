@@ -20,7 +20,7 @@ from ..api import load_engine
 from ..config import ModelConfig, SamplingParams, SpecConfig
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel
-from ..registry import DRAFTERS
+from ..registry import DRAFTERS, method_names, resolve_method
 from .peers import PEER_DRAFT_N_MAX, PeerCompletion
 
 
@@ -74,9 +74,9 @@ def get_method(name: str) -> Method:
     late it registered)."""
     if name in METHODS:
         return METHODS[name]
-    if name in DRAFTERS:
+    if resolve_method(name) is not None:
         return engine_method(name)
-    raise SpecdraftError(f"unknown benchmark method {name!r}; choose from {', '.join([*DRAFTERS, *METHODS])}")
+    raise SpecdraftError(f"unknown benchmark method {name!r}; choose from {', '.join([*method_names(), *METHODS])}")
 
 
 # ------------------------------------------------------------------------------------------------ ours
@@ -98,11 +98,12 @@ def _build_ours(engine_method: str) -> Callable[[BenchModels, SpecConfig], Gener
 
 
 def engine_method(name: str) -> Method:
-    """The benchmark method of a drafter in the registry (registry.py): tree methods take their depth from the
-    tree settings, not gamma."""
-    info = DRAFTERS[name]
+    """The benchmark method of a drafter in the registry (registry.py), any spelling (NAME-tree drafts trees, which
+    take their depth from the tree settings, not gamma)."""
+    drafter, tree = resolve_method(name)
+    info = DRAFTERS[drafter]
     return Method(name, f"specdraft engine, method {name!r}", _build_ours(name), needs_draft=info.needs_draft_model,
-                  uses_gamma=info.drafts and not info.tree)
+                  uses_gamma=info.drafts and not tree)
 
 
 # ------------------------------------------------------------------------------------------------ transformers

@@ -35,7 +35,7 @@ from ..errors import SpecdraftError
 from ..jsonl import rewrite_jsonl
 from ..models.adapter import LoadedModel, load_model, set_threads, weight_bytes
 from ..models.native.kernels import startup_info as kernel_startup_info
-from ..registry import DRAFTERS
+from ..registry import DRAFTERS, resolve_method
 from .methods import HF_AUTO_GAMMA, BenchModels, GenerateTurn, Method, TurnOutput, get_method
 from .options import BenchSettings, parse_method
 from .report import compare_tokens, read_records
@@ -80,15 +80,15 @@ def variant_spec(settings: BenchSettings, method: Method, gamma: int | None, ove
     have a drafter to put prompt lookup in front of; the others keep their auto value (off). Gamma auto on a
     transformers method is transformers' own default length (it has no per-pass choice), the method's own
     (`auto_gamma`) where it says."""
-    fields = dict(method=method.name if method.name in DRAFTERS else "draft", gamma=gamma,
-                  **drafter_settings(settings))
-    if not DRAFTERS[fields["method"]].lookup_first:
+    ours = resolve_method(method.name)
+    fields = dict(method=method.name if ours else "draft", gamma=gamma, **drafter_settings(settings))
+    if ours and not DRAFTERS[ours[0]].lookup_first:
         fields["lookup_first"] = None
     overrides = dict(overrides)
     options = {**dict(fields.pop("options", ())), **overrides.pop("options", {})}
     fields.update(overrides)
     fields["options"] = options
-    if method.name not in DRAFTERS and fields["gamma"] is None:
+    if not ours and fields["gamma"] is None:
         fields["gamma"] = method.auto_gamma if method.auto_gamma is not None else HF_AUTO_GAMMA
     return SpecConfig(**fields)
 

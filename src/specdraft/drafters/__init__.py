@@ -31,7 +31,8 @@ def check_drafter_inputs(spec: SpecConfig) -> None:
 
 
 def build_drafter(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:
-    build = DRAFTERS[spec.method].build
+    info = DRAFTERS[spec.method]
+    build = info.tree_build if spec.tree else info.build
     if isinstance(build, str):
         module, _, function = build.partition(":")
         build = getattr(importlib.import_module(module), function)

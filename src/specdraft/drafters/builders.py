@@ -24,7 +24,7 @@ def require_draft(draft: LoadedModel | None, method: str) -> LoadedModel:
 def require_head(spec: SpecConfig) -> str:
     head = spec.drafter_options(EagleOptions).eagle_head
     if not head:
-        raise SpecdraftError(f"method {spec.method!r} needs a trained head (--eagle-head NAME_OR_PATH); train one "
+        raise SpecdraftError(f"method {spec.name!r} needs a trained head (--eagle-head NAME_OR_PATH); train one "
                              "with `specdraft train eagle --out NAME`")
     return head
 
@@ -45,13 +45,13 @@ def prompt_lookup(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | No
 
 def draft_model(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:
     options = spec.drafter_options(DraftModelOptions)
-    return ModelDrafter(require_draft(draft, spec.method), target, options.draft_confidence,
+    return ModelDrafter(require_draft(draft, spec.name), target, options.draft_confidence,
                         spec.drafter_options(DraftVocabOptions).draft_vocab, options.draft_context)
 
 
 def draft_tree(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:
     tree = _tree(spec)
-    return TreeDrafter(require_draft(draft, spec.method), target, tree["budget"], tree["depth"], tree["branch"])
+    return TreeDrafter(require_draft(draft, spec.name), target, tree["budget"], tree["depth"], tree["branch"])
 
 
 def prompt_lookup_tree(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:
@@ -75,8 +75,8 @@ def _sorted_args(spec: SpecConfig) -> tuple:
 
 
 def sorted_chain(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:
-    return SortedDrafter.build(require_draft(draft, spec.method), target, *_sorted_args(spec))
+    return SortedDrafter.build(require_draft(draft, spec.name), target, *_sorted_args(spec))
 
 
 def sorted_tree(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:
-    return SortedTreeDrafter.build(require_draft(draft, spec.method), target, *_sorted_args(spec), **_tree(spec))
+    return SortedTreeDrafter.build(require_draft(draft, spec.name), target, *_sorted_args(spec), **_tree(spec))

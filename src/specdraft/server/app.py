@@ -123,7 +123,7 @@ def create_app(config: ServerConfig, spec: SpecConfig, target: LoadedModel,
         body = {"status": "draining" if draining else "ok", "model": state.model_name,
                 "running": state.scheduler.running, "queued": state.scheduler.queued,
                 "max_queue": config.max_queue, "max_batch": config.max_batch,
-                "speculative": {"method": spec.method, "gamma": spec.gamma_shown}}
+                "speculative": {"method": spec.name, "gamma": spec.gamma_shown}}
         return JSONResponse(body, status_code=503 if draining else 200)
 
     @app.get("/metrics")
@@ -376,7 +376,7 @@ class Reply:
         passes, drafted, accepted = (sum(getattr(s, k) for s in stats) for k in ("target_passes", "drafted",
                                                                                   "accepted"))
         new_tokens = sum(s.new_tokens for s in stats)
-        return {"method": self.prepared.spec.method, "gamma": self.prepared.spec.gamma_shown,
+        return {"method": self.prepared.spec.name, "gamma": self.prepared.spec.gamma_shown,
                 "target_passes": passes, "drafted": drafted, "accepted": accepted,
                 "acceptance_rate": accepted / drafted if drafted else 0.0,
                 "mean_draft_len": drafted / passes if passes else 0.0, "tau": new_tokens / passes if passes else 0.0}

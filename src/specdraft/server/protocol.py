@@ -51,6 +51,7 @@ class SpeculativeBase(_Strict):
     method: str | None = None
     gamma: int | Literal["auto"] | None = None  # "auto": SpecConfig's None (each pass chooses its length)
     lookup_first: int | Literal["auto"] | None = None  # "auto": SpecConfig's None, whatever the server's default
+    tree: bool | None = None  # draft token trees (a method spelled NAME-tree says so too)
 
 
 _speculative_models: dict[tuple, type[SpeculativeBase]] = {}
@@ -240,7 +241,10 @@ def spec_config(request: _CommonRequest, default: SpecConfig) -> SpecConfig:
     for name in ("lookup_first", "gamma"):  # "auto" is SpecConfig's None (None above meant "the server's")
         if overrides.get(name) == "auto":
             overrides[name] = None
-    settings = {name: overrides.pop(name) for name in list(overrides) if name not in ("method", "gamma", "lookup_first")}
+    if "method" in overrides and "tree" not in overrides:
+        overrides["tree"] = False  # a request naming its method drafts chains unless it says tree (or NAME-tree)
+    settings = {name: overrides.pop(name) for name in list(overrides)
+                if name not in ("method", "gamma", "lookup_first", "tree")}
     if settings:  # drafter settings (registry.py)
         overrides["options"] = {**dict(default.options), **settings}
     try:

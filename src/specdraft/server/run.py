@@ -45,7 +45,7 @@ def serve(models: ModelConfig, spec: SpecConfig, config: ServerConfig, progress:
     draft = load_draft(models, target, progress)
     app = create_app(config, spec, target, draft)
     server = build_server(app, config)
-    print(f"specdraft: serving {app.state.server.model_name!r} ({spec.method}, gamma {spec.gamma_shown}) on "
+    print(f"specdraft: serving {app.state.server.model_name!r} ({spec.name}, gamma {spec.gamma_shown}) on "
           f"http://{config.host}:{config.port}/v1", flush=True)
     # uvicorn re-raises the signal it stopped on once it is done; by then the shutdown was graceful, so that
     # signal only has to end run() here (the CLI then exits 0)
