@@ -236,6 +236,8 @@ def test_an_engine_measures_nothing_and_gamma_auto_asks_for_the_curve(tiny_model
         Engine(target, drafter, SpecConfig("prompt-lookup", None))
     assert Engine(target, drafter, SpecConfig("prompt-lookup", 3)).curve is None
     assert Engine(target, drafter, SpecConfig("prompt-lookup", None), curve=machine_shaped_curve()).curve is not None
+    with pytest.raises(SpecdraftError, match="measure it for 9"):
+        Engine(target, drafter, SpecConfig("prompt-lookup", None), curve=VerifyCurve.flat([1.0, 1.1, 1.2]))
     measured = []
     monkeypatch.setattr(api, "verify_curve", lambda model, n: measured.append(n) or machine_shaped_curve())
     engine = load_engine(ModelConfig(target="unused", draft=None), SpecConfig("prompt-lookup"), progress=False,

@@ -141,6 +141,10 @@ def test_tree_is_an_option_and_the_tree_spellings_stay():
         SpecConfig("ar-tree")
     with pytest.raises(SpecdraftError, match="tree must be true or false"):
         SpecConfig("draft", tree="yes")
+    with pytest.raises(SpecdraftError, match="drafts trees, and tree is false"):
+        SpecConfig("draft-tree", tree=False)
+    with pytest.raises(SpecdraftError, match="spells 'draft' drafting trees"):
+        register(DrafterInfo("draft-tree", build_echo))
 
 
 def test_the_tree_option_reaches_the_cli_the_bench_and_the_server(tiny_models):
@@ -166,6 +170,8 @@ def test_the_tree_option_reaches_the_cli_the_bench_and_the_server(tiny_models):
     assert requested({"method": "draft-tree"}, SpecConfig("ar")).name == "draft-tree"
     assert requested({"method": "draft"}, SpecConfig("draft-tree")).name == "draft"  # naming a method: a chain
     assert requested({"gamma": 3}, SpecConfig("prompt-lookup-tree")).name == "prompt-lookup-tree"
+    with pytest.raises(Exception, match="drafts trees, and tree is false"):
+        requested({"method": "draft-tree", "tree": False}, SpecConfig("ar"))
     target = tiny_models["target"]
     spec = SpecConfig("prompt-lookup", tree=True)
     engine = Engine(target, build_drafter(spec, target, None), spec)

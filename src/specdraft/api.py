@@ -37,9 +37,9 @@ def load_engine(models: ModelConfig, spec: SpecConfig, progress: bool = True,
     target = target or load_model(models.target, models.dtype, models.cache_dir, progress, models.backend)
     if needs_draft_model(spec.method) and draft is None:
         draft = load_draft(models, target, progress)
+    drafter = build_drafter(spec, target, draft)  # before the curve: a drafter that cannot be built fails at once
     curve = verify_curve(target, spec.draft_len + 1) if spec.adaptive_gamma else None  # cached after its first time
-    return Engine(target, build_drafter(spec, target, draft), spec,
-                  new_drafter=lambda: build_drafter(spec, target, draft), curve=curve)
+    return Engine(target, drafter, spec, new_drafter=lambda: build_drafter(spec, target, draft), curve=curve)
 
 
 def load_draft(models: ModelConfig, target: LoadedModel, progress: bool = True) -> LoadedModel | None:

@@ -95,7 +95,7 @@ class SpecConfig:
     options: tuple[tuple[str, Any], ...] = ()  # every registered drafter setting, (name, value), sorted by name
 
     def __init__(self, method: str = "draft", gamma: int | None = None, lookup_first: int | None = None,
-                 tree: bool = False, options: Mapping[str, Any] | Iterable[tuple[str, Any]] = (),
+                 tree: bool | None = None, options: Mapping[str, Any] | Iterable[tuple[str, Any]] = (),
                  **settings: Any) -> None:
         if not isinstance(options, (Mapping, tuple, list)):
             raise SpecdraftError(f"SpecConfig.options must be a dict of drafter settings, got {options!r}")
@@ -109,11 +109,14 @@ class SpecConfig:
         for cls in option_classes():  # each options dataclass checks and normalizes its own settings
             checked = cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
             values.update((f.name, getattr(checked, f.name)) for f in fields(cls))
-        if not isinstance(tree, bool):
+        if tree is not None and not isinstance(tree, bool):
             raise SpecdraftError(f"SpecConfig.tree must be true or false, got {tree!r}")
         resolved = resolve_method(method) if isinstance(method, str) else None
         if resolved is not None:  # "draft-tree" is method "draft" with tree
-            method, tree = resolved[0], tree or resolved[1]
+            if tree is False and resolved[1]:
+                raise SpecdraftError(f"method {method!r} drafts trees, and tree is false: drop one of them")
+            method, tree = resolved[0], bool(tree) or resolved[1]
+        tree = bool(tree)  # None: not given
         object.__setattr__(self, "method", method)
         object.__setattr__(self, "gamma", gamma)
         object.__setattr__(self, "lookup_first", lookup_first)
@@ -136,7 +139,7 @@ class SpecConfig:
                                      f"({self.setting('lookup_max_ngram')}), or auto; got {self.lookup_first}")
             if self.lookup_first and not DRAFTERS[self.method].lookup_first:
                 takers = ", ".join(name for name, info in DRAFTERS.items() if info.lookup_first)
-                raise SpecdraftError(f"lookup_first puts prompt lookup in front of a drafter; method {self.method!r} "
+                raise SpecdraftError(f"lookup_first puts prompt lookup in front of a drafter; method {self.name!r} "
                                      f"has none to fall back on (use it with {takers}, or leave it auto)")
 
     def setting(self, name: str) -> Any:

@@ -319,6 +319,9 @@ class Engine:
                                      "curve=verify_curve(target, spec.draft_len + 1) (specdraft.models.verify_curve; "
                                      "measured once per machine, about 30 s, then cached), build the engine with "
                                      "load_engine, which does that, or give a fixed gamma")
+            if len(curve.short) < self.spec.draft_len + 1:
+                raise SpecdraftError(f"the verify curve covers passes of up to {len(curve.short)} tokens; gamma auto "
+                                     f"drafts up to {self.spec.draft_len}: measure it for {self.spec.draft_len + 1}")
             self.curve = curve
             # decoding is bound by weight reads on a CPU: a draft token costs its weight bytes over the target's
             self.target_bytes = target_bytes = target.weight_bytes

@@ -248,6 +248,9 @@ DRAFTERS: dict[str, DrafterInfo] = {}
 
 def register(info: DrafterInfo) -> DrafterInfo:
     """Add (or replace) a drafter; every front end built afterwards offers it and its settings."""
+    taken = resolve_method(info.name)
+    if taken is not None and taken[1]:
+        raise SpecdraftError(f"drafter name {info.name!r} spells {taken[0]!r} drafting trees; choose another")
     DRAFTERS[info.name] = info
     return info
 

@@ -51,7 +51,8 @@ def draft_model(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None
 
 def draft_tree(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:
     tree = _tree(spec)
-    return TreeDrafter(require_draft(draft, spec.name), target, tree["budget"], tree["depth"], tree["branch"])
+    return TreeDrafter(require_draft(draft, spec.name), target, tree["budget"], tree["depth"], tree["branch"],
+                       spec.drafter_options(DraftModelOptions).draft_context)
 
 
 def prompt_lookup_tree(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:

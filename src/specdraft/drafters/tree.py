@@ -121,27 +121,34 @@ class TreeDrafter(Drafter):
 
     The draft's cache holds the context, then the expanded nodes of the current tree as a tree region; after the
     target's verdict the accepted nodes the draft already ran are kept (moved to consecutive positions) and the
-    rest is dropped, so the next proposal feeds only what the draft has not seen."""
+    rest is dropped, so the next proposal feeds only what the draft has not seen. context_tokens: as ModelDrafter's,
+    the draft model reads the context from the prompt's last context_tokens on (0: all of it)."""
 
     name = "draft-tree"
 
-    def __init__(self, draft: LoadedModel, target: LoadedModel, budget: int, depth: int, branch: int):
+    def __init__(self, draft: LoadedModel, target: LoadedModel, budget: int, depth: int, branch: int,
+                 context_tokens: int = 0):
         check_compatible_vocab(draft, target)
         if budget < 1 or depth < 1 or branch < 1:
             raise SpecdraftError(f"tree budget, depth and branch must be >= 1 (got {budget}, {depth}, {branch})")
         self.draft, self.budget, self.depth, self.branch = draft, budget, depth, branch
         self.backend = draft.backend  # shown in the statistics
         self.state = draft.new_state()
+        self.context_tokens = context_tokens
+        self.context_start = 0  # the draft's cache position 0 is this context index
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
         self.state = self.draft.new_state()
-        if len(prompt_ids) > 1:
-            self.state.forward(prompt_ids[:-1], 1)
+        self.context_start = max(0, len(prompt_ids) - self.context_tokens) if self.context_tokens else 0
+        seen = prompt_ids[self.context_start:]
+        if len(seen) > 1:
+            self.state.forward(seen[:-1], 1)
 
     def propose(self, context_ids, k, params: SamplingParams, generator) -> Draft:
         depth = min(self.depth, k)
         if depth < 1:
             return Draft.empty()
+        context_ids = context_ids[self.context_start:]
         keep_accepted_path(self.state, context_ids)
         to_feed = self.state.sync_for_next(context_ids)
         root_scores = draft_log_scores(self.state.forward(to_feed, 1), params)[0]  # [V]
@@ -153,7 +160,7 @@ class TreeDrafter(Drafter):
         return Draft(torch.tensor(tokens, dtype=torch.long), None, torch.tensor(parents, dtype=torch.long))
 
     def on_accept(self, context_ids: list[int], features=None) -> None:
-        keep_accepted_path(self.state, context_ids)
+        keep_accepted_path(self.state, context_ids[self.context_start:])
 
 
 class PromptLookupTreeDrafter(Drafter):

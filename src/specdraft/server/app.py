@@ -71,8 +71,9 @@ class ServerState:
         with self._engines_lock:
             engine = self._engines.get(spec)
             if engine is None:
+                drafter = build_drafter(spec, self.target, self.draft)  # fails at once where it cannot be built
                 curve = verify_curve(self.target, spec.draft_len + 1) if spec.adaptive_gamma else None
-                engine = Engine(self.target, build_drafter(spec, self.target, self.draft), spec,
+                engine = Engine(self.target, drafter, spec,
                                 new_drafter=lambda: build_drafter(spec, self.target, self.draft), curve=curve)
                 if len(self._engines) >= ENGINE_CACHE_SIZE:
                     self._engines.pop(next(iter(self._engines)))

@@ -242,7 +242,7 @@ def spec_config(request: _CommonRequest, default: SpecConfig) -> SpecConfig:
         if overrides.get(name) == "auto":
             overrides[name] = None
     if "method" in overrides and "tree" not in overrides:
-        overrides["tree"] = False  # a request naming its method drafts chains unless it says tree (or NAME-tree)
+        overrides["tree"] = None  # a request naming its method drafts what its spelling says (NAME-tree: trees)
     settings = {name: overrides.pop(name) for name in list(overrides)
                 if name not in ("method", "gamma", "lookup_first", "tree")}
     if settings:  # drafter settings (registry.py)
