@@ -320,3 +320,27 @@ def test_a_drafter_begun_late_reads_the_prompt_only_when_enough_tokens_are_left(
     assert drafter.begins == int(begun)
     expected = Engine(target).generate(prompt, params).token_ids  # it stops at an EOS; the loop goes on
     assert emitted[:len(expected)] == expected
+
+
+@pytest.mark.parametrize("context_tokens, begun", [(0, False), (2, True)])
+def test_a_late_begin_counts_what_the_drafter_would_read(tiny_models, context_tokens, begun):
+    """A draft model reading only the prompt's last 2 tokens catches up cheaply: begun late with 6 tokens left
+    where one reading the whole 9-token prompt is not. Prompt lookup reads nothing to catch up. Output is plain
+    decoding's either way."""
+    from specdraft.engine import DecodeLoop
+    from specdraft.types import SpecStats
+
+    target = tiny_models["target"]
+    prompt = [2, 3, 4, 5, 6, 7, 8, 9, 10]
+    params = SamplingParams(max_new_tokens=7, temperature=0)
+    drafter = ModelDrafter(tiny_models["draft"], target, context_tokens=context_tokens)
+    assert drafter.catch_up_tokens(9, 10) == (10 if context_tokens == 0 else 3)
+    assert PromptLookupDrafter().catch_up_tokens(9, 10) == 0
+    loop = DecodeLoop(target, drafter, prompt, params, DraftFromSecondPass(), None, SpecStats())
+    emitted = []
+    with torch.inference_mode():
+        while not loop.finished:
+            emitted += loop.accept(loop.state.verify(loop.pending, loop.propose()))
+    assert loop.drafter_begun == begun and (loop.stats.drafted > 0) == begun
+    expected = Engine(target).generate(prompt, params).token_ids  # it stops at an EOS; the loop goes on
+    assert emitted[:len(expected)] == expected

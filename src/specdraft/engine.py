@@ -129,8 +129,9 @@ class DecodeLoop:
         to_draft = min(self.draft_length.next(self.source, len(self.context), load), self.budget - 1)
         # nothing to draft: a plain pass; the drafter catches up on the context at its next proposal
         if to_draft and not self.drafter_begun:
-            if len(self.context) > self.prompt_len and self.budget < len(self.context):
-                # begun this late, it would first read the whole context: not for fewer tokens than that
+            if (len(self.context) > self.prompt_len
+                    and self.budget < self.drafter.catch_up_tokens(self.prompt_len, len(self.context))):
+                # begun this late, it would first read what it has not seen: not for fewer tokens left than that
                 to_draft = 0
             else:
                 self._begin_drafter(None)

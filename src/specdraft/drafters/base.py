@@ -46,6 +46,12 @@ class Drafter:
         apart. Empty for a drafter with one source."""
         return {}
 
+    def catch_up_tokens(self, prompt_len: int, context_len: int) -> int:
+        """A drafter that catches up, begun only now that the context is context_len tokens long: the tokens it
+        reads before its first draft (the loop does not begin it for fewer tokens left than that). The default:
+        the whole context."""
+        return context_len
+
     def next_source(self, context_ids: list[int]) -> str | None:
         """The source of the next proposal, from the context alone (None: the default one)."""
         return None

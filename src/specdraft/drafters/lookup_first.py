@@ -85,6 +85,9 @@ class LookupFirstDrafter(Drafter):
     def keeps_sequence_state(self) -> bool:
         return self.inner.keeps_sequence_state
 
+    def catch_up_tokens(self, prompt_len: int, context_len: int) -> int:
+        return self.inner.catch_up_tokens(prompt_len, context_len)
+
     def use_target_state(self, target_state) -> None:
         """Passed on to the wrapped drafter (drafters/base.py)."""
         self.inner.use_target_state(target_state)

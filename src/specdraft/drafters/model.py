@@ -55,6 +55,10 @@ class ModelDrafter(HasDraftVocab):
         if len(seen) > 1:
             self.state.forward(seen[:-1], 1)
 
+    def catch_up_tokens(self, prompt_len: int, context_len: int) -> int:
+        window = min(prompt_len, self.context_tokens) if self.context_tokens else prompt_len
+        return window + context_len - prompt_len  # the prompt's window, then everything generated since
+
     def propose(self, context_ids, k, params: SamplingParams, generator) -> Draft:
         to_feed = self.state.sync_for_next(context_ids[self.context_start:])
         token_ids: list[int] = []

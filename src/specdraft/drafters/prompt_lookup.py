@@ -19,6 +19,9 @@ class PromptLookupDrafter(Drafter):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
+    def catch_up_tokens(self, prompt_len: int, context_len: int) -> int:
+        return 0  # it keeps no state: the context is searched as it is
+
     def begin(self, prompt_ids: list[int], features=None) -> None:
         pass
 
