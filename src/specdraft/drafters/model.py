@@ -52,10 +52,7 @@ class ModelDrafter(HasDraftVocab):
         if self.vocab is not None:
             self.vocab.for_prompt(prompt_ids)
             self.state.lm_head = self.vocab.weight  # logits are then [n, V_draft]
-        self.context_start = max(0, len(prompt_ids) - self.context_tokens) if self.context_tokens else 0
-        seen = prompt_ids[self.context_start:]
-        if len(seen) > 1:
-            self.state.forward(seen[:-1], 1)
+        self.context_start = prefill_window(self.state, prompt_ids, self.context_tokens)
 
     def catch_up_tokens(self, prompt_len: int, context_len: int) -> int:
         window = min(prompt_len, self.context_tokens) if self.context_tokens else prompt_len
@@ -86,6 +83,15 @@ class ModelDrafter(HasDraftVocab):
 
     def on_accept(self, context_ids: list[int], features=None) -> None:
         self.state.sync(context_ids[self.context_start:])  # drop rejected draft tokens; the new token is fed at the next propose
+
+
+def prefill_window(state, prompt_ids: list[int], context_tokens: int) -> int:
+    """A draft model's prefill of the prompt's last `context_tokens` (0: all of it), but the last token (fed with
+    the first proposal). Returns the context index the draft's cache position 0 holds."""
+    start = max(0, len(prompt_ids) - context_tokens) if context_tokens else 0
+    if len(prompt_ids) - start > 1:
+        state.forward(prompt_ids[start:-1], 1)
+    return start
 
 
 def check_compatible_vocab(draft: LoadedModel, target: LoadedModel) -> None:

@@ -28,7 +28,7 @@ from ..models.adapter import LoadedModel, SequenceState
 from ..sampling import processed_probs
 from ..types import Draft
 from .base import Drafter
-from .model import check_compatible_vocab
+from .model import check_compatible_vocab, prefill_window
 
 # (tokens [n], parents [n]) -> next-token log-scores [n, V]. parents index the nodes expanded by earlier calls
 # of the same tree (in call order, 0-based), -1 for a child of the position the root scores came from.
@@ -139,10 +139,7 @@ class TreeDrafter(Drafter):
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
         self.state = self.draft.new_state()
-        self.context_start = max(0, len(prompt_ids) - self.context_tokens) if self.context_tokens else 0
-        seen = prompt_ids[self.context_start:]
-        if len(seen) > 1:
-            self.state.forward(seen[:-1], 1)
+        self.context_start = prefill_window(self.state, prompt_ids, self.context_tokens)
 
     def propose(self, context_ids, k, params: SamplingParams, generator) -> Draft:
         depth = min(self.depth, k)
