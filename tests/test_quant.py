@@ -271,6 +271,17 @@ def test_interleaved_rows_are_bit_identical_alone_and_in_passes_of_k_tokens(name
         assert torch.equal(packed.linear(x[:k].contiguous(), bias), alone[:k]), k
 
 
+def test_a_long_pass_over_long_rows_runs_in_smaller_tiles_and_stays_bit_identical():
+    """Rows of 10240 weights: a pass of more than 64 tokens goes in tiles of 16 (their int8 activations fit the
+    kernel's L2 budget), the last one short; every token as alone, in both k-quant layouts."""
+    for name in ("Q4_K", "Q6_K"):
+        packed = random_blocks(name, 16, 10240, seed=17).interleave()
+        x = torch.randn(70, 10240)
+        alone = torch.cat([packed.linear(x[t: t + 1].contiguous(), None) for t in range(70)])
+        for k in (16, 17, 64, 65, 70):
+            assert torch.equal(packed.linear(x[:k].contiguous(), None), alone[:k]), (name, k)
+
+
 # ------------------------------------------------------------------------------------------ tiny GGUF models
 
 @pytest.fixture(scope="module")
