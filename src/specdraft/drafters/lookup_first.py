@@ -26,7 +26,7 @@ import torch
 from ..config import SamplingParams
 from ..types import Draft
 from .base import Drafter
-from .prompt_lookup import find_continuation
+from .prompt_lookup import NgramIndex
 
 LOOKUP_LABEL = "lookup"
 
@@ -43,9 +43,9 @@ class LookupFirstDrafter(Drafter):
         self.feature_layers = inner.feature_layers  # the engine taps these for the inner drafter
         self.backend = inner.backend
         self.budget = inner.budget  # a tree drafter's: the copy becomes its first branch
-        # next_source's search, for propose to reuse on the same context: ((context length, its hash), the whole
-        # continuation of the match; a copy of k tokens is its first k, since the match does not depend on k)
-        self._found: tuple[tuple[int, int], list[int]] | None = None
+        # the context's n-grams; a pooled instance may serve another request next, before its `begin`: the index
+        # starts afresh on a context that does not extend the one it holds
+        self.index = NgramIndex(max_ngram, min_ngram)
 
     @property
     def draft_bytes(self) -> int:
@@ -60,14 +60,11 @@ class LookupFirstDrafter(Drafter):
     def next_source(self, context_ids: list[int]) -> str | None:
         """LOOKUP_LABEL when the next proposal copies (for a chain drafter: the copy alone), None when the wrapped
         drafter proposes. A copy continues an earlier match whatever its length, so asking for one token tells."""
-        return LOOKUP_LABEL if self._continuation(context_ids) else None
+        return LOOKUP_LABEL if self._continuation(context_ids, 1) else None
 
-    def _continuation(self, context_ids: list[int]) -> list[int]:
-        # keyed by the context itself: a pooled instance may serve another request next, before its `begin`
-        key = (len(context_ids), hash(tuple(context_ids)))
-        if self._found is None or self._found[0] != key:
-            self._found = (key, find_continuation(context_ids, len(context_ids), self.max_ngram, self.min_ngram))
-        return self._found[1]
+    def _continuation(self, context_ids: list[int], k: int) -> list[int]:
+        self.index.update(context_ids)
+        return self.index.continuation(k)
 
     @property
     def lookup_first(self) -> int:  # for the statistics
@@ -93,12 +90,11 @@ class LookupFirstDrafter(Drafter):
         self.inner.use_target_state(target_state)
 
     def begin(self, prompt_ids: list[int], features: torch.Tensor | None = None) -> None:
-        self._found = None
         self.inner.begin(prompt_ids, features)
 
     def propose(self, context_ids: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Draft:
-        copied = self._continuation(context_ids)[:k] if k else []
+        copied = self._continuation(context_ids, k) if k else []
         copy = Draft(torch.tensor(copied, dtype=torch.long), labels=[LOOKUP_LABEL] * len(copied))
         tree_budget = self.inner.budget
         if copied and tree_budget is None:
@@ -111,7 +107,6 @@ class LookupFirstDrafter(Drafter):
         return with_copy_branch(copy, draft, tree_budget) if draft.draft_probs is None else copy
 
     def on_accept(self, context_ids: list[int], features: torch.Tensor | None = None) -> None:
-        self._found = None
         self.inner.on_accept(context_ids, features)
 
 
