@@ -14,6 +14,7 @@ import torch
 from specdraft import Engine, SamplingParams, SpecConfig, load_model
 from specdraft.drafters import ModelDrafter, SortedDrafter, build_drafter
 from specdraft.drafters.sorted import ThresholdExit
+from specdraft.drafters.tree import TreeDrafter
 from specdraft.drafters.vocab import DraftVocab
 from specdraft.errors import SpecdraftError
 from specdraft.models.verify_curve import verify_curve
@@ -96,6 +97,36 @@ def test_sampling_with_a_small_draft_vocabulary_follows_the_target(models, name)
     target, draft, _ = models
     pvalue = engine_pvalue(target, draft, SETTINGS[name], drafter=ModelDrafter(draft, target, draft_vocab=SMALL_VOCAB))
     assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
+
+
+class RecordingTreeDrafter(TreeDrafter):
+    """A draft model's tree that keeps every token it drafted."""
+
+    def propose(self, context_ids, k, params, generator):
+        draft = super().propose(context_ids, k, params, generator)
+        self.drafted = getattr(self, "drafted", set()) | set(draft.token_ids.tolist())
+        return draft
+
+
+def test_a_draft_tree_with_a_small_vocabulary_drafts_from_it_and_stays_exact(models):
+    """Greedy: plain decoding's tokens, every drafted node among the rows (the target emits tokens outside them);
+    sampling: the first two tokens follow the target (the tree rule needs no q, the rows only narrow the
+    candidates). The builder hands draft_vocab and draft_confidence to the tree."""
+    target, draft, _ = models
+    params = SamplingParams(max_new_tokens=24)
+    plain = Engine(target).generate(PROMPT, params)
+    spec = SpecConfig("draft", 3, tree=True, tree_budget=6, tree_depth=3, tree_branch=2)
+    drafter = RecordingTreeDrafter(draft, target, 6, 3, 2, draft_vocab=SMALL_VOCAB)
+    result = Engine(target, drafter, spec).generate(PROMPT, params)
+    assert result.token_ids == plain.token_ids and result.stats.tree_passes > 0
+    assert result.stats.draft_vocab == SMALL_VOCAB
+    assert drafter.drafted <= set(drafter.vocab.ids.tolist()) and any(t in (5, 6) for t in plain.token_ids)
+    pvalue = engine_pvalue(target, draft, SETTINGS["T=1"], drafter=TreeDrafter(draft, target, 6, 3, 2,
+                                                                               draft_vocab=SMALL_VOCAB), spec=spec)
+    assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
+    built = build_drafter(SpecConfig("draft", tree=True, draft_vocab=SMALL_VOCAB, draft_confidence=0.4), target,
+                          draft)
+    assert (built.inner.vocab_rows, built.inner.min_confidence) == (SMALL_VOCAB, 0.4)  # (behind lookup first)
 
 
 class MisplacedDrafter(ModelDrafter):

@@ -360,6 +360,33 @@ def test_dynamic_tree_keeps_the_best_scored_nodes_as_a_tree():
     assert calls == [([0, 1], [-1, -1]), ([0], [0])]  # frontier parents index the expanded nodes
 
 
+def test_a_confidence_floor_leaves_unsure_nodes_without_children():
+    """The scores of the test above with min_confidence 0.7: token 0's next-token top-1 is 0.6, so no node ending
+    in 0 gets children, and token 1's (0.9) does; without the floor 0-0 was kept (the test above)."""
+    scores = torch.log(torch.tensor([[0.6, 0.3, 0.1], [0.9, 0.05, 0.05], [0.5, 0.4, 0.1]]))
+    calls = []
+
+    def expand(tokens, parents):
+        calls.append((tokens, parents))
+        return scores[torch.tensor(tokens)]
+
+    tokens, parents = grow_dynamic_tree(scores[0], expand, depth=3, branch=2, budget=4, min_confidence=0.7)
+    # level 1: 0 (.6), 1 (.3); expanding both: 0 is unsure, 1 gives 1-0 (.27), 1-1 (.015); level 3 expands 1-0
+    # (unsure: nothing). Kept: 0, 1, 1-0, 1-1.
+    assert tokens == [0, 1, 0, 1] and parents == [-1, -1, 1, 1]
+    assert calls == [([0, 1], [-1, -1]), ([0], [1])]
+
+
+@pytest.mark.parametrize("min_confidence", [0.3, 0.9])
+def test_a_draft_tree_with_a_confidence_floor_stays_greedy_exact(tiny_models, min_confidence):
+    target = tiny_models["target"]
+    drafter = TreeDrafter(target, target, 6, 4, 2, min_confidence=min_confidence)
+    engine = Engine(target, drafter, SpecConfig("draft-tree", tree_budget=6, draft_confidence=min_confidence))
+    for prompt in PROMPTS:
+        ids = engine.encode(prompt, chat=False)
+        assert engine.generate(ids, GREEDY).token_ids == Engine(target).generate(ids, GREEDY).token_ids, prompt
+
+
 def test_statistics_count_tree_passes_by_depth():
     from specdraft.types import SpecStats
 

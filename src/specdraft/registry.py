@@ -93,10 +93,10 @@ class LookupOptions:
 
 @dataclass(frozen=True)
 class DraftModelOptions:
-    """A draft model's chain.
+    """A draft model's chain or tree (--tree).
 
-    draft_confidence: stop drafting once the draft's top-1 probability falls below it (0: never); lossless, the
-    length depends only on the draft's own distribution. draft_context: the draft model reads the prompt's last
+    draft_confidence: stop drafting once the draft's top-1 probability falls below it (0: never; a tree gives
+    such a node no children); lossless, the length depends only on the draft's own distribution. draft_context: the draft model reads the prompt's last
     N tokens (0: all of it) and the tokens generated since. Its prefill of the whole prompt cost more than its
     better guesses gained: on the quick benchmark (Zen 3, GGUF, 2026-12-03, interleaved) 16 tokens ran 12.99
     tok/s end to end, 32 12.76, 64 12.36; in a second run 64 ran 12.38, 128 11.98, the whole prompt 11.68

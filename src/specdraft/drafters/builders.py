@@ -50,9 +50,10 @@ def draft_model(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None
 
 
 def draft_tree(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:
-    tree = _tree(spec)
+    tree, options = _tree(spec), spec.drafter_options(DraftModelOptions)
     return TreeDrafter(require_draft(draft, spec.name), target, tree["budget"], tree["depth"], tree["branch"],
-                       spec.drafter_options(DraftModelOptions).draft_context)
+                       options.draft_context, options.draft_confidence,
+                       spec.drafter_options(DraftVocabOptions).draft_vocab)
 
 
 def prompt_lookup_tree(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:

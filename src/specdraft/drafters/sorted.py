@@ -431,8 +431,7 @@ class SortedTreeDrafter(SortedDrafter):
 
     def _full_scores(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         """[n, V_draft] logits -> [n, V] log-scores over target ids (-inf outside a reduced vocabulary)."""
-        scores = draft_log_scores(logits, params)
-        return scores if self.vocab is None else self.vocab.spread(scores, float("-inf"))
+        return draft_log_scores(logits, params, self.vocab)
 
     def on_accept(self, context_ids: list[int], features=None) -> None:
         keep_accepted_path(self.state, context_ids)

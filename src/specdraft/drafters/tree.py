@@ -17,6 +17,7 @@ tree nodes (an EAGLE head, a sorted draft) can grow its trees with it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ from ..sampling import processed_probs
 from ..types import Draft
 from .base import Drafter
 from .model import check_compatible_vocab, prefill_window
+from .vocab import DraftVocab, HasDraftVocab, resolve_rows
 
 # (tokens [n], parents [n]) -> next-token log-scores [n, V]. parents index the nodes expanded by earlier calls
 # of the same tree (in call order, 0-based), -1 for a child of the position the root scores came from.
@@ -45,11 +47,13 @@ class _Candidate:
 
 
 def grow_dynamic_tree(root_scores: torch.Tensor, expand: ExpandFrontier, depth: int, branch: int,
-                      budget: int) -> tuple[list[int], list[int]]:
+                      budget: int, min_confidence: float = 0.0) -> tuple[list[int], list[int]]:
     """Grow a dynamic tree and keep its `budget` best nodes.
 
-    root_scores: [V] log-scores of the first draft token. Returns (token_ids, parents) of the kept nodes in the
-    order of a Draft: parents before children, siblings from the most to the least likely.
+    root_scores: [V] log-scores of the first draft token. min_confidence: an expanded node gets no children when
+    the draft's most likely next token has a lower probability there (the chain's draft_confidence rule: the
+    first level is always drafted). Returns (token_ids, parents) of the kept nodes in the order of a Draft:
+    parents before children, siblings from the most to the least likely.
     """
     if budget < 1 or depth < 1 or branch < 1:
         raise SpecdraftError(f"a token tree needs budget, depth and branch >= 1 (got {budget}, {depth}, {branch})")
@@ -69,6 +73,8 @@ def grow_dynamic_tree(root_scores: torch.Tensor, expand: ExpandFrontier, depth: 
         for row, index in enumerate(frontier):
             candidates[index].expanded_as = n_expanded
             n_expanded += 1
+            if min_confidence and math.exp(float(scores[row].max())) < min_confidence:
+                continue  # an unsure node's children are likely rejected
             newest += _add_children(candidates, scores[row], parent=index, base=candidates[index].score,
                                     depth=level, branch=branch)
     ranked = sorted(range(len(candidates)), key=lambda i: (-candidates[i].score, i))[:budget]
@@ -92,12 +98,15 @@ def _add_children(candidates: list[_Candidate], scores: torch.Tensor, parent: in
     return added
 
 
-def draft_log_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """logits [n, V] -> log-scores [n, V] that rank tree candidates: the sampling distribution's log-probabilities,
-    or under greedy the temperature-1 softmax (a greedy one-hot would collapse every tree to a chain)."""
+def draft_log_scores(logits: torch.Tensor, params: SamplingParams, vocab: DraftVocab | None = None) -> torch.Tensor:
+    """logits [n, V_draft] -> log-scores [n, V] that rank tree candidates: the sampling distribution's
+    log-probabilities, or under greedy the temperature-1 softmax (a greedy one-hot would collapse every tree to a
+    chain); with a reduced vocabulary, over target ids (-inf outside it)."""
     if params.greedy:
-        return torch.log_softmax(logits.float(), dim=-1)
-    return processed_probs(logits, params).log()
+        scores = torch.log_softmax(logits.float(), dim=-1)
+    else:
+        scores = processed_probs(logits, params).log()
+    return scores if vocab is None else vocab.spread(scores, float("-inf"))
 
 
 def keep_accepted_path(state: SequenceState, context_ids: list[int]) -> None:
@@ -116,18 +125,20 @@ def keep_accepted_path(state: SequenceState, context_ids: list[int]) -> None:
     state.keep_tree_path(path)
 
 
-class TreeDrafter(Drafter):
+class TreeDrafter(HasDraftVocab):
     """An independent draft model drafting EAGLE-2-style dynamic trees (method `draft-tree`).
 
     The draft's cache holds the context, then the expanded nodes of the current tree as a tree region; after the
     target's verdict the accepted nodes the draft already ran are kept (moved to consecutive positions) and the
-    rest is dropped, so the next proposal feeds only what the draft has not seen. context_tokens: as ModelDrafter's,
-    the draft model reads the context from the prompt's last context_tokens on (0: all of it)."""
+    rest is dropped, so the next proposal feeds only what the draft has not seen. As ModelDrafter's: context_tokens,
+    the draft model reads the context from the prompt's last context_tokens on (0: all of it); min_confidence, a
+    node where the draft's top-1 probability is lower gets no children; draft_vocab, the head rows scored (0: all,
+    None: auto; drafters/vocab.py)."""
 
     name = "draft-tree"
 
     def __init__(self, draft: LoadedModel, target: LoadedModel, budget: int, depth: int, branch: int,
-                 context_tokens: int = 0):
+                 context_tokens: int = 0, min_confidence: float = 0.0, draft_vocab: int | None = 0):
         check_compatible_vocab(draft, target)
         if budget < 1 or depth < 1 or branch < 1:
             raise SpecdraftError(f"tree budget, depth and branch must be >= 1 (got {budget}, {depth}, {branch})")
@@ -136,9 +147,18 @@ class TreeDrafter(Drafter):
         self.state = draft.new_state()
         self.context_tokens = context_tokens
         self.context_start = 0  # the draft's cache position 0 is this context index
+        self.min_confidence = min_confidence
+        draft_vocab = resolve_rows(draft_vocab, draft.native)
+        if draft_vocab and draft.native is None:
+            raise SpecdraftError(f"a reduced draft vocabulary scores rows of the native backend's LM head; "
+                                 f"{draft.name!r} is on transformers ({draft.backend_note}); drop --draft-vocab")
+        self.vocab = DraftVocab.for_model(draft.native.lm_head, draft.tokenizer, draft_vocab) if draft_vocab else None
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
         self.state = self.draft.new_state()
+        if self.vocab is not None:
+            self.vocab.for_prompt(prompt_ids)
+            self.state.lm_head = self.vocab.weight  # logits are then [n, V_draft]
         self.context_start = prefill_window(self.state, prompt_ids, self.context_tokens)
 
     def propose(self, context_ids, k, params: SamplingParams, generator) -> Draft:
@@ -148,12 +168,12 @@ class TreeDrafter(Drafter):
         context_ids = context_ids[self.context_start:]
         keep_accepted_path(self.state, context_ids)
         to_feed = self.state.sync_for_next(context_ids)
-        root_scores = draft_log_scores(self.state.forward(to_feed, 1), params)[0]  # [V]
+        root_scores = draft_log_scores(self.state.forward(to_feed, 1), params, self.vocab)[0]  # [V]
 
         def expand(tokens: list[int], parents: list[int]) -> torch.Tensor:  # one draft pass over the frontier
-            return draft_log_scores(self.state.forward_tree(tokens, parents, len(tokens)), params)  # [n, V]
+            return draft_log_scores(self.state.forward_tree(tokens, parents, len(tokens)), params, self.vocab)
 
-        tokens, parents = grow_dynamic_tree(root_scores, expand, depth, self.branch, self.budget)
+        tokens, parents = grow_dynamic_tree(root_scores, expand, depth, self.branch, self.budget, self.min_confidence)
         return Draft(torch.tensor(tokens, dtype=torch.long), None, torch.tensor(parents, dtype=torch.long))
 
     def on_accept(self, context_ids: list[int], features=None) -> None:
