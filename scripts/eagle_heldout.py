@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from specdraft.models.adapter import set_threads
-from specdraft.models.eagle_head import EagleHead, EagleHeadConfig, resolve_head_path
+from specdraft.drafters.eagle_head import EagleHead, EagleHeadConfig, resolve_head_path
 from specdraft.train.config import TrainConfig
 from specdraft.train.eagle_train import Trainer, ttt_logits
 

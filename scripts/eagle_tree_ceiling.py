@@ -52,7 +52,7 @@ from specdraft.config import AUTO_LOOKUP_FIRST
 from specdraft.registry import LookupOptions
 from specdraft.drafters.prompt_lookup import find_continuation
 from specdraft.models.adapter import set_threads
-from specdraft.models.eagle_head import load_head
+from specdraft.drafters.eagle_head import load_head
 from specdraft.train.eagle_train import ttt_logits
 
 NEVER = 10**6  # the rank of a token outside the draft vocabulary

@@ -135,7 +135,7 @@ def test_a_model_with_cut_off_weights_is_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize("damage", ["no tensors", "cut tensors", "broken config"])
 def test_a_damaged_head_folder_is_a_clear_error(tmp_path, damage):
-    from specdraft.models.eagle_head import EagleHeadConfig, read_head
+    from specdraft.drafters.eagle_head import EagleHeadConfig, read_head
 
     folder = tmp_path / "head"
     folder.mkdir()

@@ -1,4 +1,4 @@
-"""Reduced draft vocabularies (drafters/vocab.py) and trained exit adapters (models/exit_adapters.py): the rows
+"""Reduced draft vocabularies (drafters/vocab.py) and trained exit adapters (drafters/exit_adapters.py): the rows
 drafted from, exactness of greedy and sampled decoding with them (with negative controls), the adapters' identity
 at initialisation, loading by name, and their training (train/sorted_train.py) end to end on tiny models."""
 
@@ -18,7 +18,7 @@ from specdraft.drafters.tree import TreeDrafter
 from specdraft.drafters.vocab import DraftVocab
 from specdraft.errors import SpecdraftError
 from specdraft.models.verify_curve import verify_curve
-from specdraft.models.exit_adapters import (
+from specdraft.drafters.exit_adapters import (
     AdapterConfig,
     ExitAdapters,
     draft_fingerprint,

@@ -60,7 +60,7 @@ def test_feature_layer_out_of_range_is_a_user_error(tiny_models):
 
 from specdraft import Engine, SamplingParams, SpecConfig
 from specdraft.drafters import EagleDrafter
-from specdraft.models.eagle_head import head_config_for, new_head
+from specdraft.drafters.eagle_head import head_config_for, new_head
 from specdraft.train.eagle_data import vocab_hash
 
 PROMPTS = ["abc ab", "j. ihg", "a", "dead beef cafe. dead be"]
@@ -232,7 +232,7 @@ def test_init_goes_on_from_a_trained_head_and_refuses_one_that_does_not_fit(tiny
     import shutil
     from dataclasses import replace
 
-    from specdraft.models.eagle_head import read_head
+    from specdraft.drafters.eagle_head import read_head
     from specdraft.train.eagle_train import Trainer
 
     _, folder = tiny_features
@@ -328,7 +328,7 @@ def test_head_cache_rollback_matches_a_fresh_head_pass(tiny_models):
     with torch.inference_mode():
         state = target.new_state(feature_layers=drafter.feature_layers)
         state.forward(sequence[: drafter.committed], 1)
-        from specdraft.models.eagle_head import HeadCache
+        from specdraft.drafters.eagle_head import HeadCache
 
         fresh = HeadCache(head.config)
         head.step(head.fuse(state.features), torch.tensor(sequence[1: drafter.committed + 1]), fresh)
@@ -410,7 +410,7 @@ def test_eagle3_export_round_trip(tiny_models, tmp_path):
 
     from safetensors.torch import load_file
 
-    from specdraft.models.eagle_head import export_eagle3, load_head
+    from specdraft.drafters.eagle_head import export_eagle3, load_head
 
     target = tiny_models["target"]
     head = tiny_head(target, draft_vocab=6)
@@ -435,7 +435,7 @@ def test_eagle3_export_round_trip(tiny_models, tmp_path):
 
 def test_saved_head_loads_by_name_from_the_heads_folder(tiny_models, tmp_path, monkeypatch):
     from specdraft.drafters import build_drafter
-    from specdraft.models.eagle_head import load_head, save_head
+    from specdraft.drafters.eagle_head import load_head, save_head
 
     monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path))
     target = tiny_models["target"]
@@ -448,7 +448,7 @@ def test_saved_head_loads_by_name_from_the_heads_folder(tiny_models, tmp_path, m
 
 def test_missing_head_is_a_user_error(tiny_models, tmp_path, monkeypatch):
     from specdraft.drafters import build_drafter
-    from specdraft.models.eagle_head import load_head
+    from specdraft.drafters.eagle_head import load_head
 
     monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path))
     with pytest.raises(SpecdraftError, match="needs a trained head"):
@@ -461,7 +461,7 @@ def test_missing_head_is_a_user_error(tiny_models, tmp_path, monkeypatch):
 def test_head_for_another_target_is_refused(tiny_models, tmp_path, other):
     from tiny import build_model
 
-    from specdraft.models.eagle_head import load_head, save_head
+    from specdraft.drafters.eagle_head import load_head, save_head
 
     save_head(tiny_head(tiny_models["target"]), tmp_path / "head")
     wrong = load_model(str(build_model(tmp_path / "wrong", seed=9, **other)), "float32")
@@ -504,7 +504,7 @@ def test_eagle_tree_rows_equal_the_chain_rows_along_each_branch(tiny_models):
     draft = tree.propose(ids, 3, GREEDY, None)
     parents = draft.parent_list
     assert draft.k > 3 and len(set(parents)) < draft.k  # a real tree, not a chain
-    from specdraft.models.eagle_head import HeadCache
+    from specdraft.drafters.eagle_head import HeadCache
 
     with torch.inference_mode():
         for node in range(draft.k):
@@ -558,7 +558,7 @@ def test_sampled_eagle_tree_output_follows_the_target_distribution(small_vocab_t
 def test_training_unroll_equals_inference_chain(tiny_models):
     """Training-time test computes, for every anchor at once, the rows the drafter's cache holds when it drafts
     token j: the logits must equal a chain run with the head's own step (same tokens fed)."""
-    from specdraft.models.eagle_head import HeadCache
+    from specdraft.drafters.eagle_head import HeadCache
     from specdraft.train.eagle_train import ttt_logits
 
     target = tiny_models["target"]
@@ -613,7 +613,7 @@ def test_native_bf16_head_drafts_close_to_its_fp32_self_and_stays_lossless(tiny_
     logits stay within bf16 rounding of the fp32 head's, the parameters are untouched, and the engine's greedy
     output still equals plain decoding (chain and tree)."""
     from specdraft.drafters.eagle import EagleTreeDrafter
-    from specdraft.models.eagle_head import HeadCache
+    from specdraft.drafters.eagle_head import HeadCache
     from specdraft.models.native.kernels import load_kernels, unavailable_reason
 
     if unavailable_reason() is not None:

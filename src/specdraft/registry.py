@@ -179,7 +179,7 @@ class SortedOptions:
     half, three quarters and all of the draft's layers); the rule that stops a token at an exit:
     "threshold:T1,T2,.." (stop at exit i when its top-1 probability > Ti; S2D's rule), "probe:T1,T2,.." (the same
     on the trained exit probes), "cost:W" (stop when 1 - top-1 <= W x the cost of the remaining layers as a fraction
-    of a target pass) or "cost-probe:W" (the same on the probe); trained exit adapters (models/exit_adapters.py) by
+    of a target pass) or "cost-probe:W" (the same on the probe); trained exit adapters (drafters/exit_adapters.py) by
     name or folder: "auto" uses the shipped ones trained for the draft model when there are any, "none" the bare
     exits (the final norm and LM head)."""
 

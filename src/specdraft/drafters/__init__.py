@@ -25,7 +25,7 @@ def needs_draft_model(method: str) -> bool:
 def check_drafter_inputs(spec: SpecConfig) -> None:
     """The checks a drafter's inputs allow before any model loads (a missing head or head folder)."""
     if DRAFTERS[spec.method].needs_head:
-        from ..models.eagle_head import resolve_head_path
+        from .eagle_head import resolve_head_path
 
         resolve_head_path(require_head(spec))
 

@@ -18,10 +18,10 @@ import torch
 
 from ..config import SamplingParams
 from ..models.adapter import LoadedModel
-from ..models.eagle_head import EagleHead, HeadCache, load_head
 from ..sampling import processed_probs, sample
 from ..types import Draft
 from .base import Drafter
+from .eagle_head import EagleHead, HeadCache, load_head
 
 # heads loaded by EagleDrafter.load, by (name or path, id of the target)
 _LOADED_HEADS: dict[tuple[str, int], tuple[LoadedModel, EagleHead]] = {}

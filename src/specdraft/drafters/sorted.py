@@ -31,11 +31,11 @@ from ..config import SamplingParams
 from ..registry import parse_exit_rule
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel, SequenceState
-from ..models.exit_adapters import ExitAdapters, find_shipped, load_adapters
 from ..models.native.gguf_weights import stored_bytes
 from ..models.native.llama import NativeCache, NativeLlama
 from ..sampling import processed_probs, sample
 from ..types import Draft
+from .exit_adapters import ExitAdapters, find_shipped, load_adapters
 from .model import check_compatible_vocab
 from .tree import draft_log_scores, grow_dynamic_tree, keep_accepted_path
 from .vocab import DraftVocab, HasDraftVocab, resolve_rows
@@ -203,7 +203,7 @@ class SortedDrafter(HasDraftVocab):
 
     exits: layer counts (ascending), e.g. (8, 16, 24): sub-model i is the first exits[i] layers followed by the
     shared final norm and LM head (or, with trained `adapters`, that exit's own norm and adapter before the shared
-    head: models/exit_adapters.py). `exit_counts[i]` counts the tokens drafted at exit i (also in each Draft's
+    head: drafters/exit_adapters.py). `exit_counts[i]` counts the tokens drafted at exit i (also in each Draft's
     labels, which the loop's statistics tally). draft_vocab > 0: score only those rows of the head
     (drafters/vocab.py)."""
 

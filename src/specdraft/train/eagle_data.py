@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..errors import SpecdraftError
-from ..models.eagle_head import vocab_hash
+from ..drafters.eagle_head import vocab_hash
 
 # the packages pyproject.toml pins (runtime and test extras); their installed text is the training corpus
 PINNED_PACKAGES = ("torch", "transformers", "gguf", "safetensors", "accelerate", "fastapi", "uvicorn",

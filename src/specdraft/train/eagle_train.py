@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from ..errors import SpecdraftError
 from ..models import fetch
-from ..models.eagle_head import (
+from ..drafters.eagle_head import (
     EagleHead,
     EagleHeadConfig,
     head_config_for,
@@ -362,7 +362,7 @@ class Trainer:
 
 def cmd_train(args) -> int:
     from ..models.adapter import load_model, set_threads
-    from ..models.eagle_head import export_eagle3, load_head
+    from ..drafters.eagle_head import export_eagle3, load_head
     from .eagle_data import CollectConfig, collect
 
     if args.train_command == "eagle-export":

@@ -1,4 +1,4 @@
-"""Training the exit adapters of a sorted (S2D) draft (models/exit_adapters.py) on this CPU.
+"""Training the exit adapters of a sorted (S2D) draft (drafters/exit_adapters.py) on this CPU.
 
 Each step takes `windows_per_step` windows of `window` tokens of pinned-package text (the EAGLE corpus:
 train/eagle_data.candidate_docs, chat-formatted through the draft's template; never the benchmark's sources),
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import SpecdraftError
-from ..models.exit_adapters import (
+from ..drafters.exit_adapters import (
     AdapterConfig,
     ExitAdapters,
     adapters_root,
@@ -145,7 +145,7 @@ class SortedTrainer:
 
     def _start_from(self, name_or_path: str) -> None:
         """Fine-tuning: copy trained adapters of the same shape (and the same draft: the fingerprint is checked)."""
-        from ..models.exit_adapters import load_adapters
+        from ..drafters.exit_adapters import load_adapters
 
         start = load_adapters(name_or_path, self.native.final_norm, self.native.lm_head)
         mine, theirs = self.adapters.config, start.config

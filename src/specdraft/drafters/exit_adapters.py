@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecdraftError
-from .native.gguf_weights import take_rows
+from ..models.native.gguf_weights import take_rows
 
 FORMAT = "specdraft-exit-adapters-1"
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "sorted"

@@ -29,7 +29,7 @@ from safetensors import SafetensorError
 from torch import nn
 
 from ..errors import SpecdraftError
-from .native.gguf_weights import take_rows
+from ..models.native.gguf_weights import take_rows
 
 HEAD_FORMAT = "specdraft-eagle-head-1"
 
