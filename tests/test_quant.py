@@ -272,13 +272,14 @@ def test_interleaved_rows_are_bit_identical_alone_and_in_passes_of_k_tokens(name
 
 
 def test_a_long_pass_over_long_rows_runs_in_smaller_tiles_and_stays_bit_identical():
-    """Rows of 10240 weights: a pass of more than 64 tokens goes in tiles of 16 (their int8 activations fit the
-    kernel's L2 budget), the last one short; every token as alone, in both k-quant layouts."""
+    """Rows of 10240 weights: a pass of more than 128 tokens (prefill) goes in tiles of 16 (their int8 activations
+    fit the kernel's L2 budget) that meet every row group in turn, the last tile short; a shorter pass in tiles of
+    64 per row group. Every token as alone, in both k-quant layouts."""
     for name in ("Q4_K", "Q6_K"):
         packed = random_blocks(name, 16, 10240, seed=17).interleave()
-        x = torch.randn(70, 10240)
-        alone = torch.cat([packed.linear(x[t: t + 1].contiguous(), None) for t in range(70)])
-        for k in (16, 17, 64, 65, 70):
+        x = torch.randn(150, 10240)
+        alone = torch.cat([packed.linear(x[t: t + 1].contiguous(), None) for t in range(150)])
+        for k in (65, 128, 129, 150):
             assert torch.equal(packed.linear(x[:k].contiguous(), None), alone[:k]), (name, k)
 
 

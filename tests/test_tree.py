@@ -377,14 +377,19 @@ def test_a_confidence_floor_leaves_unsure_nodes_without_children():
     assert calls == [([0, 1], [-1, -1]), ([0], [1])]
 
 
-@pytest.mark.parametrize("min_confidence", [0.3, 0.9])
-def test_a_draft_tree_with_a_confidence_floor_stays_greedy_exact(tiny_models, min_confidence):
+def test_a_draft_tree_with_a_confidence_floor_stays_greedy_exact_and_drafts_fewer_nodes(tiny_models):
     target = tiny_models["target"]
-    drafter = TreeDrafter(target, target, 6, 4, 2, min_confidence=min_confidence)
-    engine = Engine(target, drafter, SpecConfig("draft-tree", tree_budget=6, draft_confidence=min_confidence))
-    for prompt in PROMPTS:
-        ids = engine.encode(prompt, chat=False)
-        assert engine.generate(ids, GREEDY).token_ids == Engine(target).generate(ids, GREEDY).token_ids, prompt
+    drafted = {}
+    for min_confidence in (0.0, 0.9):
+        drafter = TreeDrafter(target, target, 6, 4, 2, min_confidence=min_confidence)
+        engine = Engine(target, drafter, SpecConfig("draft-tree", tree_budget=6))
+        drafted[min_confidence] = 0
+        for prompt in PROMPTS:
+            ids = engine.encode(prompt, chat=False)
+            got = engine.generate(ids, GREEDY)
+            assert got.token_ids == Engine(target).generate(ids, GREEDY).token_ids, prompt
+            drafted[min_confidence] += got.stats.drafted / got.stats.target_passes
+    assert drafted[0.9] < drafted[0.0]  # unsure nodes got no children
 
 
 def test_statistics_count_tree_passes_by_depth():

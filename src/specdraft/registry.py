@@ -96,11 +96,11 @@ class DraftModelOptions:
     """A draft model's chain or tree (--tree).
 
     draft_confidence: stop drafting once the draft's top-1 probability falls below it (0: never; a tree gives
-    such a node no children); lossless, the length depends only on the draft's own distribution. draft_context: the draft model reads the prompt's last
-    N tokens (0: all of it) and the tokens generated since. Its prefill of the whole prompt cost more than its
-    better guesses gained: on the quick benchmark (Zen 3, GGUF, 2026-12-03, interleaved) 16 tokens ran 12.99
-    tok/s end to end, 32 12.76, 64 12.36; in a second run 64 ran 12.38, 128 11.98, the whole prompt 11.68
-    (acceptance rate 0.76 -> 0.70; docs/benchmarks.md)."""
+    such a node no children); lossless, the length depends only on the draft's own distribution. draft_context:
+    the draft model reads the prompt's last N tokens (0: all of it) and the tokens generated since. Its prefill
+    of the whole prompt cost more than its better guesses gained: on the quick benchmark (Zen 3, GGUF, 2026-12-03,
+    interleaved) 16 tokens ran 12.99 tok/s end to end, 32 12.76, 64 12.36; in a second run 64 ran 12.38, 128
+    11.98, the whole prompt 11.68 (acceptance rate 0.76 -> 0.70; docs/benchmarks.md)."""
 
     draft_confidence: float = setting(0.0, "draft model: stop drafting when the draft's top-1 probability is below "
                                       "this (0: always draft gamma)", server=True)
@@ -124,9 +124,9 @@ class DraftVocabOptions:
     1.07-1.09x our AR in three interleaved runs, docs/s2d.md and docs/eagle.md), all rows on transformers."""
 
     draft_vocab: int | None = setting(
-        None, "methods draft and sorted: score only the N most frequent rows of the draft's LM head, plus the "
-        "prompt's tokens (0: all; auto, the default: 32768 on the native backend, all on transformers; exact "
-        "either way)", parse=parse_draft_vocab, metavar="N|auto", kind="a row count or auto")
+        None, "methods draft and sorted, chains and trees: score only the N most frequent rows of the draft's LM "
+        "head, plus the prompt's tokens (0: all; auto, the default: 32768 on the native backend, all on "
+        "transformers; exact either way)", parse=parse_draft_vocab, metavar="N|auto", kind="a row count or auto")
 
     def __post_init__(self) -> None:
         auto_to_none(self, "draft_vocab")

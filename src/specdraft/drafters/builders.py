@@ -50,10 +50,9 @@ def draft_model(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None
 
 
 def draft_tree(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:
-    tree, options = _tree(spec), spec.drafter_options(DraftModelOptions)
+    tree, options, vocab = _tree(spec), spec.drafter_options(DraftModelOptions), spec.drafter_options(DraftVocabOptions)
     return TreeDrafter(require_draft(draft, spec.name), target, tree["budget"], tree["depth"], tree["branch"],
-                       options.draft_context, options.draft_confidence,
-                       spec.drafter_options(DraftVocabOptions).draft_vocab)
+                       options.draft_context, options.draft_confidence, vocab.draft_vocab)
 
 
 def prompt_lookup_tree(spec: SpecConfig, target: LoadedModel, draft: LoadedModel | None) -> Drafter:

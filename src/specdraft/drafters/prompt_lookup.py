@@ -14,7 +14,9 @@ class PromptLookupDrafter(Drafter):
     name = "prompt-lookup"
     keeps_sequence_state = False  # requests decoded together share it: each context finds its own index
     catches_up = True
-    max_sequences = 64  # indexes kept, the most recently used first
+    # indexes kept, the most recently used first: a served request's lingers until 16 newer ones pushed it out
+    # (1500 tokens: about 4,500 entries); more requests in flight than that index again as they come back
+    max_sequences = 16
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.max_ngram = max_ngram
@@ -30,7 +32,7 @@ class PromptLookupDrafter(Drafter):
     def propose(self, context_ids, k, params, generator) -> Draft:
         return Draft(torch.tensor(self.index_of(context_ids).continuation(k), dtype=torch.long))
 
-    def index_of(self, context_ids: list[int]) -> "NgramIndex":
+    def index_of(self, context_ids: list[int]) -> NgramIndex:
         """context_ids indexed: the index of the sequence it extends (a request's earlier context), or a new one."""
         found = next((i for i, index in enumerate(self.indexes) if index.extended_by(context_ids)), None)
         index = NgramIndex(self.max_ngram, self.min_ngram) if found is None else self.indexes.pop(found)
@@ -55,7 +57,7 @@ class NgramIndex:
 
     def extended_by(self, context_ids: list[int]) -> bool:
         """Whether context_ids starts with the indexed sequence."""
-        have = len(self.ids)
+        have = len(self.ids)  # the last token first: most foreign contexts fail there without a copy
         return len(context_ids) >= have and (not have or context_ids[have - 1] == self.ids[-1]) and (
             context_ids[:have] == self.ids)
 

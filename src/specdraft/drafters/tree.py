@@ -51,12 +51,14 @@ def grow_dynamic_tree(root_scores: torch.Tensor, expand: ExpandFrontier, depth: 
     """Grow a dynamic tree and keep its `budget` best nodes.
 
     root_scores: [V] log-scores of the first draft token. min_confidence: an expanded node gets no children when
-    the draft's most likely next token has a lower probability there (the chain's draft_confidence rule: the
-    first level is always drafted). Returns (token_ids, parents) of the kept nodes in the order of a Draft:
-    parents before children, siblings from the most to the least likely.
+    the most likely next token has a lower probability there, under the distribution the scores rank by (greedy:
+    the temperature-1 softmax, as the chain's draft_confidence reads; sampling: the sampling distribution); the
+    first level is always drafted, as in a chain. Returns (token_ids, parents) of the kept nodes in the order of a
+    Draft: parents before children, siblings from the most to the least likely.
     """
     if budget < 1 or depth < 1 or branch < 1:
         raise SpecdraftError(f"a token tree needs budget, depth and branch >= 1 (got {budget}, {depth}, {branch})")
+    confidence_floor = math.log(min_confidence) if min_confidence > 0 else float("-inf")  # on the log-scores
     candidates: list[_Candidate] = []
     newest = _add_children(candidates, root_scores, parent=-1, base=0.0, depth=1, branch=branch)
     n_expanded = 0
@@ -73,7 +75,7 @@ def grow_dynamic_tree(root_scores: torch.Tensor, expand: ExpandFrontier, depth: 
         for row, index in enumerate(frontier):
             candidates[index].expanded_as = n_expanded
             n_expanded += 1
-            if min_confidence and math.exp(float(scores[row].max())) < min_confidence:
+            if float(scores[row].max()) < confidence_floor:
                 continue  # an unsure node's children are likely rejected
             newest += _add_children(candidates, scores[row], parent=index, base=candidates[index].score,
                                     depth=level, branch=branch)

@@ -698,16 +698,18 @@ inline void dot_super(const uint8_t* block, const TokenSuper* x, __m256* acc) {
   F::template dot<G>(block, x, acc);
 }
 
-// Tokens per tile of a pass longer than kTokenTile (prefill): as many as kTokenTile whose int8 activations fit
-// kTileActivationBytes, a multiple of kGroup (K = 1536: 64 tokens; K = 8960: 20); a shorter pass (a step, a verify
-// pass, a batch of them) is one tile, its weights read once. Every group of a thread's rows meets a tile before the
-// next one, so its activations stay in L2; a pass with more tokens than a tile reads the weights once per tile.
+// A pass over more than kTilesOuterTokens tokens (prefill) goes in tiles of tokens whose int8 activations fit
+// kTileActivationBytes (64 tokens at K = 1536, 20 at 8960; a multiple of kGroup), and a tile meets every group of
+// the thread's rows before the next one: its activations stay in L2 and the weights are read once per tile, which
+// a compute-bound pass affords. A shorter pass (a step, a verify pass, a server's batch of them: bound by reading
+// the weights) lets each row group meet all its tokens, kTokenTile at a time, and reads the weights once.
 // Measured on the 1.5B target (Zen 3, 2 threads, 2026-12-03): prefill of 1500 tokens 51 -> 73 tok/s, of 426
-// tokens 76 -> 81 (192 KiB against rows that each met every tile in turn; 384 and 768 KiB: 67 and 68 at 1500).
+// tokens 76 -> 81 (192 KiB against row groups meeting all tokens; 384 and 768 KiB: 67 and 68 at 1500).
 // Which tokens share a tile changes no token's arithmetic.
+constexpr int64_t kTilesOuterTokens = 2 * kTokenTile;
 constexpr int64_t kTileActivationBytes = 192 * 1024;
-inline int64_t tile_tokens_for(int64_t T, int64_t K) {
-  if (T <= kTokenTile) return kTokenTile;
+static_assert(kTokenTile % kGroup == 0, "tiles hold whole groups of tokens");
+inline int64_t tile_tokens_for(int64_t K) {  // at most kTokenTile: the accumulators a tile keeps
   return std::max<int64_t>(kGroup, std::min<int64_t>(kTokenTile, kTileActivationBytes / K / kGroup * kGroup));
 }
 
@@ -715,38 +717,42 @@ template <typename F>
 void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
                      float* out) {
   const int64_t blocks = K / F::kWeights, group_bytes = blocks * F::kBytes, T = x.T;
-  const int64_t tile_tokens = tile_tokens_for(T, K);
-  // Threads split the groups of rows; a group's arithmetic is the same whoever computes it. A tile of tokens
-  // meets every group of the thread's rows before the next tile: its activations stay in L2.
+  const bool tiles_outer = T > kTilesOuterTokens;
+  const int64_t tile_tokens = tiles_outer ? tile_tokens_for(K) : kTokenTile;
+  const int64_t span = tiles_outer ? tile_tokens : T;  // tokens that meet each row group of the thread in turn
+  // Threads split the groups of rows; a group's arithmetic is the same whoever computes it.
   at::parallel_for(0, N / kRowGroup, 1, [&](int64_t begin, int64_t end) {
     __m256 acc[kTokenTile];
     TokenSuper tokens[kTokenTile];
-    for (int64_t t0 = 0; t0 < T; t0 += tile_tokens) {
-      const int64_t tile = std::min(tile_tokens, T - t0);
+    for (int64_t span_start = 0; span_start < T; span_start += span) {
+      const int64_t span_end = std::min(T, span_start + span);
       for (int64_t group = begin; group < end; ++group) {
         const uint8_t* columns = weight + group * group_bytes;
-        for (int64_t t = 0; t < tile; ++t) acc[t] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < blocks; ++b) {
-          const uint8_t* block = columns + b * F::kBytes;
-          for (int64_t at = 0; at < F::kBytes; at += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes + at, _MM_HINT_T0);
-          for (int64_t t = 0; t < tile; ++t) {
-            const int64_t row = t0 + t;
-            const int64_t at = F::kWeights * b;
-            tokens[t] = {x.row(row) + at, x.sums(row) + at / 16, x.sums32(row) + at / 32, x.d[row * x.blocks + b]};
+        for (int64_t t0 = span_start; t0 < span_end; t0 += tile_tokens) {
+          const int64_t tile = std::min(tile_tokens, span_end - t0);
+          for (int64_t t = 0; t < tile; ++t) acc[t] = _mm256_setzero_ps();
+          for (int64_t b = 0; b < blocks; ++b) {
+            const uint8_t* block = columns + b * F::kBytes;
+            for (int64_t at = 0; at < F::kBytes; at += 64)
+              _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes + at, _MM_HINT_T0);
+            for (int64_t t = 0; t < tile; ++t) {
+              const int64_t row = t0 + t;
+              const int64_t at = F::kWeights * b;
+              tokens[t] = {x.row(row) + at, x.sums(row) + at / 16, x.sums32(row) + at / 32, x.d[row * x.blocks + b]};
+            }
+            int64_t t = 0;
+            for (; t + kGroup <= tile; t += kGroup) dot_super<F, kGroup>(block, tokens + t, acc + t);
+            switch (tile - t) {
+              case 1: dot_super<F, 1>(block, tokens + t, acc + t); break;
+              case 2: dot_super<F, 2>(block, tokens + t, acc + t); break;
+              case 3: dot_super<F, 3>(block, tokens + t, acc + t); break;
+              default: break;
+            }
           }
-          int64_t t = 0;
-          for (; t + kGroup <= tile; t += kGroup) dot_super<F, kGroup>(block, tokens + t, acc + t);
-          switch (tile - t) {
-            case 1: dot_super<F, 1>(block, tokens + t, acc + t); break;
-            case 2: dot_super<F, 2>(block, tokens + t, acc + t); break;
-            case 3: dot_super<F, 3>(block, tokens + t, acc + t); break;
-            default: break;
-          }
+          const __m256 bias8 = bias ? _mm256_loadu_ps(bias + group * kRowGroup) : _mm256_setzero_ps();
+          for (int64_t t = 0; t < tile; ++t)
+            _mm256_storeu_ps(out + (t0 + t) * N + group * kRowGroup, bias ? _mm256_add_ps(acc[t], bias8) : acc[t]);
         }
-        const __m256 bias8 = bias ? _mm256_loadu_ps(bias + group * kRowGroup) : _mm256_setzero_ps();
-        for (int64_t t = 0; t < tile; ++t)
-          _mm256_storeu_ps(out + (t0 + t) * N + group * kRowGroup, bias ? _mm256_add_ps(acc[t], bias8) : acc[t]);
       }
     }
   });
