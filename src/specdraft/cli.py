@@ -9,7 +9,7 @@ import sys
 from .config import AUTO_GAMMA_MAX, DTYPES, MAX_GAMMA, ModelConfig, SamplingParams, SpecConfig
 from .errors import SpecdraftError, require_extra
 from .knobs import add_drafter_knob_args, drafter_knobs, parse_gamma
-from .registry import DRAFTERS, method_names
+from .registry import DRAFTERS, method_names, tree_drafters
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a short docstring."
 
@@ -50,8 +50,8 @@ class DefaultsParser(argparse.ArgumentParser):
 
 
 def _tree_help() -> str:
-    takers = ", ".join(name for name, info in DRAFTERS.items() if info.tree_build is not None)
-    return f"draft token trees (methods {takers}; the same as METHOD-tree): the tree settings size the draft"
+    return (f"draft token trees (methods {', '.join(tree_drafters())}; the same as METHOD-tree): the tree settings "
+            "size the draft")
 
 
 def build_parser() -> argparse.ArgumentParser:

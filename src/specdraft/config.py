@@ -9,7 +9,7 @@ from typing import Any
 from .checks import auto_to_none, check_types, paths_to_str
 from .errors import SpecdraftError
 from .registry import (DRAFTERS, MAX_GAMMA, TREE_SUFFIX, default_of, method_names, option_classes, option_fields,
-                       resolve_method)
+                       resolve_method, tree_drafters)
 
 # lookup_first "auto" for every other method: copies after a repeated pair of tokens. Measured on two prompts per
 # category, greedy, bf16 (docs/bench/2026-11-30-xeon-lookup-first-trees): eagle-tree 1.07x -> 1.39x our AR, draft 1.23x -> 1.31x
@@ -129,8 +129,8 @@ class SpecConfig:
         if self.method not in DRAFTERS:
             raise SpecdraftError(f"unknown method {self.method!r}; choose one of {', '.join(method_names())}")
         if self.tree and DRAFTERS[self.method].tree_build is None:
-            takers = ", ".join(name for name, info in DRAFTERS.items() if info.tree_build is not None)
-            raise SpecdraftError(f"method {self.method!r} drafts chains only; token trees: {takers}")
+            raise SpecdraftError(f"method {self.method!r} drafts chains only; token trees: "
+                                 f"{', '.join(tree_drafters())}")
         if self.method != "ar" and self.gamma is not None and not (1 <= self.gamma <= MAX_GAMMA):
             raise SpecdraftError(f"gamma must be between 1 and {MAX_GAMMA}, got {self.gamma}")
         if self.lookup_first is not None:

@@ -273,9 +273,14 @@ def resolve_method(name: str) -> tuple[str, bool] | None:
     return None
 
 
+def tree_drafters() -> tuple[str, ...]:
+    """The drafters that can draft token trees (tree_build)."""
+    return tuple(name for name, info in DRAFTERS.items() if info.tree_build is not None)
+
+
 def method_names() -> tuple[str, ...]:
     """Every method spelling: the drafters, then the tree spellings of those that draft trees."""
-    return (*DRAFTERS, *(name + TREE_SUFFIX for name, info in DRAFTERS.items() if info.tree_build is not None))
+    return (*DRAFTERS, *(name + TREE_SUFFIX for name in tree_drafters()))
 
 
 def option_classes() -> list[type]:

@@ -11,7 +11,7 @@ from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel
 from ..sampling import processed_probs, sample
 from ..types import Draft
-from .vocab import DraftVocab, HasDraftVocab, resolve_rows
+from .vocab import HasDraftVocab
 
 
 class ModelDrafter(HasDraftVocab):
@@ -31,13 +31,7 @@ class ModelDrafter(HasDraftVocab):
         self.draft = draft
         self.backend = draft.backend  # shown in the statistics
         self.state = draft.new_state()
-        self.vocab: DraftVocab | None = None
-        draft_vocab = resolve_rows(draft_vocab, draft.native)
-        if draft_vocab:
-            if draft.native is None:
-                raise SpecdraftError(f"a reduced draft vocabulary scores rows of the native backend's LM head; "
-                                     f"{draft.name!r} is on transformers ({draft.backend_note}); drop --draft-vocab")
-            self.vocab = DraftVocab.for_model(draft.native.lm_head, draft.tokenizer, draft_vocab)
+        self.score_rows(draft, draft_vocab)
         # weight bytes one draft token reads (gamma auto weighs draft lengths by it, every pass): the whole draft
         # model, less the head rows a reduced vocabulary skips
         skipped = 0
@@ -49,9 +43,7 @@ class ModelDrafter(HasDraftVocab):
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
         self.state = self.draft.new_state()
-        if self.vocab is not None:
-            self.vocab.for_prompt(prompt_ids)
-            self.state.lm_head = self.vocab.weight  # logits are then [n, V_draft]
+        self.rows_for_prompt(self.state, prompt_ids)
         self.context_start = prefill_window(self.state, prompt_ids, self.context_tokens)
 
     def catch_up_tokens(self, prompt_len: int, context_len: int) -> int:

@@ -30,7 +30,7 @@ from ..sampling import processed_probs
 from ..types import Draft
 from .base import Drafter
 from .model import check_compatible_vocab, prefill_window
-from .vocab import DraftVocab, HasDraftVocab, resolve_rows
+from .vocab import DraftVocab, HasDraftVocab
 
 # (tokens [n], parents [n]) -> next-token log-scores [n, V]. parents index the nodes expanded by earlier calls
 # of the same tree (in call order, 0-based), -1 for a child of the position the root scores came from.
@@ -150,17 +150,11 @@ class TreeDrafter(HasDraftVocab):
         self.context_tokens = context_tokens
         self.context_start = 0  # the draft's cache position 0 is this context index
         self.min_confidence = min_confidence
-        draft_vocab = resolve_rows(draft_vocab, draft.native)
-        if draft_vocab and draft.native is None:
-            raise SpecdraftError(f"a reduced draft vocabulary scores rows of the native backend's LM head; "
-                                 f"{draft.name!r} is on transformers ({draft.backend_note}); drop --draft-vocab")
-        self.vocab = DraftVocab.for_model(draft.native.lm_head, draft.tokenizer, draft_vocab) if draft_vocab else None
+        self.score_rows(draft, draft_vocab)
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
         self.state = self.draft.new_state()
-        if self.vocab is not None:
-            self.vocab.for_prompt(prompt_ids)
-            self.state.lm_head = self.vocab.weight  # logits are then [n, V_draft]
+        self.rows_for_prompt(self.state, prompt_ids)
         self.context_start = prefill_window(self.state, prompt_ids, self.context_tokens)
 
     def propose(self, context_ids, k, params: SamplingParams, generator) -> Draft:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import SpecdraftError
 from .base import Drafter
 
 AUTO_ROWS = 32768  # draft_vocab None (auto): this many rows where the native head has more
@@ -99,3 +100,19 @@ class HasDraftVocab(Drafter):
     def vocab_rows(self) -> int:
         """Rows of the head scored per step before the prompt's tokens (0: all); shown in the statistics."""
         return self.vocab.size if self.vocab is not None else 0
+
+    def score_rows(self, draft, rows: int | None) -> None:
+        """Score `rows` of the draft model's head (0: all, None: auto, resolve_rows): sets self.vocab, or refuses a
+        draft on the transformers backend, which has no native head to take rows of."""
+        rows = resolve_rows(rows, draft.native)
+        if rows and draft.native is None:
+            raise SpecdraftError(f"a reduced draft vocabulary scores rows of the native backend's LM head; "
+                                 f"{draft.name!r} is on transformers ({draft.backend_note}); drop --draft-vocab")
+        self.vocab = DraftVocab.for_model(draft.native.lm_head, draft.tokenizer, rows) if rows else None
+
+    def rows_for_prompt(self, state, prompt_ids: list[int]) -> None:
+        """A new request: the rows of its prompt join, and the draft model's state scores them (its logits are then
+        [n, V_draft]). Nothing with all rows."""
+        if self.vocab is not None:
+            self.vocab.for_prompt(prompt_ids)
+            state.lm_head = self.vocab.weight
