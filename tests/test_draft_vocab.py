@@ -129,6 +129,18 @@ def test_a_draft_tree_with_a_small_vocabulary_drafts_from_it_and_stays_exact(mod
     assert (built.inner.vocab_rows, built.inner.min_confidence) == (SMALL_VOCAB, 0.4)  # (behind lookup first)
 
 
+def test_a_draft_step_is_priced_by_the_head_rows_it_scores_for_a_chain_and_a_tree(models):
+    """draft_bytes: the draft model's weight bytes, less the head rows a reduced vocabulary skips; the chain and
+    the tree of the same draft model and rows read the same bytes per draft step."""
+    target, draft, _ = models
+    full, small = ModelDrafter(draft, target, draft_vocab=0), ModelDrafter(draft, target, draft_vocab=SMALL_VOCAB)
+    head = draft.native.lm_head
+    assert full.draft_bytes == draft.weight_bytes > 0
+    assert small.draft_bytes == draft.weight_bytes - (head.shape[0] - SMALL_VOCAB) * head[0].nbytes
+    assert TreeDrafter(draft, target, 6, 3, 2, draft_vocab=0).draft_bytes == full.draft_bytes
+    assert TreeDrafter(draft, target, 6, 3, 2, draft_vocab=SMALL_VOCAB).draft_bytes == small.draft_bytes
+
+
 class MisplacedDrafter(ModelDrafter):
     """Deliberately wrong: puts each row's probability in the column of the next row's id (an off-by-one map from
     draft rows to target ids)."""

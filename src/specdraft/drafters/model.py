@@ -31,14 +31,7 @@ class ModelDrafter(HasDraftVocab):
         self.draft = draft
         self.backend = draft.backend  # shown in the statistics
         self.state = draft.new_state()
-        self.score_rows(draft, draft_vocab)
-        # weight bytes one draft token reads (gamma auto weighs draft lengths by it, every pass): the whole draft
-        # model, less the head rows a reduced vocabulary skips
-        skipped = 0
-        if self.vocab is not None:  # a reduced vocabulary is native only
-            head = self.draft.native.lm_head  # [V, D], in its stored format
-            skipped = (head.shape[0] - self.vocab.size) * head[0].nbytes
-        self.draft_bytes = self.draft.weight_bytes - skipped
+        self.score_rows(draft, draft_vocab)  # sets draft_bytes, read by gamma auto every pass
 
 
     def begin(self, prompt_ids: list[int], features=None) -> None:

@@ -102,13 +102,21 @@ class HasDraftVocab(Drafter):
         return self.vocab.size if self.vocab is not None else 0
 
     def score_rows(self, draft, rows: int | None) -> None:
-        """Score `rows` of the draft model's head (0: all, None: auto, resolve_rows): sets self.vocab, or refuses a
-        draft on the transformers backend, which has no native head to take rows of."""
+        """Score `rows` of the draft model's head (0: all, None: auto, resolve_rows): sets self.vocab and
+        self.draft_bytes, or refuses a draft on the transformers backend, which has no native head to take rows
+        of."""
         rows = resolve_rows(rows, draft.native)
         if rows and draft.native is None:
             raise SpecdraftError(f"a reduced draft vocabulary scores rows of the native backend's LM head; "
                                  f"{draft.name!r} is on transformers ({draft.backend_note}); drop --draft-vocab")
         self.vocab = DraftVocab.for_model(draft.native.lm_head, draft.tokenizer, rows) if rows else None
+        # weight bytes one draft step reads (gamma auto weighs draft lengths by it): the whole draft model, less
+        # the head rows a reduced vocabulary skips
+        skipped = 0
+        if self.vocab is not None:
+            head = draft.native.lm_head  # [V, D], in its stored format
+            skipped = (head.shape[0] - self.vocab.size) * head[0].nbytes
+        self.draft_bytes = draft.weight_bytes - skipped
 
     def rows_for_prompt(self, state, prompt_ids: list[int]) -> None:
         """A new request: the rows of its prompt join, and the draft model's state scores them (its logits are then
