@@ -271,6 +271,22 @@ def test_interleaved_rows_are_bit_identical_alone_and_in_passes_of_k_tokens(name
         assert torch.equal(packed.linear(x[:k].contiguous(), bias), alone[:k]), k
 
 
+@pytest.mark.parametrize("name", ["Q8_0", "Q5_0"])
+def test_blocks_taken_four_at_a_time_sum_as_one_by_one(name):
+    """Passes of several tokens over rows of a multiple of 128 weights go 4 blocks per step of the pass loop,
+    other rows (and one-token passes) block by block: the same rows with one block of zeros more (800 weights)
+    give the same bits."""
+    weight = random_blocks(name, 16, 768, seed=5)
+    nbytes = TYPES[name][2]
+    padded = torch.cat([weight.blocks, torch.zeros(16, nbytes, dtype=torch.uint8)], dim=1)  # a zero block: d = 0
+    longer = QuantWeight(padded.contiguous(), weight.qtype, 800)
+    x = torch.randn(9, 768)
+    x_longer = torch.cat([x, torch.zeros(9, 32)], dim=1)  # its activations quantize to zeros with scale 0
+    for k in (1, 4, 5, 9):
+        assert torch.equal(weight.interleave().linear(x[:k].contiguous(), None),
+                           longer.interleave().linear(x_longer[:k].contiguous(), None)), k
+
+
 def test_a_long_pass_over_long_rows_runs_in_smaller_tiles_and_stays_bit_identical():
     """Rows of 10240 weights: a pass of more than 128 tokens (prefill) goes in tiles of 16 (their int8 activations
     fit the kernel's L2 budget) that meet every row group in turn, the last tile short; a shorter pass in tiles of
