@@ -102,8 +102,7 @@ class LayeredState(SequenceState):
         start = self.layer_length[depth - 1]  # the shallowest fill among these layers (depths never increase)
         if start >= length:
             return
-        self.cache.keys[:depth, :, start:length] = source.keys[:depth, :, start:length]
-        self.cache.values[:depth, :, start:length] = source.values[:depth, :, start:length]
+        self.cache.copy_from(source, depth, start, length)
         self.layer_length[:depth] = [max(filled, length) for filled in self.layer_length[:depth]]
         self.cache.length = self.layer_length[0]
         self.adopted_length, self.adopted_depth = max(self.adopted_length, length), min(self.adopted_depth, depth)

@@ -424,6 +424,13 @@ class NativeCache:
         """Roll back to the first `length` positions: only the length changes."""
         self.length = min(self.length, length)
 
+    def copy_from(self, other: "NativeCache", layers: int, start: int, stop: int) -> None:
+        """Take the K/V of slots start .. stop - 1 of the first `layers` layers from another cache of the same
+        head shape (a draft whose first layers are the target's adopts what the target cached); the length is
+        unchanged."""
+        for mine, theirs in ((self.keys, other.keys), (self.values, other.values)):
+            mine[:layers, :, start:stop] = theirs[:layers, :, start:stop]
+
     def move(self, source: torch.Tensor, destination: torch.Tensor) -> None:
         """Copy the K/V of slots `source` [n] int64 to slots `destination` [n] (a tree's accepted path moving to
         consecutive slots); the length is unchanged."""
