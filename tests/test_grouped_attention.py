@@ -24,7 +24,7 @@ def two_loads(tmp_path_factory):
 
 def _decode(loaded, prompts: list[list[int]], steps: torch.Tensor, padded: bool) -> torch.Tensor:
     """Prefill (left-padded when `padded`), then one token per row per step -> logits [1 + steps, rows, V]."""
-    from specdraft.answers.sampler import BatchDecoder
+    from specdraft.models.batched import BatchDecoder
 
     width = max(map(len, prompts))
     ids = torch.tensor([[1] * (width - len(p)) + p for p in prompts])  # [rows, width]

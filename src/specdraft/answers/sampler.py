@@ -10,7 +10,6 @@ reference; this is the fast path for answer-scale experiments (tests/test_answer
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -19,7 +18,7 @@ import torch
 
 from ..config import SamplingParams
 from ..models.adapter import LoadedModel
-from ..models.fastpath import WeightMajorLinear
+from ..models.batched import BatchDecoder
 from ..sampling import processed_probs, sample
 
 # decoded text of one answer so far -> True when the answer is complete (e.g. a newline for one-line answers)
@@ -51,27 +50,6 @@ class AnswerSet:
 def one_line(text: str) -> bool:
     """Stop rule for one-line answers: a newline after some text."""
     return "\n" in text.lstrip()
-
-
-class BatchDecoder:
-    """One model's forward over a batch of rows with a KV cache: rows that share a prefix, or left-padded
-    prompts (`attention_mask` and `position_ids` as transformers takes them)."""
-
-    def __init__(self, loaded: LoadedModel):
-        from transformers import DynamicCache
-
-        self.loaded = loaded
-        self.cache = DynamicCache(config=loaded.model.config)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids [rows, n] -> float32 logits [rows, V] of the last position; the cache grows by n."""
-        rows, n = input_ids.shape
-        few_rows = self.loaded.weight_major and 1 < rows * n <= WeightMajorLinear.MAX_ROWS
-        with WeightMajorLinear() if few_rows else contextlib.nullcontext():
-            out = self.loaded.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                    cache=self.cache, use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1].float()
 
 
 def _finish(tokenizer, ids: list[int], eos: set[int], stop_rule: StopRule | None, limit: int) -> str | None:

@@ -39,9 +39,11 @@ from pathlib import Path
 
 import torch
 
-from ..config import resolve_dtype
+from ..config import SamplingParams, resolve_dtype
 from ..errors import SpecdraftError
 from ..jsonl import read_jsonl, rewrite_jsonl
+from ..models.batched import BatchDecoder
+from ..sampling import processed_probs, sample
 from .eagle_data import TextDoc, candidate_docs
 from .prose import PROSE_KINDS, followup_accepts, names_withdrawn, prose_prompts
 
@@ -237,9 +239,6 @@ def sample_stream(loaded, pull, temperature: float, max_new_tokens: int, rows: i
     """
     from transformers import DynamicCache
 
-    from ..answers.sampler import BatchDecoder
-    from ..config import SamplingParams
-    from ..sampling import processed_probs, sample
 
     eos = loaded.eos_token_ids
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
