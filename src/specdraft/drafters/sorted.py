@@ -245,7 +245,8 @@ class SortedDrafter(HasDraftVocab):
         """Bytes a draft token reads, as this request has drafted so far: the mean over its tokens' exits, with
         EXIT_COST_PRIOR tokens at the deepest exit standing in before any (gamma auto reads it every pass; it
         had priced every token at the deepest exit, which on the draft's own parent as target is a whole target
-        pass)."""
+        pass). A property, so this drafter never calls HasDraftVocab.score_rows (which sets draft_bytes): it
+        builds its vocabulary itself."""
         tokens = sum(self.request_exits)
         spent = sum(n * b for n, b in zip(self.request_exits, self.exit_bytes))
         return (spent + EXIT_COST_PRIOR * self.exit_bytes[-1]) / (tokens + EXIT_COST_PRIOR)

@@ -239,7 +239,6 @@ def sample_stream(loaded, pull, temperature: float, max_new_tokens: int, rows: i
     """
     from transformers import DynamicCache
 
-
     eos = loaded.eos_token_ids
     params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
     pad = next(iter(eos))

@@ -6,9 +6,10 @@
 // vectors) and then used for every token of the pass: integer dot products (`vpmaddubsw` + `vpmaddwd`, or
 // AVX512-VNNI `vpdpbusd`/`vpdpwssd` where the build has them) give per-lane int32 sums, exact, so their order
 // does not matter; the float part, per (weight row, token): lane-wise multiply-adds into 8 float lanes, block after
-// block in order, and one fixed-order lane sum at the end. Every output element sees the same instruction
-// sequence whatever the number of tokens in the call (batch invariance: a verify pass of k tokens gives the
-// logits of k single steps, bit for bit), and the VNNI and plain-AVX2 builds give the same bits (the integer
+// block in order, and one fixed-order lane sum at the end. Every output element gets the same integer sums and
+// the same float operations in the same order whatever the number of tokens in the call (batch invariance: a
+// verify pass of k tokens gives the logits of k single steps, bit for bit), and the VNNI and plain-AVX2 builds
+// give the same bits (the integer
 // sums are the same numbers; the float part is the same 256-bit code in both).
 //
 // Block layouts (ggml's, little-endian; "d" fields are IEEE half floats):
@@ -46,15 +47,22 @@ inline float half_to_float(const uint8_t* p) {
 // acc + v, lane by lane, written into acc's register. GCC compiles `acc = _mm256_add_epi16(acc, v)` in a loop into an
 // add to a temporary and a copy back, so a loop of 8 accumulators keeps 16 registers busy, spills one accumulator
 // and waits every iteration for a store-to-load round trip. Measured on the Q4_K inner loop (Zen 3, 2026-12-03):
-// 1.36 -> 1.06 cycles per vpmaddubsw. The sums are the same integer additions.
+// 1.36 -> 1.06 cycles per vpmaddubsw. The sums are the same integer additions. AVX-512 builds (BW and VL always
+// on) may use all 32 vector registers ("v"; an EVEX vpaddw for the upper 16); the text has both asm dialects.
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#define SPECDRAFT_VREG "v"
+#else
+#define SPECDRAFT_VREG "x"
+#endif
 inline __m256i add_i16_into(__m256i acc, __m256i v) {
-  asm("vpaddw %1, %0, %0" : "+x"(acc) : "x"(v));
+  asm("vpaddw {%1, %0, %0|%0, %0, %1}" : "+" SPECDRAFT_VREG(acc) : SPECDRAFT_VREG(v));
   return acc;
 }
 inline __m256i add_i32_into(__m256i acc, __m256i v) {
-  asm("vpaddd %1, %0, %0" : "+x"(acc) : "x"(v));
+  asm("vpaddd {%1, %0, %0|%0, %0, %1}" : "+" SPECDRAFT_VREG(acc) : SPECDRAFT_VREG(v));
   return acc;
 }
+#undef SPECDRAFT_VREG
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 constexpr bool kVnni = true;
@@ -444,7 +452,7 @@ struct TokenSuper {
 //   [96, 160) byte 16p + 2r + e: min of sub-block 2p + e of row r,
 //   [160, 1184) byte 256j + 32k + 4r + i: qs[32j + 4k + i] of row r (its nibble s: weight 64j + 32s + 4k + i).
 struct Q4Kx8 {
-  static constexpr int64_t kWeights = 256, kBytes = 1184;
+  static constexpr int64_t kWeights = 256, kBytes = 1184, kActBlock = 256;
 
   static void scales_mins(const uint8_t* block, int scale[8], int min[8]) {
     const uint8_t* p = block + 4;
@@ -530,7 +538,7 @@ struct Q4Kx8 {
 //   [144, 1680) for half h and m = 0..7, 96 bytes at 144 + 96 (8h + m): three vectors whose byte 4r + i is, for
 //   row r, ql[64h + 4m + i], ql[64h + 32 + 4m + i] and qh[32h + 4m + i] (the weights 128h + 32k + 4m + i, k = 0..3).
 struct Q6Kx8 {
-  static constexpr int64_t kWeights = 256, kBytes = 1680;
+  static constexpr int64_t kWeights = 256, kBytes = 1680, kActBlock = 256;
 
   static void pack(const uint8_t* const rows[8], uint8_t* out) {
     for (int r = 0; r < 8; ++r) {
@@ -614,7 +622,7 @@ struct Q6Kx8 {
 // q[4k + i] of row r. Signed weights: |q| as unsigned bytes against x carrying q's sign; a vpmaddubsw lane (2
 // products, at most 2 * 128 * 127 = 32512) goes to int32 at once.
 struct Q80x8 {
-  static constexpr int64_t kWeights = 32, kBytes = 272;
+  static constexpr int64_t kWeights = 32, kBytes = 272, kActBlock = 32;
 
   static void pack(const uint8_t* const rows[8], uint8_t* out) {
     for (int r = 0; r < 8; ++r) {
@@ -654,7 +662,7 @@ struct Q80x8 {
 // nibble: weight 16 + 4k + i). Unsigned q in 0..31 against x, then - 16 * (sum of x): int16 lanes add 4
 // vpmaddubsw lanes of 2 products, at most 4 * 2 * 31 * 127 = 31496.
 struct Q50x8 {
-  static constexpr int64_t kWeights = 32, kBytes = 176;
+  static constexpr int64_t kWeights = 32, kBytes = 176, kActBlock = 32;
 
   static void pack(const uint8_t* const rows[8], uint8_t* out) {
     for (int r = 0; r < 8; ++r) {
@@ -722,7 +730,7 @@ inline void dot_super(const uint8_t* block, const TokenSuper* x, __m256* acc) {
 // token's accumulators in the same order as one by one, so the sums are the same either way.
 template <typename F, int kBlocks>
 struct Consecutive {
-  static constexpr int64_t kWeights = kBlocks * F::kWeights, kBytes = kBlocks * F::kBytes;
+  static constexpr int64_t kWeights = kBlocks * F::kWeights, kBytes = kBlocks * F::kBytes, kActBlock = F::kActBlock;
 
   template <int G>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
@@ -776,7 +784,7 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
             for (int64_t t = 0; t < tile; ++t) {
               const int64_t row = t0 + t;
               const int64_t at = F::kWeights * b;
-              const float* scales = x.d.data() + row * x.blocks + at / (K / x.blocks);
+              const float* scales = x.d.data() + row * x.blocks + at / F::kActBlock;
               tokens[t] = {x.row(row) + at, x.sums(row) + at / 16, x.sums32(row) + at / 32, scales[0], scales};
             }
             int64_t t = 0;
