@@ -9,8 +9,7 @@
 // block in order, and one fixed-order lane sum at the end. Every output element gets the same integer sums and
 // the same float operations in the same order whatever the number of tokens in the call (batch invariance: a
 // verify pass of k tokens gives the logits of k single steps, bit for bit), and the VNNI and plain-AVX2 builds
-// give the same bits (the integer
-// sums are the same numbers; the float part is the same 256-bit code in both).
+// give the same bits (the integer sums are the same numbers; the float part is the same 256-bit code in both).
 //
 // Block layouts (ggml's, little-endian; "d" fields are IEEE half floats):
 //   Q4_K, 256 weights in 144 bytes: d, dmin, scales[12] (8 six-bit scales and 8 six-bit mins), qs[128];
