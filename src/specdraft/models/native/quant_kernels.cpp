@@ -436,13 +436,12 @@ inline __m256i row_pairs_s8(const uint8_t* p) {
   return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
 }
 
-// One token's view of a super-block column: int8 values, sums of 16 and of 32, scale; and its scales from this
-// block on (a unit of several 32-weight blocks needs one per block).
+// One token's view of a super-block column: int8 values, sums of 16 and of 32, and its activation scales from
+// this block on (scales[0] is the block's; a unit of several 32-weight blocks reads one per block).
 struct TokenSuper {
   const int8_t* q;
   const int16_t* sums16;
   const int16_t* sums32;
-  float d;
   const float* scales;
 };
 
@@ -525,7 +524,7 @@ struct Q4Kx8 {
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
     const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
     for (int g = 0; g < G; ++g) {
-      const __m256 dx = _mm256_set1_ps(x[g].d);
+      const __m256 dx = _mm256_set1_ps(x[g].scales[0]);
       acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[g]), _mm256_mul_ps(d, dx), acc[g]);
       acc[g] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[g]), _mm256_mul_ps(dmin, dx), acc[g]);
     }
@@ -612,7 +611,7 @@ struct Q6Kx8 {
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
     for (int g = 0; g < G; ++g) {
       const __m256i total = _mm256_sub_epi32(dots[g], _mm256_slli_epi32(offsets[g], 5));
-      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x[g].d)), acc[g]);
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
     }
   }
 };
@@ -652,7 +651,7 @@ struct Q80x8 {
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
     for (int g = 0; g < G; ++g)
-      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[g]), _mm256_mul_ps(d, _mm256_set1_ps(x[g].d)), acc[g]);
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[g]), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
   }
 };
 
@@ -710,7 +709,7 @@ struct Q50x8 {
     for (int g = 0; g < G; ++g) {
       const __m256i sums = _mm256_add_epi32(_mm256_madd_epi16(first[g], ones), _mm256_madd_epi16(second[g], ones));
       const __m256i total = _mm256_sub_epi32(sums, _mm256_set1_epi32(16 * x[g].sums32[0]));
-      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x[g].d)), acc[g]);
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
     }
   }
 };
@@ -737,7 +736,7 @@ struct Consecutive {
       TokenSuper part[G];
       for (int g = 0; g < G; ++g)
         part[g] = {x[g].q + i * F::kWeights, x[g].sums16 + i * F::kWeights / 16, x[g].sums32 + i * F::kWeights / 32,
-                   x[g].scales[i], x[g].scales + i};
+                   x[g].scales + i};
       F::template dot<G>(block + i * F::kBytes, part, acc);
     }
   }
@@ -784,7 +783,7 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
               const int64_t row = t0 + t;
               const int64_t at = F::kWeights * b;
               const float* scales = x.d.data() + row * x.blocks + at / F::kActBlock;
-              tokens[t] = {x.row(row) + at, x.sums(row) + at / 16, x.sums32(row) + at / 32, scales[0], scales};
+              tokens[t] = {x.row(row) + at, x.sums(row) + at / 16, x.sums32(row) + at / 32, scales};
             }
             int64_t t = 0;
             for (; t + kGroup <= tile; t += kGroup) dot_super<F, kGroup>(block, tokens + t, acc + t);
