@@ -38,7 +38,7 @@ from ..types import Draft
 from .exit_adapters import ExitAdapters, find_shipped, load_adapters
 from .model import check_compatible_vocab
 from .tree import draft_log_scores, grow_dynamic_tree, keep_accepted_path
-from .vocab import DraftVocab, HasDraftVocab, resolve_rows
+from .vocab import HasDraftVocab, resolve_rows
 
 
 class LayeredState(SequenceState):
@@ -227,10 +227,10 @@ class SortedDrafter(HasDraftVocab):
         self.adapter_rows = [None if adapters is None else adapters.exit_index(e) for e in self.exits]
         self.exit_norms = [native.final_norm if row is None else adapters.norm[row].detach().float().contiguous()
                            for row in self.adapter_rows]
-        self.vocab = DraftVocab.for_model(native.lm_head, draft.tokenizer, draft_vocab) if draft_vocab else None
+        self.choose_rows(draft, draft_vocab or 0)  # resolved by from_config; 0 (or None): all rows
         # bytes a token leaving at exit i reads: the layers up to it, and the head rows once per exit that ran
         # the head (a probe rule decides before the head, so only the exit it stops at runs it)
-        head_bytes = (self.vocab.size if self.vocab is not None else native.lm_head.shape[0]) * native.lm_head[0].nbytes
+        head_bytes = self.scored_head_bytes(native)
         self.exit_bytes = tuple(sum(layer_bytes(native, layer) for layer in range(depth))
                                 + head_bytes * (1 if rule.signal == "probe" else i + 1)
                                 for i, depth in enumerate(self.exits))
@@ -245,8 +245,7 @@ class SortedDrafter(HasDraftVocab):
         """Bytes a draft token reads, as this request has drafted so far: the mean over its tokens' exits, with
         EXIT_COST_PRIOR tokens at the deepest exit standing in before any (gamma auto reads it every pass; it
         had priced every token at the deepest exit, which on the draft's own parent as target is a whole target
-        pass). A property, so this drafter never calls HasDraftVocab.score_rows (which sets draft_bytes): it
-        builds its vocabulary itself."""
+        pass). A property: this drafter calls HasDraftVocab.choose_rows, not score_rows (which sets draft_bytes)."""
         tokens = sum(self.request_exits)
         spent = sum(n * b for n, b in zip(self.request_exits, self.exit_bytes))
         return (spent + EXIT_COST_PRIOR * self.exit_bytes[-1]) / (tokens + EXIT_COST_PRIOR)

@@ -101,21 +101,28 @@ class HasDraftVocab(Drafter):
         """Rows of the head scored per step before the prompt's tokens (0: all); shown in the statistics."""
         return self.vocab.size if self.vocab is not None else 0
 
-    def score_rows(self, draft, rows: int | None) -> None:
-        """Score `rows` of the draft model's head (0: all, None: auto, resolve_rows): sets self.vocab and
-        self.draft_bytes, or refuses a draft on the transformers backend, which has no native head to take rows
-        of."""
+    def choose_rows(self, draft, rows: int | None) -> None:
+        """Score `rows` of the draft model's head (0: all, None: auto, resolve_rows): sets self.vocab, or refuses a
+        draft on the transformers backend, which has no native head to take rows of."""
         rows = resolve_rows(rows, draft.native)
         if rows and draft.native is None:
             raise SpecdraftError(f"a reduced draft vocabulary scores rows of the native backend's LM head; "
                                  f"{draft.name!r} is on transformers ({draft.backend_note}); drop --draft-vocab")
         self.vocab = DraftVocab.for_model(draft.native.lm_head, draft.tokenizer, rows) if rows else None
-        # weight bytes one draft step reads (gamma auto weighs draft lengths by it): the whole draft model, less
-        # the head rows a reduced vocabulary skips
+
+    def scored_head_bytes(self, native) -> int:
+        """Bytes of the head rows one step scores (native: the draft's NativeLlama): the reduced rows, or all."""
+        head = native.lm_head  # [V, D], in its stored format
+        return (self.vocab.size if self.vocab is not None else head.shape[0]) * head[0].nbytes
+
+    def score_rows(self, draft, rows: int | None) -> None:
+        """choose_rows, and self.draft_bytes: the weight bytes one draft step reads (gamma auto weighs draft
+        lengths by it), the whole draft model less the head rows a reduced vocabulary skips."""
+        self.choose_rows(draft, rows)
         skipped = 0
         if self.vocab is not None:
-            head = draft.native.lm_head  # [V, D], in its stored format
-            skipped = (head.shape[0] - self.vocab.size) * head[0].nbytes
+            head = draft.native.lm_head  # [V, D]
+            skipped = head.shape[0] * head[0].nbytes - self.scored_head_bytes(draft.native)
         self.draft_bytes = draft.weight_bytes - skipped
 
     def rows_for_prompt(self, state, prompt_ids: list[int]) -> None:
