@@ -10,6 +10,11 @@ token; the last chunk carries the usage and the server's acceptance statistics. 
 max(--requests, concurrency) requests with at most `concurrency` in flight. Under greedy decoding the script
 also checks that every method gave the same text for the same prompt (speculative decoding is lossless), and
 says how many of llama.cpp's texts equal ours (its kernels round differently; equality is not expected).
+
+With --unique-prompts every request's message begins with its own number ("Request 17. Write ..."), so requests
+share only the chat template's opening (27 tokens of Qwen2.5's 46-48) and a prefix cache can skip only that, as
+it would for distinct users; then llama.cpp may reuse its slot's cached prefix too (`cache_prompt`), and the
+same-text check is left to the tests (no two requests send the same prompt).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import itertools
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -39,6 +45,9 @@ PROMPTS = [
 ]
 
 
+REQUEST_NUMBERS = itertools.count(1)  # --unique-prompts: each request's own number, over the whole run
+
+
 @dataclass
 class Sample:
     prompt: int
@@ -49,6 +58,7 @@ class Sample:
     text: str
     stats: dict = field(default_factory=dict)
     error: str = ""
+    cached_prompt_tokens: int = 0  # the server's usage.prompt_tokens_details.cached_tokens
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -67,11 +77,16 @@ PEER = "llama.cpp"  # the method label of llama.cpp's server
 
 async def one_request(client: httpx.AsyncClient, model: str, prompt_index: int, method: str, max_tokens: int,
                       args) -> Sample:
-    body = {"model": model, "messages": [{"role": "user", "content": PROMPTS[prompt_index % len(PROMPTS)]}],
+    content = PROMPTS[prompt_index % len(PROMPTS)]
+    if args.unique_prompts:
+        content = f"Request {next(REQUEST_NUMBERS)}. {content}"
+    body = {"model": model, "messages": [{"role": "user", "content": content}],
             "max_tokens": max_tokens, "temperature": args.temperature, "seed": prompt_index, "stream": True,
             "stream_options": {"include_usage": True}}
     if method == PEER:
-        body["cache_prompt"] = False  # as ours: no slot reuses a cached prompt (the levels repeat prompts)
+        # repeated prompts: no slot reuses a cached prompt (a prefix cache would skip whole prompts); unique ones:
+        # its slots reuse what their last prompt shares with the next, as our prefix cache does
+        body["cache_prompt"] = bool(args.unique_prompts)
     else:
         body["speculative"] = {"method": method} | ({"gamma": args.gamma} if method != "ar" and args.gamma else {})
     content_chunks = 0
@@ -104,8 +119,9 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt_index: int, 
             if chunk.get("timings"):  # llama-server's own counts
                 usage.setdefault("completion_tokens", chunk["timings"].get("predicted_n", 0))
     # llama-server streams one token per chunk; without usage, its chunks count its tokens
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     return Sample(prompt_index, 200, time.perf_counter() - started, ttft,
-                  usage.get("completion_tokens", content_chunks), "".join(parts), stats)
+                  usage.get("completion_tokens", content_chunks), "".join(parts), stats, cached_prompt_tokens=cached)
 
 
 async def run_level(url: str, model: str, method: str, concurrency: int, n_requests: int, max_tokens: int,
@@ -140,6 +156,7 @@ async def run_level(url: str, model: str, method: str, concurrency: int, n_reque
         "latency_p99_s": percentile(latencies, 0.99), "ttft_p50_s": percentile(ttfts, 0.5),
         "ttft_p90_s": percentile(ttfts, 0.9), "ttft_p99_s": percentile(ttfts, 0.99), "tau": tokens / passes if passes else 0.0,
         "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "cached_prompt_tokens": sum(s.cached_prompt_tokens for s in ok),
         "samples": [asdict(s) for s in samples],
     }
 
@@ -237,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=4, help="requests per level (at least the concurrency)")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--unique-prompts", action="store_true",
+                        help="each request's message begins with its own number: only the chat template's opening "
+                             "is shared (see above)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one request may take")
     parser.add_argument("--out", default=None, help="write every level and sample as JSON here")
     parser.add_argument("--peer-slots", type=int, default=0, help="also load llama.cpp's llama-server (`make "
@@ -278,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # ours are measured: report them, and why the peer's are missing
             print(f"llama.cpp's levels are left out: {exc}", file=sys.stderr)
     print(markdown(levels))
-    if args.temperature == 0:
+    if args.temperature == 0 and not args.unique_prompts:
         print("\n" + lossless_check(levels))
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -214,6 +214,26 @@ def test_seeded_chat_equals_engine(idle_server, models):
     assert response.model_extra["speculative_stats"]["method"] == DEFAULT_SPEC.method
 
 
+def test_a_conversation_s_next_turn_takes_the_cached_prompt_and_gives_the_same_text(model_dirs):
+    """bf16 weights (their K/V are the same bits whoever computed them): the second turn resends the first turn
+    and its answer; the prefix cache gives their K/V and the answer is the engine's own (which prefills whole)."""
+    bf16 = {name: load_model(str(path), dtype="bfloat16") for name, path in model_dirs.items()}
+    first = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "a bad cab"}]
+    with LiveServer(bf16, max_queue=4) as live:
+        answers, cached = [], []
+        messages = list(first)
+        for turn in ("dab a cab", "bad"):
+            response = live.client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12,
+                                                           temperature=0.8, seed=5)
+            expected = direct(bf16, encode_chat(bf16, messages), max_new_tokens=12, temperature=0.8, seed=5)
+            assert response.choices[0].message.content == expected.text
+            cached.append(response.usage.prompt_tokens_details.cached_tokens)
+            answers.append(response.choices[0].message.content)
+            messages += [{"role": "assistant", "content": answers[-1]}, {"role": "user", "content": turn}]
+        assert cached[0] == 0 and cached[1] >= len(encode_chat(bf16, first)) - 1
+        assert live.metrics()[("specdraft_cached_prompt_tokens_total", ())] == cached[1]
+
+
 def test_streamed_completion_equals_unstreamed(idle_server):
     kwargs = dict(model=MODEL, prompt="jab", max_tokens=30, temperature=0.7, seed=3)
     whole = idle_server.client.completions.create(**kwargs)

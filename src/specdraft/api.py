@@ -15,11 +15,14 @@ from .engine import Engine
 from .errors import SpecdraftError
 from .models.adapter import LoadedModel, check_model_reference, load_model, set_threads
 from .models.verify_curve import verify_curve
+from .prefix_cache import PrefixCache
 
 
 def load_engine(models: ModelConfig, spec: SpecConfig, progress: bool = True,
-                target: LoadedModel | None = None, draft: LoadedModel | None = None) -> Engine:
-    """Load what `spec` needs (models already loaded may be passed in and are reused)."""
+                target: LoadedModel | None = None, draft: LoadedModel | None = None,
+                prefix_cache: PrefixCache | None = None) -> Engine:
+    """Load what `spec` needs (models already loaded may be passed in and are reused). prefix_cache: prompts' K/V
+    kept for later prompts that begin the same way (`PrefixCache(max_bytes)`, prefix_cache.py)."""
     for value, kind, what in ((models, ModelConfig, "models"), (spec, SpecConfig, "spec")):
         if not isinstance(value, kind):
             raise SpecdraftError(f"load_engine's {what} must be a {kind.__name__}, got {value!r}")
@@ -39,7 +42,8 @@ def load_engine(models: ModelConfig, spec: SpecConfig, progress: bool = True,
         draft = load_draft(models, target, progress)
     drafter = build_drafter(spec, target, draft)  # before the curve: a drafter that cannot be built fails at once
     curve = verify_curve(target, spec.draft_len + 1) if spec.adaptive_gamma else None  # cached after its first time
-    return Engine(target, drafter, spec, new_drafter=lambda: build_drafter(spec, target, draft), curve=curve)
+    return Engine(target, drafter, spec, new_drafter=lambda: build_drafter(spec, target, draft), curve=curve,
+                  prefix_cache=prefix_cache)
 
 
 def load_draft(models: ModelConfig, target: LoadedModel, progress: bool = True) -> LoadedModel | None:

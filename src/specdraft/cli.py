@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="requests generated together, each target pass scoring all of them")
     serve.add_argument("--prefill-chunk", type=int, default=128, metavar="TOKENS",
                        help="prompt tokens prefilled between two passes of the running requests")
+    serve.add_argument("--prefix-cache-mb", type=int, default=512, metavar="MIB",
+                       help="memory for prompts' K/V kept for later prompts that begin the same way (a chat's "
+                            "system prompt, a conversation's earlier turns); 0: prefill every prompt whole")
     serve.add_argument("--max-tokens-limit", type=int, default=2048, help="largest max_tokens a request may ask")
     serve.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens when a request gives none")
     serve.add_argument("--shutdown-timeout", type=float, default=30.0,
@@ -243,7 +246,9 @@ def cmd_serve(args) -> int:
                          cache_dir=args.cache_dir, threads=args.threads, backend=args.backend)
     spec = SpecConfig(method=args.method, gamma=args.gamma, tree=args.tree, **drafter_knobs(args))
     config = ServerConfig(host=args.host, port=args.port, model_name=args.model_name, max_queue=args.max_queue,
-                          max_batch=args.max_batch, prefill_chunk=args.prefill_chunk, max_tokens_limit=args.max_tokens_limit, default_max_tokens=args.default_max_tokens,
+                          max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
+                          prefix_cache_mb=args.prefix_cache_mb, max_tokens_limit=args.max_tokens_limit,
+                          default_max_tokens=args.default_max_tokens,
                           shutdown_timeout_s=args.shutdown_timeout, log_level=args.log_level)
     serve(models, spec, config)
     return 0

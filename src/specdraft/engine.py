@@ -25,6 +25,7 @@ from .drafters.base import Drafter, NoDrafter
 from .errors import SpecdraftError
 from .models.adapter import LoadedModel, NativeState
 from .models.native.llama import MAX_KERNEL_ROWS
+from .prefix_cache import PrefixCache
 from .types import DRAFTER_SOURCE, Acceptance, Draft, GenerationResult, SpecStats
 
 
@@ -49,7 +50,9 @@ class DecodeLoop:
     in one pass, `verify_together`, as `Engine.generate_many` and the server do), `accept` (keep or resample, roll back, tell the drafter) returns the
     tokens the pass emits. `draft_length` says how many tokens to draft in each pass (a fixed gamma, or chosen
     per pass: draft_length.py). The prompt is prefilled at construction, or (prefill_by_chunks) by the caller's
-    calls to `prefill`.
+    calls to `prefill`. With a `prefix_cache`, prefill starts after the longest prefix of the prompt that an
+    earlier sequence of the target cached (bit for bit what this one would compute), and leaves its own for later
+    ones.
 
     `sampling_rule` / `tree_sampling_rule` decide acceptance of chain / tree drafts when sampling (greedy always
     keeps the longest path matching the target's argmax); tests swap in deliberately wrong rules as negative
@@ -58,7 +61,8 @@ class DecodeLoop:
     def __init__(self, target: LoadedModel, drafter: Drafter, prompt_ids: list[int], params: SamplingParams,
                  draft_length: DraftLength, generator: torch.Generator | None, stats: SpecStats,
                  sampling_rule: SamplingRule = accept_rejection,
-                 tree_sampling_rule: TreeSamplingRule = accept_tree_rejection, prefill_by_chunks: bool = False):
+                 tree_sampling_rule: TreeSamplingRule = accept_tree_rejection, prefill_by_chunks: bool = False,
+                 prefix_cache: PrefixCache | None = None):
         self.drafter, self.params, self.draft_length, self.generator, self.stats = (drafter, params, draft_length,
                                                                                     generator, stats)
         self.sampling_rule, self.tree_sampling_rule = sampling_rule, tree_sampling_rule
@@ -76,6 +80,8 @@ class DecodeLoop:
         self.prompt_len = len(prompt_ids)
         self.drafter_begun = False
         self._prefilled = 0  # prompt tokens in the target's cache (all but the last: it is the first pending token)
+        self.prefix_cache = prefix_cache
+        self._restored: int | None = None  # prompt tokens the prefix cache gave (None: not asked yet)
         self._prefill_features: list[torch.Tensor] = []  # [chunk, n_taps, D] per chunk, for a drafter that taps
         self.prefilling = True
         if not prefill_by_chunks:
@@ -88,6 +94,10 @@ class DecodeLoop:
         batch-invariant) except for float32 weights, whose passes over more than 32 tokens use torch's matmul."""
         started = time.perf_counter()
         to_cache = len(self.context) - 1
+        if self._restored is None:  # asked at the first chunk: an earlier chunk of another request may have stored it
+            self._restored = 0 if self.prefix_cache is None else self.prefix_cache.restore(self.state,
+                                                                                          self.context[:to_cache])
+            self._prefilled = self.stats.cached_prompt_tokens = self._restored
         end = to_cache if most is None else min(to_cache, self._prefilled + most)
         if end > self._prefilled:
             self.state.forward(self.context[self._prefilled: end], 1)
@@ -97,6 +107,8 @@ class DecodeLoop:
         self.stats.time_prefill_s += time.perf_counter() - started
         if self._prefilled == to_cache:
             self.prefilling = False
+            if self.prefix_cache is not None and to_cache > self._restored:
+                self.prefix_cache.store(self.state, self.context[:to_cache])
             if not self.drafter.catches_up:  # else at its first proposal (`propose`)
                 features = (None if not self._prefill_features else self._prefill_features[0]
                             if len(self._prefill_features) == 1 else torch.cat(self._prefill_features))
@@ -290,12 +302,19 @@ class Engine:
     def __init__(self, target: LoadedModel, drafter: Drafter | None = None, spec: SpecConfig | None = None,
                  sampling_rule: SamplingRule = accept_rejection,
                  tree_sampling_rule: TreeSamplingRule = accept_tree_rejection,
-                 new_drafter: Callable[[], Drafter] | None = None, curve: VerifyCurve | None = None):
+                 new_drafter: Callable[[], Drafter] | None = None, curve: VerifyCurve | None = None,
+                 prefix_cache: PrefixCache | None = None):
         """new_drafter: builds another drafter like `drafter`, for requests decoded together (`generate_many`)
         when the drafter keeps one sequence's state (load_engine passes it). curve: the target's verify cost,
         which gamma auto needs (measured once per machine and cached: `verify_curve(target, spec.draft_len + 1)`,
-        models/verify_curve.py; load_engine measures it); the engine itself measures nothing."""
+        models/verify_curve.py; load_engine measures it); the engine itself measures nothing. prefix_cache:
+        prompts' K/V kept for later prompts that begin the same way (prefix_cache.py; engines of one target may
+        share one); None: every prompt is prefilled whole."""
         self.target = target
+        if prefix_cache is not None and not isinstance(prefix_cache, PrefixCache):
+            raise SpecdraftError(f"an Engine's prefix_cache must be a specdraft PrefixCache, got "
+                                 f"{type(prefix_cache).__name__}")
+        self.prefix_cache = prefix_cache
         self.new_drafter = new_drafter
         target.prepare_full_head()
         self.sampling_rule = sampling_rule
@@ -546,8 +565,8 @@ class Generation:
         try:
             self.loop = DecodeLoop(engine.target, self._drafter, self.prompt_ids, self.params,
                                    engine.new_draft_length(self._drafter), self.generator, self.stats,
-                                   engine.sampling_rule,
-                                   engine.tree_sampling_rule, prefill_by_chunks)
+                                   engine.sampling_rule, engine.tree_sampling_rule, prefill_by_chunks,
+                                   engine.prefix_cache)
         except BaseException:
             self.close()
             raise

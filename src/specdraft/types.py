@@ -118,6 +118,7 @@ class SpecStats:
     examined: int = 0
     new_tokens: int = 0
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prompt tokens whose K/V a prefix cache gave (not prefilled)
     accepted_per_position: list[int] = field(default_factory=list)  # [gamma]: passes that kept position i
     drafted_per_position: list[int] = field(default_factory=list)  # [gamma]: passes that drafted position i
     tree_passes: int = 0  # passes whose draft was a tree with branches

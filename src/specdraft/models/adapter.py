@@ -323,6 +323,25 @@ class SequenceState:
         """Append `new_ids` to the cache; return float32 logits [n_logits, V] of the last n_logits positions."""
         raise NotImplementedError
 
+    @property
+    def prefix_reusable(self) -> bool:
+        """Whether K/V this state caches for a prompt's first tokens equal, bit for bit, what any other state of
+        the model caches for the same tokens, so that a prefix cache (prefix_cache.py) may hand them over."""
+        return False
+
+    def prefix_bytes(self, length: int) -> int:
+        """Bytes `export_prefix(length)` holds."""
+        raise NotImplementedError
+
+    def export_prefix(self, length: int) -> object:
+        """A copy of the K/V of the first `length` positions (for `import_prefix` of another state)."""
+        raise NotImplementedError
+
+    def import_prefix(self, token_ids: list[int], kv: object) -> None:
+        """Take `token_ids` and their K/V (the first len(token_ids) positions of an `export_prefix`) as this
+        empty state's first positions."""
+        raise NotImplementedError
+
     def _drop_last(self, n: int) -> None:
         raise NotImplementedError
 
@@ -465,6 +484,30 @@ class NativeState(SequenceState):
 
     def _move(self, source: torch.Tensor, destination: torch.Tensor) -> None:
         self.cache.move(source, destination)
+
+    @property
+    def prefix_reusable(self) -> bool:
+        # bf16 and GGUF matrices go through the batch-invariant kernels whatever the pass, float32 ones not;
+        # a prefix restored would miss its taps
+        return self.native.rows_batch_invariant and not self.feature_layers
+
+    def prefix_bytes(self, length: int) -> int:
+        keys = self.cache.keys
+        return 2 * keys.shape[0] * keys.shape[1] * length * keys.shape[3] * keys.element_size()
+
+    def export_prefix(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # keys, values [layers, kv_heads, length, head_dim]
+        return (self.cache.keys[:, :, :length].clone(), self.cache.values[:, :, :length].clone())
+
+    def import_prefix(self, token_ids: list[int], kv: tuple[torch.Tensor, torch.Tensor]) -> None:
+        if len(self):
+            raise ValueError("import_prefix fills an empty state")
+        length = len(token_ids)
+        self.cache.reserve(length)
+        self.cache.keys[:, :, :length] = kv[0][:, :, :length]
+        self.cache.values[:, :, :length] = kv[1][:, :, :length]
+        self.cache.length = length
+        self.token_ids = list(token_ids)
 
     @property
     def cache_length(self) -> int:

@@ -31,6 +31,7 @@ from ..engine import Engine, Generation, check_text
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel
 from ..models.verify_curve import verify_curve
+from ..prefix_cache import PrefixCache
 from ..types import GenerationResult
 from .config import ServerConfig
 from .metrics import CLIENT_CLOSED, ServerMetrics
@@ -60,6 +61,8 @@ class ServerState:
     def __post_init__(self) -> None:
         self._engines: dict[SpecConfig, Engine] = {}
         self._engines_lock = threading.Lock()
+        # one for every engine of the target: methods share the prompts' K/V
+        self.prefix_cache = PrefixCache(self.config.prefix_cache_mb << 20) if self.config.prefix_cache_mb else None
 
     @property
     def context_len(self) -> int | None:
@@ -74,7 +77,8 @@ class ServerState:
                 drafter = build_drafter(spec, self.target, self.draft)  # fails at once where it cannot be built
                 curve = verify_curve(self.target, spec.draft_len + 1) if spec.adaptive_gamma else None
                 engine = Engine(self.target, drafter, spec,
-                                new_drafter=lambda: build_drafter(spec, self.target, self.draft), curve=curve)
+                                new_drafter=lambda: build_drafter(spec, self.target, self.draft), curve=curve,
+                                prefix_cache=self.prefix_cache)
                 if len(self._engines) >= ENGINE_CACHE_SIZE:
                     self._engines.pop(next(iter(self._engines)))
                 self._engines[spec] = engine
@@ -369,7 +373,9 @@ class Reply:
     def _usage(self) -> dict:
         prompt = sum(len(r.prompt_ids) for i, r in self.results.items() if self.prepared.new_prompt[i])
         completion = sum(len(r.token_ids) for r in self.results.values())
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        cached = sum(r.stats.cached_prompt_tokens for i, r in self.results.items() if self.prepared.new_prompt[i])
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
 
     def _summary(self) -> dict:
         """The request's acceptance statistics over all its choices (the extra response field)."""

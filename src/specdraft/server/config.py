@@ -19,6 +19,7 @@ class ServerConfig:
     # pass give 2.5x the tokens/s of 1, 8 give 2.9x, 16 about 3x; docs/server.md)
     max_batch: int = 8
     prefill_chunk: int = 128  # prompt tokens prefilled between two passes of the running requests
+    prefix_cache_mb: int = 512  # prompts' K/V kept for later prompts that begin the same way (0: none)
     retry_after_s: int = 2  # the Retry-After header of a 429
     max_tokens_limit: int = 2048  # the largest max_tokens a request may ask for
     default_max_tokens: int = 256  # when a request gives none (cut to what the context leaves)
@@ -36,6 +37,8 @@ class ServerConfig:
             raise SpecdraftError(f"max batch must be between 1 and 64, got {self.max_batch}")
         if not 1 <= self.prefill_chunk <= 65536:
             raise SpecdraftError(f"prefill chunk must be between 1 and 65536 tokens, got {self.prefill_chunk}")
+        if not 0 <= self.prefix_cache_mb <= 1 << 20:
+            raise SpecdraftError(f"prefix cache must be between 0 and {1 << 20} MiB, got {self.prefix_cache_mb}")
         if self.retry_after_s < 1:
             raise SpecdraftError(f"retry-after must be >= 1 second, got {self.retry_after_s}")
         if self.max_tokens_limit < 1:

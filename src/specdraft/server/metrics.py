@@ -24,6 +24,8 @@ class ServerMetrics:
         self.requests = Counter("specdraft_requests", "Requests answered, by endpoint and HTTP status",
                                 ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("specdraft_prompt_tokens", "Prompt tokens of generations run", registry=r)
+        self.cached_prompt_tokens = Counter("specdraft_cached_prompt_tokens",
+                                            "Prompt tokens whose K/V the prefix cache gave (not prefilled)", registry=r)
         self.generated_tokens = Counter("specdraft_generated_tokens", "Tokens generated (every choice)", registry=r)
         self.target_passes = Counter("specdraft_target_passes", "Forward passes of the target model", registry=r)
         self.drafted_tokens = Counter("specdraft_drafted_tokens", "Draft tokens proposed for verification",
@@ -53,6 +55,7 @@ class ServerMetrics:
         prompt tokens, so they pass count_prompt=False (as OpenAI's usage counts them once)."""
         if count_prompt:
             self.prompt_tokens.inc(stats.prompt_tokens)
+        self.cached_prompt_tokens.inc(stats.cached_prompt_tokens)
         self.generated_tokens.inc(stats.new_tokens)
         self.target_passes.inc(stats.target_passes)
         self.drafted_tokens.inc(stats.drafted)

@@ -232,6 +232,14 @@ class NativeLlama:
                         for mine, theirs in zip(self.layers[:depth], other.layers[:depth])
                         for field in fields(_Layer)))
 
+    @property
+    def rows_batch_invariant(self) -> bool:
+        """Whether every layer's products give a row the same bits whatever its pass holds: no float32 matrix,
+        which a pass over more than MAX_KERNEL_ROWS tokens sends to torch's matmul (`_linear`)."""
+        return not any(isinstance(weight, torch.Tensor) and weight.dtype == torch.float32
+                       for layer in self.layers for weight in (layer.q, layer.k, layer.v, layer.o, layer.gate,
+                                                               layer.up, layer.down))
+
     def new_cache(self, capacity: int = 256) -> "NativeCache":
         return NativeCache(len(self.layers), self.n_kv_heads, self.head_dim, capacity)
 
