@@ -11,10 +11,11 @@ max(--requests, concurrency) requests with at most `concurrency` in flight. Unde
 also checks that every method gave the same text for the same prompt (speculative decoding is lossless), and
 says how many of llama.cpp's texts equal ours (its kernels round differently; equality is not expected).
 
-With --unique-prompts every request's message begins with its own number ("Request 17. Write ..."), so requests
-share only the chat template's opening (27 tokens of Qwen2.5's 46-48) and a prefix cache can skip only that, as
-it would for distinct users; then llama.cpp may reuse its slot's cached prefix too (`cache_prompt`), and the
-same-text check is left to the tests (no two requests send the same prompt).
+Every request's message begins with its own number ("Request 17. Write ..."), so requests share only the chat
+template's opening (27 tokens of Qwen2.5's 46-48): a prefix cache (ours, llama.cpp's `cache_prompt`) skips only
+that, as it would for distinct users, and the same-text check is left to the tests (no two requests send the same
+prompt). --repeated-prompts sends the 8 prompts as they are, again and again (the check then runs); llama.cpp
+caches none of them, and ours should not either: start the server with --prefix-cache-mb 0.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ PROMPTS = [
 ]
 
 
-REQUEST_NUMBERS = itertools.count(1)  # --unique-prompts: each request's own number, over the whole run
+REQUEST_NUMBERS = itertools.count(1)  # each request's own number, over the whole run
 
 
 @dataclass
@@ -78,7 +79,7 @@ PEER = "llama.cpp"  # the method label of llama.cpp's server
 async def one_request(client: httpx.AsyncClient, model: str, prompt_index: int, method: str, max_tokens: int,
                       args) -> Sample:
     content = PROMPTS[prompt_index % len(PROMPTS)]
-    if args.unique_prompts:
+    if not args.repeated_prompts:
         content = f"Request {next(REQUEST_NUMBERS)}. {content}"
     body = {"model": model, "messages": [{"role": "user", "content": content}],
             "max_tokens": max_tokens, "temperature": args.temperature, "seed": prompt_index, "stream": True,
@@ -86,7 +87,7 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt_index: int, 
     if method == PEER:
         # repeated prompts: no slot reuses a cached prompt (a prefix cache would skip whole prompts); unique ones:
         # its slots reuse what their last prompt shares with the next, as our prefix cache does
-        body["cache_prompt"] = bool(args.unique_prompts)
+        body["cache_prompt"] = not args.repeated_prompts
     else:
         body["speculative"] = {"method": method} | ({"gamma": args.gamma} if method != "ar" and args.gamma else {})
     content_chunks = 0
@@ -254,9 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=4, help="requests per level (at least the concurrency)")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--unique-prompts", action="store_true",
-                        help="each request's message begins with its own number: only the chat template's opening "
-                             "is shared (see above)")
+    parser.add_argument("--repeated-prompts", action="store_true",
+                        help="send the prompts as they are, again and again, rather than each with its own number "
+                             "(serve with --prefix-cache-mb 0 then; see above)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one request may take")
     parser.add_argument("--out", default=None, help="write every level and sample as JSON here")
     parser.add_argument("--peer-slots", type=int, default=0, help="also load llama.cpp's llama-server (`make "
@@ -298,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # ours are measured: report them, and why the peer's are missing
             print(f"llama.cpp's levels are left out: {exc}", file=sys.stderr)
     print(markdown(levels))
-    if args.temperature == 0 and not args.unique_prompts:
+    if args.temperature == 0 and args.repeated_prompts:
         print("\n" + lossless_check(levels))
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
