@@ -14,21 +14,22 @@ says how many of llama.cpp's texts equal ours (its kernels round differently; eq
 Every request's message begins with its own number ("Request 17. Write ..."), so requests share only the chat
 template's opening (27 tokens of Qwen2.5's 46-48): a prefix cache (ours, llama.cpp's `cache_prompt`) skips only
 that, as it would for distinct users, and the same-text check is left to the tests (no two requests send the same
-prompt). --repeated-prompts sends the 8 prompts as they are, again and again (the check then runs); llama.cpp
-caches none of them, and ours should not either: start the server with --prefix-cache-mb 0.
+prompt). --repeated-prompts sends the 8 prompts as they are, again and again, and the check runs: with our prefix
+cache on, a repeated prompt comes from the cache but its last token, so this checks the cache end to end; for
+speed against llama.cpp, which then caches none of them, start ours with --prefix-cache-mb 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import shlex
 import signal
 import subprocess
 import sys
-import itertools
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -155,7 +156,8 @@ async def run_level(url: str, model: str, method: str, concurrency: int, n_reque
         "wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "requests_per_s": len(ok) / wall,
         "latency_p50_s": percentile(latencies, 0.5), "latency_p90_s": percentile(latencies, 0.9),
         "latency_p99_s": percentile(latencies, 0.99), "ttft_p50_s": percentile(ttfts, 0.5),
-        "ttft_p90_s": percentile(ttfts, 0.9), "ttft_p99_s": percentile(ttfts, 0.99), "tau": tokens / passes if passes else 0.0,
+        "ttft_p90_s": percentile(ttfts, 0.9), "ttft_p99_s": percentile(ttfts, 0.99),
+        "tau": tokens / passes if passes else 0.0,
         "acceptance_rate": accepted / drafted if drafted else 0.0,
         "cached_prompt_tokens": sum(s.cached_prompt_tokens for s in ok),
         "samples": [asdict(s) for s in samples],

@@ -45,9 +45,10 @@ def whole_and_restored(model, prompt: list[int], other: list[int], corrupt: bool
         first = model.new_state(capacity=64)
         first.forward(other, 1)
         cache.store(first, other)
-        if corrupt:
+        if corrupt:  # the shared prefix's K/V in reverse order: the right values at the wrong positions
+            n = len(SHARED)
             for entry in cache._entries.values():
-                entry.kv = tuple(kv.flip(2) for kv in entry.kv)  # the right values at the wrong positions
+                entry.kv = tuple(torch.cat([kv[:, :, :n].flip(2), kv[:, :, n:]], dim=2) for kv in entry.kv)
         state = model.new_state(capacity=64)
         restored = cache.restore(state, prompt)
         logits = state.forward(prompt[restored:], 3)
@@ -92,15 +93,14 @@ def test_an_engine_with_a_prefix_cache_gives_what_one_without_gives(targets, dty
     plain = load_engine(models, spec, progress=False, target=model)
     cached = load_engine(models, spec, progress=False, target=model, prefix_cache=PrefixCache(1 << 24))
     prompts = [SHARED + [1, 2, 3], SHARED + [20, 21], SHARED + [20, 21, 9, 9, 9, 12]]
-    for params in (SamplingParams(max_new_tokens=12, temperature=0.0),
-                   SamplingParams(max_new_tokens=12, temperature=1.0, seed=7)):
-        for prompt in prompts:
-            expected = plain.generate(prompt, params)
-            got = cached.generate(prompt, params)
-            assert got.token_ids == expected.token_ids
-            assert expected.stats.cached_prompt_tokens == 0
-    # second round: every prompt was cached whole but its last token (the first pending token)
-    assert got.stats.cached_prompt_tokens == len(prompts[-1]) - 1
+    # first round: SHARED from the first prompt, then SHARED + [20] from the second; second round: every prompt
+    # was cached whole but its last token (the first pending token)
+    rounds = [(SamplingParams(max_new_tokens=12, temperature=0.0), [0, len(SHARED), len(SHARED) + 1]),
+              (SamplingParams(max_new_tokens=12, temperature=1.0, seed=7), [len(p) - 1 for p in prompts])]
+    for params, reused in rounds:
+        got = [cached.generate(prompt, params) for prompt in prompts]
+        assert [r.token_ids for r in got] == [plain.generate(prompt, params).token_ids for prompt in prompts]
+        assert [r.stats.cached_prompt_tokens for r in got] == reused
 
 
 def test_generate_many_and_chunked_prefill_take_the_cache(targets):
@@ -114,34 +114,47 @@ def test_generate_many_and_chunked_prefill_take_the_cache(targets):
     assert [r.stats.cached_prompt_tokens for r in results] == [0, len(SHARED), len(SHARED)]
     plain = Engine(model, spec=spec)
     assert [r.token_ids for r in results] == [plain.generate(p, params).token_ids for p in prompts]
-    # a server's way: the prompt in chunks of 4, the cache asked at the first
-    generation = engine.stream(SHARED + [7, 7, 7, 7, 7, 7, 7], params)
-    loop = generation.open(prefill_by_chunks=True)
-    while not loop.prefill(4):
-        pass
+    # a server's way: the prompt in chunks of 4, the cache asked at the first, then decoded to the end
+    prompt = SHARED + [7, 7, 7, 7, 7, 7, 7]
+    generation = engine.stream(prompt, params)
+    with torch.inference_mode():
+        loop = generation.open(prefill_by_chunks=True)
+        while not loop.prefill(4):
+            pass
+        ended = False
+        while not ended:
+            _, ended = generation.accept(loop.state.verify(loop.pending, loop.propose()))
+        generation.close()
     assert generation.stats.cached_prompt_tokens == len(SHARED)
-    generation.close()
+    assert generation.result().token_ids == plain.generate(prompt, params).token_ids
 
 
 def test_entries_live_in_least_recently_used_order_within_the_budget(targets):
     model = targets["gguf"]
     with torch.inference_mode():
-        state = model.new_state(capacity=64)
-        state.forward(SHARED + [1, 2, 3, 4, 5, 6], 1)
+        def holding(token_ids):
+            state = model.new_state(capacity=64)
+            state.forward(token_ids, 1)
+            return state
+
+        state = holding(SHARED + [1, 2, 3, 4, 5, 6])
         per_token = state.prefix_bytes(1)
         cache = PrefixCache(per_token * 30)
         cache.store(state, SHARED[:10])
         cache.store(state, SHARED)  # extends the first: takes its place
         assert len(cache) == 1 and cache.nbytes == per_token * len(SHARED)
-        other = model.new_state(capacity=64)
-        other.forward([40, 41, 42, 43, 44, 45, 46, 47], 1)
-        cache.store(other, [40, 41, 42, 43, 44, 45, 46, 47])
-        assert len(cache) == 2 and cache.nbytes == per_token * 26
-        assert cache.restore(model.new_state(capacity=64), SHARED + [9]) == len(SHARED)  # now the newest use
-        cache.store(state, SHARED + [1, 2, 3, 4, 5, 6])  # 24 tokens: the oldest use goes first
-        assert len(cache) == 1 and cache.nbytes == per_token * 24
-        assert cache.restore(model.new_state(capacity=64), [40, 41, 42]) == 0
+        first, second, third = [40, 41, 42, 43, 44], [35, 36, 37, 38], [30, 31, 32, 33, 34, 35, 36]
+        cache.store(holding(first), first)
+        cache.store(holding(second), second)
+        assert len(cache) == 3 and cache.nbytes == per_token * 27
+        assert cache.restore(model.new_state(capacity=64), SHARED + [9]) == len(SHARED)  # SHARED: the newest use
+        cache.store(holding(third), third)  # 34 tokens: the least recently used (`first`) goes, SHARED stays
+        assert cache.nbytes == per_token * 29
+        assert cache.restore(model.new_state(capacity=64), first) == 0
+        assert cache.restore(model.new_state(capacity=64), second) == len(second)
+        assert cache.restore(model.new_state(capacity=64), SHARED) == len(SHARED)
         cache.store(state, [])  # nothing to keep
+        assert len(cache) == 3
         tiny = PrefixCache(per_token * 4)
         tiny.store(state, SHARED)  # larger than the whole budget: not kept
         assert len(tiny) == 0
@@ -149,3 +162,21 @@ def test_entries_live_in_least_recently_used_order_within_the_budget(targets):
         PrefixCache(-1)
     with pytest.raises(SpecdraftError, match="PrefixCache"):
         Engine(model, prefix_cache=object())
+
+
+def test_a_cache_shared_by_two_models_gives_each_only_its_own_entries(targets):
+    """The same tokens through bf16 and GGUF weights: K/V of the same shape, other values. Each model's states
+    take only what that model stored; an entry of the same tokens from the other model gives way."""
+    bf16, gguf = targets["bfloat16"], targets["gguf"]
+    cache = PrefixCache(1 << 24)
+    with torch.inference_mode():
+        state = bf16.new_state(capacity=64)
+        state.forward(SHARED, 1)
+        cache.store(state, SHARED)
+        assert cache.restore(gguf.new_state(capacity=64), SHARED + [1]) == 0
+        assert cache.restore(bf16.new_state(capacity=64), SHARED + [1]) == len(SHARED)
+        state = gguf.new_state(capacity=64)
+        state.forward(SHARED, 1)
+        cache.store(state, SHARED)
+        assert len(cache) == 1 and cache.restore(gguf.new_state(capacity=64), SHARED + [1]) == len(SHARED)
+        assert cache.restore(bf16.new_state(capacity=64), SHARED + [1]) == 0

@@ -47,8 +47,8 @@ class StreamChunk:
 class DecodeLoop:
     """One request's token-scale loop, a target pass at a time: `propose` (the drafter drafts), the target scores
     the pending token and the draft (the caller runs that pass: alone, `Generation.__iter__`; with other requests
-    in one pass, `verify_together`, as `Engine.generate_many` and the server do), `accept` (keep or resample, roll back, tell the drafter) returns the
-    tokens the pass emits. `draft_length` says how many tokens to draft in each pass (a fixed gamma, or chosen
+    in one pass, `verify_together`, as `Engine.generate_many` and the server do), `accept` (keep or resample, roll
+    back, tell the drafter) returns the tokens the pass emits. `draft_length` says how many tokens to draft in each pass (a fixed gamma, or chosen
     per pass: draft_length.py). The prompt is prefilled at construction, or (prefill_by_chunks) by the caller's
     calls to `prefill`. With a `prefix_cache`, prefill starts after the longest prefix of the prompt that an
     earlier sequence of the target cached (bit for bit what this one would compute), and leaves its own for later
@@ -95,8 +95,8 @@ class DecodeLoop:
         started = time.perf_counter()
         to_cache = len(self.context) - 1
         if self._restored is None:  # asked at the first chunk: an earlier chunk of another request may have stored it
-            self._restored = 0 if self.prefix_cache is None else self.prefix_cache.restore(self.state,
-                                                                                          self.context[:to_cache])
+            self._restored = (self.prefix_cache.restore(self.state, self.context[:to_cache])
+                              if self.prefix_cache is not None and to_cache else 0)
             self._prefilled = self.stats.cached_prompt_tokens = self._restored
         end = to_cache if most is None else min(to_cache, self._prefilled + most)
         if end > self._prefilled:

@@ -13,11 +13,13 @@ backend with bf16 or GGUF weights, no feature taps) take part; float32 weights p
 matmul, whose rows depend on the pass, and the transformers backend keeps its own cache.
 
 Entries live in least-recently-used order within a byte budget; an entry that a newer prompt extends (the earlier
-turns of the same conversation) is dropped for the newer one."""
+turns of the same conversation) is dropped for the newer one. Each entry names the model that computed it (engines
+of different models may share one cache; a state takes only its own model's entries)."""
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -29,6 +31,7 @@ class _Entry:
     token_ids: tuple[int, ...]
     kv: object  # what the state's export_prefix returned
     nbytes: int
+    model: weakref.ref  # the state's prefix_model: only its states may take these K/V
 
 
 class PrefixCache:
@@ -41,18 +44,15 @@ class PrefixCache:
         self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()  # oldest use first
         self._lock = threading.Lock()
         self.nbytes = 0
-        self.lookups = 0  # restore calls
-        self.hits = 0  # restore calls that reused at least one token
-        self.reused_tokens = 0  # prompt tokens restored rather than prefilled
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _longest(self, token_ids: list[int]) -> tuple[int, _Entry | None]:
+    def _longest(self, token_ids: list[int], model: object) -> tuple[int, _Entry | None]:
         best, best_entry = 0, None
         for entry in self._entries.values():
             limit = min(len(entry.token_ids), len(token_ids))
-            if limit <= best:
+            if limit <= best or entry.model() is not model:
                 continue
             common = 0
             while common < limit and entry.token_ids[common] == token_ids[common]:
@@ -67,14 +67,11 @@ class PrefixCache:
         if len(state) or not state.prefix_reusable:
             return 0
         with self._lock:
-            self.lookups += 1
-            length, entry = self._longest(token_ids)
+            length, entry = self._longest(token_ids, state.prefix_model)
             if entry is None:
                 return 0
             self._entries.move_to_end(entry.token_ids)
             state.import_prefix(list(token_ids[:length]), entry.kv)
-            self.hits += 1
-            self.reused_tokens += length
             return length
 
     def store(self, state, token_ids: list[int]) -> None:
@@ -83,16 +80,16 @@ class PrefixCache:
             return
         key = tuple(token_ids)
         with self._lock:
-            if key in self._entries:
+            if key in self._entries and self._entries[key].model() is state.prefix_model:
                 self._entries.move_to_end(key)
                 return
             nbytes = state.prefix_bytes(len(key))
             if nbytes > self.max_bytes:
                 return
-            # entries this one extends are covered by it
-            for old in [old for old in self._entries if len(old) < len(key) and key[: len(old)] == old]:
+            # entries this one extends (or another model's of the same tokens) give way to it
+            for old in [old for old in self._entries if len(old) <= len(key) and key[: len(old)] == old]:
                 self.nbytes -= self._entries.pop(old).nbytes
             while self._entries and self.nbytes + nbytes > self.max_bytes:
                 self.nbytes -= self._entries.popitem(last=False)[1].nbytes
-            self._entries[key] = _Entry(key, state.export_prefix(len(key)), nbytes)
+            self._entries[key] = _Entry(key, state.export_prefix(len(key)), nbytes, weakref.ref(state.prefix_model))
             self.nbytes += nbytes

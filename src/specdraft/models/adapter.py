@@ -329,6 +329,11 @@ class SequenceState:
         the model caches for the same tokens, so that a prefix cache (prefix_cache.py) may hand them over."""
         return False
 
+    @property
+    def prefix_model(self) -> object:
+        """The model whose K/V this state holds (a prefix cache hands a state only its own model's)."""
+        raise NotImplementedError
+
     def prefix_bytes(self, length: int) -> int:
         """Bytes `export_prefix(length)` holds."""
         raise NotImplementedError
@@ -490,6 +495,10 @@ class NativeState(SequenceState):
         # bf16 and GGUF matrices go through the batch-invariant kernels whatever the pass, float32 ones not;
         # a prefix restored would miss its taps
         return self.native.rows_batch_invariant and not self.feature_layers
+
+    @property
+    def prefix_model(self) -> NativeLlama:
+        return self.native
 
     def prefix_bytes(self, length: int) -> int:
         keys = self.cache.keys

@@ -55,7 +55,7 @@ class ServerMetrics:
         prompt tokens, so they pass count_prompt=False (as OpenAI's usage counts them once)."""
         if count_prompt:
             self.prompt_tokens.inc(stats.prompt_tokens)
-        self.cached_prompt_tokens.inc(stats.cached_prompt_tokens)
+            self.cached_prompt_tokens.inc(stats.cached_prompt_tokens)
         self.generated_tokens.inc(stats.new_tokens)
         self.target_passes.inc(stats.target_passes)
         self.drafted_tokens.inc(stats.drafted)
