@@ -48,11 +48,11 @@ class DecodeLoop:
     """One request's token-scale loop, a target pass at a time: `propose` (the drafter drafts), the target scores
     the pending token and the draft (the caller runs that pass: alone, `Generation.__iter__`; with other requests
     in one pass, `verify_together`, as `Engine.generate_many` and the server do), `accept` (keep or resample, roll
-    back, tell the drafter) returns the tokens the pass emits. `draft_length` says how many tokens to draft in each pass (a fixed gamma, or chosen
-    per pass: draft_length.py). The prompt is prefilled at construction, or (prefill_by_chunks) by the caller's
-    calls to `prefill`. With a `prefix_cache`, prefill starts after the longest prefix of the prompt that an
-    earlier sequence of the target cached (bit for bit what this one would compute), and leaves its own for later
-    ones.
+    back, tell the drafter) returns the tokens the pass emits. `draft_length` says how many tokens to draft in each
+    pass (a fixed gamma, or chosen per pass: draft_length.py). The prompt is prefilled at construction, or
+    (prefill_by_chunks) by the caller's calls to `prefill`. With a `prefix_cache`, prefill starts after the longest
+    prefix of the prompt that an earlier sequence of the target cached (bit for bit what this one would compute),
+    and leaves its own for later ones.
 
     `sampling_rule` / `tree_sampling_rule` decide acceptance of chain / tree drafts when sampling (greedy always
     keeps the longest path matching the target's argmax); tests swap in deliberately wrong rules as negative
