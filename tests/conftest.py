@@ -15,6 +15,15 @@ from tiny import build_model  # noqa: E402
 torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One thread for a module's tiny models whatever an earlier module set, restored after it."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def verify_curves_elsewhere(tmp_path_factory):
     """gamma auto measures and caches the target's verify curve: keep the tiny models' curves (and those of any

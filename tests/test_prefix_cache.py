@@ -15,12 +15,7 @@ from tiny import build_model
 SHARED = [5, 9, 14, 3, 22, 7, 11, 30, 2, 17, 8, 25, 4, 19, 6, 13, 27, 10]  # a "system prompt" of 18 tokens
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
