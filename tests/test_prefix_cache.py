@@ -43,7 +43,8 @@ def whole_and_restored(model, prompt: list[int], other: list[int], corrupt: bool
         if corrupt:  # the shared prefix's K/V in reverse order: the right values at the wrong positions
             n = len(SHARED)
             for entry in cache._entries.values():
-                entry.kv = tuple(torch.cat([kv[:, :, :n].flip(2), kv[:, :, n:]], dim=2) for kv in entry.kv)
+                for kept in (entry.kv.keys, entry.kv.values):  # [layers, kv_heads, positions, head_dim]
+                    kept[:, :, :n] = kept[:, :, :n].flip(2).clone()
         state = model.new_state(capacity=64)
         restored = cache.restore(state, prompt)
         logits = state.forward(prompt[restored:], 3)

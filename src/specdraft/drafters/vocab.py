@@ -119,11 +119,10 @@ class HasDraftVocab(Drafter):
         """choose_rows, and self.draft_bytes: the weight bytes one draft step reads (gamma auto weighs draft
         lengths by it), the whole draft model less the head rows a reduced vocabulary skips."""
         self.choose_rows(draft, rows)
-        skipped = 0
-        if self.vocab is not None:
+        self.draft_bytes = draft.weight_bytes
+        if self.vocab is not None:  # the head rows it skips are not read
             head = draft.native.lm_head  # [V, D]
-            skipped = head.shape[0] * head[0].nbytes - self.scored_head_bytes(draft.native)
-        self.draft_bytes = draft.weight_bytes - skipped
+            self.draft_bytes += self.scored_head_bytes(draft.native) - head.shape[0] * head[0].nbytes
 
     def rows_for_prompt(self, state, prompt_ids: list[int]) -> None:
         """A new request: the rows of its prompt join, and the draft model's state scores them (its logits are then

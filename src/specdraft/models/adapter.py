@@ -28,7 +28,7 @@ from ..types import Draft
 from . import fetch
 from .fastpath import WeightMajorLinear
 from .native.gguf_weights import read_gguf
-from .native.llama import NativeLlama, config_unsupported_reason, native_unsupported_reason
+from .native.llama import NativeCache, NativeLlama, config_unsupported_reason, native_unsupported_reason
 
 
 @dataclass
@@ -501,20 +501,20 @@ class NativeState(SequenceState):
         return self.native
 
     def prefix_bytes(self, length: int) -> int:
-        keys = self.cache.keys
-        return 2 * keys.shape[0] * keys.shape[1] * length * keys.shape[3] * keys.element_size()
+        return self.cache.bytes_for(length)
 
-    def export_prefix(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        # keys, values [layers, kv_heads, length, head_dim]
-        return (self.cache.keys[:, :, :length].clone(), self.cache.values[:, :, :length].clone())
+    def export_prefix(self, length: int) -> NativeCache:
+        kept = self.native.new_cache(length)
+        kept.copy_from(self.cache, len(self.native.layers), 0, length)
+        kept.length = length
+        return kept
 
-    def import_prefix(self, token_ids: list[int], kv: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def import_prefix(self, token_ids: list[int], kv: NativeCache) -> None:
         if len(self):
             raise ValueError("import_prefix fills an empty state")
         length = len(token_ids)
         self.cache.reserve(length)
-        self.cache.keys[:, :, :length] = kv[0][:, :, :length]
-        self.cache.values[:, :, :length] = kv[1][:, :, :length]
+        self.cache.copy_from(kv, len(self.native.layers), 0, length)
         self.cache.length = length
         self.token_ids = list(token_ids)
 

@@ -414,8 +414,11 @@ class NativeCache:
     @property
     def nbytes(self) -> int:
         """Bytes holding the cached positions (not the spare capacity)."""
-        per_position = self.keys[:, :, :1].numel() * self.keys.element_size() * 2
-        return per_position * self.length
+        return self.bytes_for(self.length)
+
+    def bytes_for(self, positions: int) -> int:
+        """Bytes the K and V of `positions` slots take."""
+        return self.keys[:, :, :1].numel() * self.keys.element_size() * 2 * positions
 
     def reserve(self, length: int) -> None:
         """Make room for `length` positions; grows by doubling, keeping what is cached."""
@@ -434,8 +437,8 @@ class NativeCache:
 
     def copy_from(self, other: "NativeCache", layers: int, start: int, stop: int) -> None:
         """Take the K/V of slots start .. stop - 1 of the first `layers` layers from another cache of the same
-        head shape (a draft whose first layers are the target's adopts what the target cached); the length is
-        unchanged."""
+        head shape (a draft whose first layers are the target's adopts what the target cached; a prefix cache
+        keeps and hands over a prompt's); the length is unchanged."""
         for mine, theirs in ((self.keys, other.keys), (self.values, other.values)):
             mine[:layers, :, start:stop] = theirs[:layers, :, start:stop]
 
