@@ -313,3 +313,60 @@ def test_rotary_tables_grown_in_steps_equal_tables_grown_at_once(tiny_native):
     at_once._cover_positions(5000)
     assert stepped.cos.shape[0] == at_once.cos.shape[0] == 5000
     assert torch.equal(stepped.cos, at_once.cos) and torch.equal(stepped.sin, at_once.sin)
+
+
+def layer_by_layer(native, token_ids: list[int], cache) -> torch.Tensor:
+    """Logits of every new token, the layers driven one by one from Python (`layer_forward`)."""
+    start = cache.length
+    cache.reserve(start + len(token_ids))
+    hidden = native.embed_tokens(token_ids)
+    for index in range(len(native.layers)):
+        hidden = native.layer_forward(index, hidden, cache, start)
+    cache.length = start + len(token_ids)
+    return native.logits(hidden)
+
+
+@pytest.fixture(scope="module")
+def stack_models(tiny_native, tmp_path_factory):
+    """Dense float32/bf16 models and GGUF ones (Q8_0 with Q4_1, interleaved and not; Q5_0), biases included."""
+    from tiny_gguf import write_gguf
+
+    root = tmp_path_factory.mktemp("stack")
+    models = {f"{arch}-{dtype}": model for (arch, dtype), model in tiny_native.items()}
+    for arch, qtype, mixed in (("qwen2", "Q8_0", "Q4_1"), ("llama", "Q5_0", None)):
+        hf = build_model(root / f"hf-{arch}", seed=31, arch=arch, hidden=64, layers=2)
+        path = write_gguf(hf, root / "cache", f"stack-{arch}", qtype, mixed)
+        models[f"{arch}-{qtype}"] = load_model(str(path), "gguf", progress=False)
+    return models
+
+
+@pytest.mark.parametrize("name", ["qwen2-float32", "qwen2-bfloat16", "llama-float32", "llama-bfloat16",
+                                  "qwen2-Q8_0", "llama-Q5_0"])
+def test_the_layer_stack_gives_the_bits_of_the_layers_run_one_by_one(stack_models, name, monkeypatch):
+    """A chain pass runs every layer in one kernel call (ops.LayerStack); a token tree and feature taps still drive
+    the layers from Python. Both give the same logits and the same cached K/V, bit for bit, for one sequence
+    (prefill, a step, a verify pass) and for several in one pass (forward_many)."""
+    from specdraft.models.native.llama import NativeLlama
+
+    native = stack_models[name].native
+    with torch.inference_mode():
+        reference_caches, references = [], []
+        for prompt in (TOKENS, TOKENS[3:9]):
+            cache = native.new_cache(8)  # grows during the passes
+            references.append([layer_by_layer(native, ids, cache) for ids in (prompt, [5], [6, 7, 8])])
+            reference_caches.append(cache)
+        # the stack path must not fall back to the Python layers
+        monkeypatch.setattr(NativeLlama, "_layer", lambda *args, **kwargs: pytest.fail("a layer ran in Python"))
+        for prompt, expected, reference_cache in zip((TOKENS, TOKENS[3:9]), references, reference_caches):
+            cache = native.new_cache(8)
+            got = [native.forward(ids, cache, len(ids)) for ids in (prompt, [5], [6, 7, 8])]
+            assert all(torch.equal(a, b) for a, b in zip(got, expected))
+            n = cache.length
+            assert torch.equal(cache.keys[:, :, :n], reference_cache.keys[:, :, :n])
+            assert torch.equal(cache.values[:, :, :n], reference_cache.values[:, :, :n])
+        first, second = native.new_cache(8), native.new_cache(8)
+        native.forward_many([(TOKENS, first, 1), (TOKENS[3:9], second, 1)])
+        together = native.forward_many([([5], first, 1), ([5], second, 1)])
+        assert torch.equal(together[0], references[0][1]) and torch.equal(together[1], references[1][1])
+        together = native.forward_many([([6, 7, 8], first, 3), ([6, 7, 8], second, 2)])
+        assert torch.equal(together[0], references[0][2]) and torch.equal(together[1], references[1][2][1:])

@@ -19,7 +19,7 @@ import torch
 from specdraft import Engine, SamplingParams, SpecConfig, SpecdraftError, load_model
 from specdraft.drafters import ModelDrafter
 from specdraft.models import fetch
-from specdraft.models.native.gguf_weights import BLOCK_TYPES, QuantWeight, read_gguf
+from specdraft.models.native.gguf_weights import BLOCK_TYPES, HUGE_PAGE, QuantWeight, huge_page_buffer, read_gguf
 from specdraft.models.native import kernels
 from specdraft.models.native.kernels import load_kernels
 
@@ -298,6 +298,17 @@ def test_a_long_pass_over_long_rows_runs_in_smaller_tiles_and_stays_bit_identica
         alone = torch.cat([packed.linear(x[t: t + 1].contiguous(), None) for t in range(150)])
         for k in (65, 128, 129, 150):
             assert torch.equal(packed.linear(x[:k].contiguous(), None), alone[:k]), (name, k)
+
+
+def test_a_repacked_matrix_lives_in_a_buffer_on_huge_page_boundaries():
+    """`interleave` packs into memory asked for 2 MiB pages (from its first write): it starts on a 2 MiB boundary,
+    holds what is written, and is freed with the last tensor that uses it; a small one is plain memory."""
+    buffer = huge_page_buffer(HUGE_PAGE + 12345)
+    assert buffer.dtype == torch.uint8 and buffer.numel() == HUGE_PAGE + 12345
+    assert buffer.data_ptr() % HUGE_PAGE == 0
+    buffer.fill_(7)
+    assert int(buffer.sum()) == 7 * buffer.numel()
+    assert huge_page_buffer(1000).numel() == 1000
 
 
 # ------------------------------------------------------------------------------------------ tiny GGUF models

@@ -316,10 +316,13 @@ def test_negative_control_adopting_another_models_cache_changes_the_draft(sorted
 
 
 def counted_layers(native, monkeypatch) -> list[int]:
-    """The layer index of every `layer_forward` call on `native` from now on."""
+    """The index of every layer `native` runs from now on: one by one (`layer_forward`, the sorted draft's own
+    layers) or all of them in a pass of the whole model (`_layers`)."""
     runs: list[int] = []
-    layer_forward = native.layer_forward
+    layer_forward, all_layers = native.layer_forward, native._layers
     monkeypatch.setattr(native, "layer_forward", lambda *a, **k: runs.append(a[0]) or layer_forward(*a, **k))
+    monkeypatch.setattr(native, "_layers",
+                        lambda *a, **k: runs.extend(range(len(native.layers))) or all_layers(*a, **k))
     return runs
 
 

@@ -182,6 +182,16 @@ class NativeLlama:
         self.rotary_scaling = float(getattr(rotary, "attention_scaling", 1.0))
         self.cos = self.sin = torch.empty(0, 2 * self.inv_freq.numel())
         self._cover_positions(min(ROTARY_ROWS, self.max_positions))
+        # the layers for a chain pass in one kernel call (`_layers`); the same tensors as `layers`, not copies
+        self._stack = self.ops.LayerStack(self.n_heads, self.n_kv_heads, self.head_dim, self.eps)
+        for layer in layers:
+            self._stack.add_layer(layer.input_norm, layer.post_norm, [
+                (weight.blocks, weight.qtype, weight.interleaved, bias) if isinstance(weight, QuantWeight)
+                else (weight, -1, False, bias)
+                for weight, bias in ((layer.q, layer.q_bias), (layer.k, layer.k_bias), (layer.v, layer.v_bias),
+                                     (layer.o, layer.o_bias), (layer.gate, None), (layer.up, None),
+                                     (layer.down, None))])
+        self._float32_matrices = not self.rows_batch_invariant
 
     def _cover_positions(self, n: int) -> None:
         """Rotary tables with at least the first n positions (doubling, up to max_positions). Rows are computed in
@@ -266,6 +276,23 @@ class NativeLlama:
         drives them one by one). hidden [T, D] float32 -> [T, D]."""
         return self._layer(index, hidden, [Segment(0, hidden.shape[0], cache, start, positions, tree_mask)])
 
+    def _layers(self, hidden: torch.Tensor, segments: list["Segment"], kernel_only: bool = False) -> torch.Tensor:
+        """Every layer over the rows of one or several sequences: chains whose every product goes through the
+        kernels run in one call (`ops.LayerStack`: the same kernels in the same order as `_layer`, so the same
+        bits); a tree, or a float32 matrix over more than MAX_KERNEL_ROWS rows (torch's matmul), layer by layer
+        here. hidden [T, D] -> [T, D]."""
+        chains = all(segment.positions is None and segment.tree_mask is None for segment in segments)
+        if chains and (kernel_only or hidden.shape[0] <= MAX_KERNEL_ROWS or not self._float32_matrices):
+            self._cover_positions(max(segment.start + segment.n for segment in segments))
+            return self._stack.forward(hidden.contiguous(), [segment.first for segment in segments],
+                                       [segment.n for segment in segments],
+                                       [segment.cache.keys for segment in segments],
+                                       [segment.cache.values for segment in segments],
+                                       [segment.start for segment in segments], self.cos, self.sin)
+        for index in range(len(self.layers)):
+            hidden = self._layer(index, hidden, segments, kernel_only)
+        return hidden
+
     def _layer(self, index: int, hidden: torch.Tensor, segments: list["Segment"],
                kernel_only: bool = False) -> torch.Tensor:
         """Layer `index` over the rows of one or several sequences (`segments`): norms and matrix products over
@@ -340,13 +367,15 @@ class NativeLlama:
             raise ValueError(f"position {start + n_new} is past the model's {self.max_positions} positions")
         cache.reserve(start + n_new)
         hidden = self.embed_tokens(token_ids)  # [T, D]
+        if not feature_layers:
+            hidden = self._layers(hidden, [Segment(0, n_new, cache, start, positions, tree_mask)])
+            cache.length = start + n_new
+            return self.logits(hidden[-n_logits:], lm_head), None  # [n_logits, V]
         for index in range(len(self.layers)):
             if index in feature_layers:
                 taps[index] = hidden  # [T, D]; the loop rebinds `hidden`, so this tensor is not mutated
             hidden = self.layer_forward(index, hidden, cache, start, positions, tree_mask)
         cache.length = start + n_new
-        if not feature_layers:
-            return self.logits(hidden[-n_logits:], lm_head), None  # [n_logits, V]
         normed = ops.rms_norm(hidden.contiguous(), self.final_norm, self.eps)  # [T, D]
         taps[len(self.layers)] = normed
         features = torch.stack([taps[i] for i in feature_layers], dim=1)  # [T, n_taps, D]
@@ -374,9 +403,7 @@ class NativeLlama:
             cache.reserve(cache.length + len(ids))
             segments.append(Segment(len(token_ids), len(ids), cache, cache.length))
             token_ids.extend(ids)
-        hidden = self.embed_tokens(token_ids)  # [T, D]
-        for index in range(len(self.layers)):
-            hidden = self._layer(index, hidden, segments, kernel_only=True)
+        hidden = self._layers(self.embed_tokens(token_ids), segments, kernel_only=True)  # [T, D]
         rows = []  # the rows each pass wants logits of, in order
         for segment, (_, cache, n_logits) in zip(segments, passes):
             cache.length = segment.start + segment.n
