@@ -283,6 +283,35 @@ def test_the_curve_is_measured_once_and_kept_per_machine_setting(tiny_models, mo
     assert vc.verify_curve(target, 5) == ones and len(measured) == 8
 
 
+def test_a_draft_models_byte_price_is_measured_once_and_prices_its_tokens(tiny_models, monkeypatch):
+    """A draft model's step costs more per byte than the target's (its layers' fixed work): gamma auto prices its
+    token by its bytes times a timed price per byte (verify_curve.draft_price, cached like the curve); a free or
+    byte-priced drafter is not timed; load_engine hands the price to the engine."""
+    from specdraft import api, load_engine
+    from specdraft.config import ModelConfig
+    from specdraft.models import verify_curve as vc
+
+    target, draft = tiny_models["target"], tiny_models["draft"]
+    drafter = ModelDrafter(draft, target)
+    assert drafter.timed_price and LookupFirstDrafter(drafter, 4, 2).timed_price
+    price = vc.draft_price(target, drafter)
+    assert 0 < price < float("inf")
+    monkeypatch.setattr(drafter, "propose", lambda *a: pytest.fail("timed again instead of reading the cache"))
+    assert vc.draft_price(target, drafter) == price
+    lookup = PromptLookupDrafter(3, 1)
+    monkeypatch.setattr(lookup, "propose", lambda *a: pytest.fail("a drafter priced by bytes was timed"))
+    assert vc.draft_price(target, lookup) == 1.0
+    engine = Engine(target, drafter, SpecConfig("draft", None), curve=machine_shaped_curve(), draft_price=2.5)
+    assert engine.draft_cost() == pytest.approx(2.5 * drafter.draft_bytes / target.weight_bytes)
+    monkeypatch.setattr(api, "verify_curve", lambda model, n: machine_shaped_curve())
+    monkeypatch.setattr(api, "draft_price", lambda model, built: 3.0)
+    engine = load_engine(ModelConfig(target="unused", draft="unused"), SpecConfig("draft"), progress=False,
+                         target=target, draft=draft)
+    assert engine.draft_price == 3.0
+    assert load_engine(ModelConfig(target="unused", draft="unused"), SpecConfig("draft", 3), progress=False,
+                       target=target, draft=draft).draft_price == 1.0  # a fixed gamma prices nothing
+
+
 def test_the_draft_cost_is_read_before_every_pass():
     """A drafter's price may follow the request (the sorted draft's exits): the policy reads it at every pass."""
     price = [0.0]

@@ -14,7 +14,7 @@ from .drafters import build_drafter, check_drafter_inputs, needs_draft_model
 from .engine import Engine
 from .errors import SpecdraftError
 from .models.adapter import LoadedModel, check_model_reference, load_model, set_threads
-from .models.verify_curve import verify_curve
+from .models.verify_curve import draft_price, verify_curve
 from .prefix_cache import PrefixCache
 
 
@@ -41,9 +41,11 @@ def load_engine(models: ModelConfig, spec: SpecConfig, progress: bool = True,
     if needs_draft_model(spec.method) and draft is None:
         draft = load_draft(models, target, progress)
     drafter = build_drafter(spec, target, draft)  # before the curve: a drafter that cannot be built fails at once
-    curve = verify_curve(target, spec.draft_len + 1) if spec.adaptive_gamma else None  # cached after its first time
+    # gamma auto's costs, measured once per machine and cached: the target's verify curve, a draft byte's price
+    curve = verify_curve(target, spec.draft_len + 1) if spec.adaptive_gamma else None
+    price = draft_price(target, drafter) if spec.adaptive_gamma else 1.0
     return Engine(target, drafter, spec, new_drafter=lambda: build_drafter(spec, target, draft), curve=curve,
-                  prefix_cache=prefix_cache)
+                  prefix_cache=prefix_cache, draft_price=price)
 
 
 def load_draft(models: ModelConfig, target: LoadedModel, progress: bool = True) -> LoadedModel | None:

@@ -303,11 +303,13 @@ class Engine:
                  sampling_rule: SamplingRule = accept_rejection,
                  tree_sampling_rule: TreeSamplingRule = accept_tree_rejection,
                  new_drafter: Callable[[], Drafter] | None = None, curve: VerifyCurve | None = None,
-                 prefix_cache: PrefixCache | None = None):
+                 prefix_cache: PrefixCache | None = None, draft_price: float = 1.0):
         """new_drafter: builds another drafter like `drafter`, for requests decoded together (`generate_many`)
         when the drafter keeps one sequence's state (load_engine passes it). curve: the target's verify cost,
         which gamma auto needs (measured once per machine and cached: `verify_curve(target, spec.draft_len + 1)`,
-        models/verify_curve.py; load_engine measures it); the engine itself measures nothing. prefix_cache:
+        models/verify_curve.py; load_engine measures it); the engine itself measures nothing. draft_price: what a
+        byte of a draft step costs against a byte of the target's, for gamma auto (`draft_price(target, drafter)`,
+        measured and cached beside the curve; 1.0: by bytes alone). prefix_cache:
         prompts' K/V kept for later prompts that begin the same way (prefix_cache.py; engines of one target may
         share one); None: every prompt is prefilled whole."""
         self.target = target
@@ -330,7 +332,8 @@ class Engine:
         self._drafters_owned = 1  # built for this engine: held by requests or idle
         self._drafters_lock = threading.Lock()
         self.curve: VerifyCurve | None = None  # gamma auto: T(n) / T(1), n = 1 .. draft_len + 1, by context
-        self.target_bytes = 1  # gamma auto: a draft token costs its weight bytes over these (the target's)
+        self.target_bytes = 1  # gamma auto: a draft token costs its weight bytes over these (the target's) ...
+        self.draft_price = float(draft_price)  # ... times this, a draft byte's measured price
         self.source_costs: dict[str, float] = {}  # gamma auto: a draft token's cost, as a fraction of a one-token
         # target pass, for the drafter's other sources
         if self.spec.adaptive_gamma:
@@ -394,9 +397,9 @@ class Engine:
 
     def draft_cost(self, drafter: Drafter | None = None) -> float:
         """A draft token's cost as a fraction of a one-token target pass: its weight bytes over the target's
-        (decoding is bound by weight reads on a CPU). Read every pass: it may follow the request (the sorted
-        draft prices a token by the exits the request has used)."""
-        return (drafter or self.drafter).draft_bytes / self.target_bytes
+        (decoding is bound by weight reads on a CPU), times the measured price of a draft byte. Read every pass: it
+        may follow the request (the sorted draft prices a token by the exits the request has used)."""
+        return (drafter or self.drafter).draft_bytes * self.draft_price / self.target_bytes
 
     def encode(self, prompt: str, chat: bool = True, system: str | None = None) -> list[int]:
         if not isinstance(prompt, str):

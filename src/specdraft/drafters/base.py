@@ -24,6 +24,10 @@ class Drafter:
     # weight bytes one draft token reads (0: a free draft, like prompt lookup); gamma auto (draft_length.py)
     # weighs draft lengths by it. May be a property that follows the request (the sorted draft's exits).
     draft_bytes: float = 0
+    # whether gamma auto prices its draft token by a timed step (models/verify_curve.py `draft_price`) rather than
+    # by its weight bytes alone: a small model's step carries more fixed work per byte than the target's (24 layers
+    # of small matrices), 1.6x per byte for the 0.5B draft against the 1.5B target (Zen 3, 2026-12-03)
+    timed_price: bool = False
     # the node budget of a tree drafter (its drafts are trees of at most this many nodes); None for a chain drafter
     budget: int | None = None
     # for the statistics: the draft model's backend ("" without a draft model), the reduced vocabulary's rows

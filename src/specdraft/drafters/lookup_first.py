@@ -53,6 +53,10 @@ class LookupFirstDrafter(Drafter):
         return self.inner.draft_bytes
 
     @property
+    def timed_price(self) -> bool:
+        return self.inner.timed_price
+
+    @property
     def source_bytes(self) -> dict[str, int]:
         """Per source: a copy reads no weights (the wrapped drafter, the default source, reads draft_bytes)."""
         return {LOOKUP_LABEL: 0}

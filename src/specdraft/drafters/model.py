@@ -20,6 +20,7 @@ class ModelDrafter(HasDraftVocab):
 
     name = "draft"
     catches_up = True  # a proposal feeds the draft model whatever it has not seen (sync_for_next)
+    timed_price = True
 
     def __init__(self, draft: LoadedModel, target: LoadedModel, min_confidence: float = 0.0,
                  draft_vocab: int | None = None, context_tokens: int = 0):

@@ -9,6 +9,9 @@ and extrapolates past the long one (attention's cost grows linearly with the con
 The curve depends on the model's shape, the dtype, the backend and kernel build, the thread count and the CPU:
 all of them name the cache file (~/.cache/specdraft/verify-curves/MODEL-KEY.json). Measuring takes about 30 s for
 the 1.5B target (scripts/verify_cost.py has the long form, with a breakdown by kernel).
+
+`draft_price` times a drafter's one-token step against the target's the same way (a second or two, cached beside
+the curves): gamma auto prices a draft model's token by its weight bytes times that measured price per byte.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import SamplingParams
 from ..draft_length import VerifyCurve
 from ..types import Draft
 from .adapter import LoadedModel
@@ -115,12 +119,69 @@ def long_prefix(target: LoadedModel, max_tokens: int) -> int:
     return max(PREFIX_TOKENS, min(LONG_PREFIX_TOKENS, room))
 
 
+def _cache_path(key: dict, kind: str = "") -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return curves_root() / f"{key['model']}{kind}-{digest}.json"
+
+
+def _store(path: Path, record: dict) -> None:
+    """Write a measurement where the next run finds it (a read-only cache: measured again next time)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**record, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
+def draft_price(target: LoadedModel, drafter) -> float:
+    """What a byte of `drafter`'s one-token step costs relative to a byte of the target's (1.0 for a drafter that
+    is priced by its bytes alone: `Drafter.timed_price` false, or a free one). Timed as the curves are: ROUNDS
+    rounds of a one-token target pass and a one-token proposal after a PREFIX_TOKENS-token prompt, the median
+    of each round's ratio, then divided by the ratio of their weight bytes. Cached per machine, threads, kernel
+    build and drafter. The drafter is left begun on a random prompt: its next `begin` starts afresh."""
+    if not drafter.timed_price or not drafter.draft_bytes:
+        return 1.0
+    key = {**curve_key(target, 1), "drafter": drafter.name, "draft_bytes": int(drafter.draft_bytes),
+           "draft_backend": drafter.backend, "draft_vocab": drafter.vocab_rows, "estimator": ESTIMATOR}
+    path = _cache_path(key, "-draft")
+    try:
+        stored = json.loads(path.read_text())
+        if stored.get("key") == key:
+            return float(stored["price"])
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        pass  # absent or unreadable: measure again
+    vocab = min(target.vocab_size, len(target.tokenizer))
+    ids = torch.randint(0, vocab, (PREFIX_TOKENS + 1,), generator=torch.Generator().manual_seed(1)).tolist()
+    state = target.new_state(capacity=PREFIX_TOKENS + 8)
+    params = SamplingParams(temperature=0.0, max_new_tokens=2)
+    ratios = []
+    with torch.inference_mode():
+        state.forward(ids[:-1], 1)
+        drafter.begin(ids)
+        for round_index in range(ROUNDS + 1):
+            started = time.perf_counter()
+            state.verify(ids[-1], Draft.empty())
+            target_seconds = time.perf_counter() - started
+            state.truncate(PREFIX_TOKENS)
+            started = time.perf_counter()
+            drafter.propose(ids, 1, params, None)  # feeds the pending token, drafts one
+            draft_seconds = time.perf_counter() - started
+            drafter.on_accept(ids)  # nothing kept: the next round drafts the same token again
+            if round_index:
+                ratios.append(draft_seconds / target_seconds)
+    ratios.sort()
+    price = ratios[len(ratios) // 2] / (drafter.draft_bytes / target.weight_bytes)
+    _store(path, {"key": key, "price": price, "time_ratio": ratios[len(ratios) // 2]})
+    return price
+
+
 def verify_curve(target: LoadedModel, max_tokens: int) -> VerifyCurve:
     """The cached curves for this target and machine, measured on first use."""
     key = curve_key(target, max_tokens)
     contexts = (PREFIX_TOKENS, long_prefix(target, max_tokens))
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    path = curves_root() / f"{key['model']}-{digest}.json"
+    path = _cache_path(key)
     try:
         stored = json.loads(path.read_text())
         # older files hold the short curve only, or another estimator: measured again
@@ -134,13 +195,6 @@ def verify_curve(target: LoadedModel, max_tokens: int) -> VerifyCurve:
     print(f"specdraft: measuring {key['model']}'s verify cost on this machine for gamma auto (once per machine, "
           f"thread count and kernel build; about 30 s)...", file=sys.stderr, flush=True)
     curve = VerifyCurve(measure(target, max_tokens, contexts[0]), measure(target, max_tokens, contexts[1]), *contexts)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": key, "contexts": list(contexts), "relative": curve.short,
-                                   "relative_long": curve.long, "estimator": ESTIMATOR,
-                                   "measured": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1))
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only cache: use the curve, measure again next time
+    _store(path, {"key": key, "contexts": list(contexts), "relative": curve.short, "relative_long": curve.long,
+                  "estimator": ESTIMATOR})
     return curve

@@ -30,7 +30,7 @@ from ..drafters import build_drafter
 from ..engine import Engine, Generation, check_text
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel
-from ..models.verify_curve import verify_curve
+from ..models.verify_curve import draft_price, verify_curve
 from ..prefix_cache import PrefixCache
 from ..types import GenerationResult
 from .config import ServerConfig
@@ -76,9 +76,10 @@ class ServerState:
             if engine is None:
                 drafter = build_drafter(spec, self.target, self.draft)  # fails at once where it cannot be built
                 curve = verify_curve(self.target, spec.draft_len + 1) if spec.adaptive_gamma else None
+                price = draft_price(self.target, drafter) if spec.adaptive_gamma else 1.0
                 engine = Engine(self.target, drafter, spec,
                                 new_drafter=lambda: build_drafter(spec, self.target, self.draft), curve=curve,
-                                prefix_cache=self.prefix_cache)
+                                prefix_cache=self.prefix_cache, draft_price=price)
                 if len(self._engines) >= ENGINE_CACHE_SIZE:
                     self._engines.pop(next(iter(self._engines)))
                 self._engines[spec] = engine
