@@ -309,6 +309,8 @@ def test_a_repacked_matrix_lives_in_a_buffer_on_huge_page_boundaries():
     buffer.fill_(7)
     assert int(buffer.sum()) == 7 * buffer.numel()
     assert huge_page_buffer(1000).numel() == 1000
+    blocks = torch.randint(0, 256, (2048, 1088), dtype=torch.uint8)  # 2048 Q8_0 rows of 1024 weights: 2.2 MB
+    assert QuantWeight(blocks, 8, 1024).interleave().blocks.data_ptr() % HUGE_PAGE == 0
 
 
 # ------------------------------------------------------------------------------------------ tiny GGUF models

@@ -119,9 +119,10 @@ def long_prefix(target: LoadedModel, max_tokens: int) -> int:
     return max(PREFIX_TOKENS, min(LONG_PREFIX_TOKENS, room))
 
 
-def _cache_path(key: dict, kind: str = "") -> Path:
+def _cache_path(key: dict, folder: str = "") -> Path:
+    """The file of a measurement (curves at the top, draft prices in their own folder)."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return curves_root() / f"{key['model']}{kind}-{digest}.json"
+    return curves_root() / folder / f"{key['model']}-{digest}.json"
 
 
 def _store(path: Path, record: dict) -> None:
@@ -145,7 +146,7 @@ def draft_price(target: LoadedModel, drafter) -> float:
         return 1.0
     key = {**curve_key(target, 1), "drafter": drafter.name, "draft_bytes": int(drafter.draft_bytes),
            "draft_backend": drafter.backend, "draft_vocab": drafter.vocab_rows, "estimator": ESTIMATOR}
-    path = _cache_path(key, "-draft")
+    path = _cache_path(key, "draft-prices")
     try:
         stored = json.loads(path.read_text())
         if stored.get("key") == key:
@@ -153,7 +154,10 @@ def draft_price(target: LoadedModel, drafter) -> float:
     except (OSError, ValueError, AttributeError, TypeError, KeyError):
         pass  # absent or unreadable: measure again
     vocab = min(target.vocab_size, len(target.tokenizer))
-    ids = torch.randint(0, vocab, (PREFIX_TOKENS + 1,), generator=torch.Generator().manual_seed(1)).tolist()
+    # distinct ids (where the vocabulary has enough): no n-gram repeats, so a lookup-first wrapper does not copy and
+    # the model's step is what is timed
+    order = torch.randperm(vocab, generator=torch.Generator().manual_seed(1))
+    ids = order.repeat(PREFIX_TOKENS // vocab + 1)[: PREFIX_TOKENS + 1].tolist()
     state = target.new_state(capacity=PREFIX_TOKENS + 8)
     params = SamplingParams(temperature=0.0, max_new_tokens=2)
     ratios = []

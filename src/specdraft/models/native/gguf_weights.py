@@ -39,8 +39,12 @@ def huge_page_buffer(nbytes: int) -> torch.Tensor:
     # private (a shared anonymous mapping is shmem, whose huge pages are a separate setting); room to start on a
     # 2 MiB boundary
     region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    region.madvise(mmap.MADV_HUGEPAGE)  # before the first write: pages are then allocated huge
     offset = -np.frombuffer(region, dtype=np.uint8, count=1).ctypes.data % HUGE_PAGE
+    try:  # before the first write, so pages are allocated huge; only whole pages (a last partial one would be
+        # backed by a whole huge page too)
+        region.madvise(mmap.MADV_HUGEPAGE, offset, nbytes // HUGE_PAGE * HUGE_PAGE)
+    except OSError:  # a kernel without transparent huge pages: plain pages
+        pass
     return torch.frombuffer(region, dtype=torch.uint8, count=nbytes, offset=offset)  # keeps `region` alive
 
 

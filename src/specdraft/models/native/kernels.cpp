@@ -670,7 +670,7 @@ namespace {
 // A matrix as the kernels take it: dense float32/bfloat16 (`linear`), or a GGUF block format (`qlinear`; over
 // interleaved groups of 8 rows, `qlinear_x8`).
 struct StackMatrix {
-  torch::Tensor weight;
+  torch::Tensor weight;  // dense [N, K] float32/bfloat16; else uint8 blocks [N, row bytes] or [N / 8, group bytes]
   int64_t qtype;  // ggml type number; -1: dense
   bool interleaved;
   c10::optional<torch::Tensor> bias;  // [N] float32
@@ -695,9 +695,10 @@ class LayerStack {
   void add_layer(torch::Tensor input_norm, torch::Tensor post_norm,
                  std::vector<std::tuple<torch::Tensor, int64_t, bool, c10::optional<torch::Tensor>>> matrices) {
     TORCH_CHECK(matrices.size() == 7, "a layer has 7 matrices: q, k, v, o, gate, up, down");
-    std::vector<StackMatrix> m;
-    for (auto& [weight, qtype, interleaved, bias] : matrices) m.push_back({weight, qtype, interleaved, bias});
-    layers_.push_back({input_norm, post_norm, m[0], m[1], m[2], m[3], m[4], m[5], m[6]});
+    std::vector<StackMatrix> stacked;
+    for (auto& [weight, qtype, interleaved, bias] : matrices) stacked.push_back({weight, qtype, interleaved, bias});
+    layers_.push_back({input_norm, post_norm, stacked[0], stacked[1], stacked[2], stacked[3], stacked[4], stacked[5],
+                       stacked[6]});
   }
 
   int64_t size() const { return static_cast<int64_t>(layers_.size()); }
@@ -715,7 +716,8 @@ class LayerStack {
     const int64_t rows = hidden.size(0);
     for (size_t s = 0; s < n_segments; ++s)
       TORCH_CHECK(keys[s].dim() == 4 && keys[s].size(0) >= size() && values[s].sizes() == keys[s].sizes() &&
-                  firsts[s] >= 0 && counts[s] > 0 && firsts[s] + counts[s] <= rows, "bad sequence ", s);
+                  firsts[s] == (s ? firsts[s - 1] + counts[s - 1] : 0) && counts[s] > 0 &&
+                  firsts[s] + counts[s] <= rows, "sequence ", s, " does not follow the previous one's rows");
     std::vector<torch::Tensor> attended(n_segments);
     for (int64_t index = 0; index < size(); ++index) {
       const StackLayer& layer = layers_[index];
@@ -752,7 +754,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(pybind11::init<int64_t, int64_t, int64_t, double>())
       .def("add_layer", &LayerStack::add_layer)
       .def("__len__", &LayerStack::size)
-      .def("forward", &LayerStack::forward);
+      // no Python object is touched inside: other threads (the server's event loop) run during the pass
+      .def("forward", &LayerStack::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("parallel_backend", &parallel_backend, "\"openmp\" when the kernels use several threads");
   m.def("isa", &isa, "the instruction set of the matrix products: \"avx512bf16\", \"avx512\" or \"avx2\"");
   m.def("linear", &linear, "batch-invariant x @ W.T (+ b), float32 or bfloat16 weights");

@@ -191,7 +191,7 @@ class NativeLlama:
                 for weight, bias in ((layer.q, layer.q_bias), (layer.k, layer.k_bias), (layer.v, layer.v_bias),
                                      (layer.o, layer.o_bias), (layer.gate, None), (layer.up, None),
                                      (layer.down, None))])
-        self._float32_matrices = not self.rows_batch_invariant
+        self._has_float32_matrices = not self.rows_batch_invariant
 
     def _cover_positions(self, n: int) -> None:
         """Rotary tables with at least the first n positions (doubling, up to max_positions). Rows are computed in
@@ -282,7 +282,7 @@ class NativeLlama:
         bits); a tree, or a float32 matrix over more than MAX_KERNEL_ROWS rows (torch's matmul), layer by layer
         here. hidden [T, D] -> [T, D]."""
         chains = all(segment.positions is None and segment.tree_mask is None for segment in segments)
-        if chains and (kernel_only or hidden.shape[0] <= MAX_KERNEL_ROWS or not self._float32_matrices):
+        if chains and (kernel_only or hidden.shape[0] <= MAX_KERNEL_ROWS or not self._has_float32_matrices):
             self._cover_positions(max(segment.start + segment.n for segment in segments))
             return self._stack.forward(hidden.contiguous(), [segment.first for segment in segments],
                                        [segment.n for segment in segments],
