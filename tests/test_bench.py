@@ -311,8 +311,9 @@ def test_lookup_first_is_auto_per_method_and_a_run_wide_value_applies_where_ther
 def test_per_label_tallies_of_labelled_drafts_reach_the_summary_and_report():
     from specdraft.bench.report import label_section, label_tallies
 
-    records = [{"stats": {"drafted_by": {"exit 8": 3, "exit 24": 2}, "accepted_by": {"exit 8": 1, "exit 24": 2}}},
-               {"stats": {"drafted_by": {"exit 8": 1}, "accepted_by": {}}}, {"stats": None}]
+    records = [{"stats": {"drafter": {"drafted_by": {"exit 8": 3, "exit 24": 2},
+                                      "accepted_by": {"exit 8": 1, "exit 24": 2}}}},
+               {"stats": {"drafter": {"drafted_by": {"exit 8": 1}, "accepted_by": {}}}}, {"stats": None}]
     tallies = label_tallies(records)
     assert tallies == {"exit 8": {"drafted": 4, "accepted": 1}, "exit 24": {"drafted": 2, "accepted": 2}}
     assert label_tallies([{"stats": {"drafted": 3}}]) is None

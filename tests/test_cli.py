@@ -80,9 +80,12 @@ def test_statistics_line_names_the_backends_and_the_draft_head_rows():
     from specdraft.cli import format_stats
     from specdraft.types import SpecStats
 
-    line = format_stats(SpecStats(method="draft", gamma=2, backend="native", draft_backend="native",
-                                  draft_vocab=32768))
+    line = format_stats(SpecStats(method="draft", gamma=2, backend="native",
+                                  drafter={"draft_backend": "native", "draft_vocab": 32768}))
     assert line.endswith("backend: target native, draft native (32,768-row head + prompt tokens)")
+    with_lookup = format_stats(SpecStats(method="draft", backend="native",
+                                         drafter={"draft_backend": "native", "draft_vocab": 0, "lookup_first": 3}))
+    assert with_lookup.endswith("draft native; prompt lookup first after 3-token repeats")
     assert format_stats(SpecStats(method="ar", backend="transformers")).endswith("backend: target transformers")
     assert "acceptance" in line and "γ=2" in line
     plain = format_stats(SpecStats(method="ar", backend="native"))

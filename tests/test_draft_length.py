@@ -194,12 +194,13 @@ def test_lookup_first_names_the_source_of_its_next_proposal(tiny_models):
         ids = ar.encode(prompt, chat=False)
         got = engine.generate(ids, params)
         assert got.token_ids == ar.generate(ids, params).token_ids, prompt
-        sources |= set(got.stats.drafted_by)
+        sources |= set(got.stats.drafter["drafted_by"])
+        assert got.stats.drafter["lookup_first"] == drafter.min_ngram
         # the per-source step tallies account for every accepted token, and first steps for every drafting pass
         steps = got.stats.steps_by_source
         assert sum(sum(s["kept"]) for s in steps.values()) == got.stats.accepted
         assert sum(s["reached"][0] for s in steps.values()) == sum(got.stats.drafted_per_position[:1])
-        assert steps.get(LOOKUP_LABEL, {}).get("kept", [0])[0] <= got.stats.accepted_by.get(LOOKUP_LABEL, 0)
+        assert steps.get(LOOKUP_LABEL, {}).get("kept", [0])[0] <= got.stats.drafter["accepted_by"].get(LOOKUP_LABEL, 0)
         step_sources |= set(steps)
     assert sources == {LOOKUP_LABEL, drafter.inner.name}
     assert step_sources == {LOOKUP_LABEL, DRAFTER_SOURCE}

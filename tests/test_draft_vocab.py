@@ -87,7 +87,7 @@ def test_greedy_with_a_small_draft_vocabulary_is_token_identical(models):
     drafter = ModelDrafter(draft, target, draft_vocab=SMALL_VOCAB)
     result = Engine(target, drafter, SpecConfig("draft", 3)).generate(PROMPT, params)
     assert result.token_ids == plain.token_ids
-    assert result.stats.draft_vocab == SMALL_VOCAB  # the statistics say which head the draft scored
+    assert result.stats.drafter["draft_vocab"] == SMALL_VOCAB  # the statistics say which head the draft scored
     assert set(drafter.vocab.ids.tolist()) == {0, 1, 2, 3, 4}
     assert any(t in (5, 6) for t in plain.token_ids)  # the target does emit tokens the draft cannot propose
 
@@ -119,7 +119,7 @@ def test_a_draft_tree_with_a_small_vocabulary_drafts_from_it_and_stays_exact(mod
     drafter = RecordingTreeDrafter(draft, target, 6, 3, 2, draft_vocab=SMALL_VOCAB)
     result = Engine(target, drafter, spec).generate(PROMPT, params)
     assert result.token_ids == plain.token_ids and result.stats.tree_passes > 0
-    assert result.stats.draft_vocab == SMALL_VOCAB
+    assert result.stats.drafter["draft_vocab"] == SMALL_VOCAB
     assert drafter.drafted <= set(drafter.vocab.ids.tolist()) and any(t in (5, 6) for t in plain.token_ids)
     pvalue = engine_pvalue(target, draft, SETTINGS["T=1"], drafter=TreeDrafter(draft, target, 6, 3, 2,
                                                                                draft_vocab=SMALL_VOCAB), spec=spec)

@@ -56,7 +56,7 @@ def test_greedy_with_lookup_first_equals_autoregressive_for_every_inner_drafter(
     drafter = LookupFirstDrafter(make_inner(target, draft, deep), max_ngram=3, min_ngram=3)
     got = Engine(target, drafter, spec).generate(prompt, GREEDY)
     assert got.token_ids == expected.token_ids
-    drafted_by = got.stats.drafted_by
+    drafted_by = got.stats.drafter["drafted_by"]
     assert drafted_by.get("lookup", 0) > 0, drafted_by  # both drafters proposed in the same request
     assert sum(v for k, v in drafted_by.items() if k != "lookup") > 0, drafted_by
 
@@ -129,14 +129,15 @@ def test_lookup_first_auto_wraps_model_and_head_drafters_only(models):
     engine = Engine(target, build_drafter(SpecConfig("draft"), target, draft), SpecConfig("draft"),
                     curve=VerifyCurve.flat([1.0] * (AUTO_GAMMA_MAX + 1)))
     result = engine.generate(target.tokenizer.encode("abc abc abc"), SamplingParams(max_new_tokens=4))
-    assert result.stats.lookup_first == AUTO_LOOKUP_FIRST
+    assert result.stats.drafter["lookup_first"] == AUTO_LOOKUP_FIRST
 
 
 def test_lookup_first_passes_the_feature_taps_of_an_eagle_head_through(models):
     target, _, _ = models
     inner = EagleDrafter(tiny_head(target, draft_vocab=4), target)
     wrapped = LookupFirstDrafter(inner, 3, 2)
-    assert wrapped.feature_layers == inner.feature_layers and wrapped.backend == "eagle-head"
+    assert wrapped.feature_layers == inner.feature_layers
+    assert wrapped.statistics() == {"draft_backend": "eagle-head", "lookup_first": 2}
 
 
 def _tree(tokens, parents, label):

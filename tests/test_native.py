@@ -260,7 +260,7 @@ def test_greedy_speculation_is_token_identical_in_bf16_too(tiny_native):
         ids = ar.encode(prompt, chat=False)
         expected, got = ar.generate(ids, params), spec.generate(ids, params)
         assert got.token_ids == expected.token_ids
-        assert got.stats.backend == "native" and got.stats.draft_backend == "native"
+        assert got.stats.backend == "native" and got.stats.drafter["draft_backend"] == "native"
 
 
 def _unsupported_model_dir(tmp_path):

@@ -54,7 +54,7 @@ def test_fp32_speculative_greedy_equals_autoregressive(pair, prompt):
     got = spec.generate(ids, SamplingParams(max_new_tokens=NEW_TOKENS))
     assert got.token_ids == expected.token_ids
     assert got.stats.accepted > 0  # the real draft agrees often: this is speculation, not AR in disguise
-    assert got.stats.backend == "native" and got.stats.draft_backend == "native"
+    assert got.stats.backend == "native" and got.stats.drafter["draft_backend"] == "native"
 
 
 def test_bf16_speculative_greedy_equals_autoregressive():

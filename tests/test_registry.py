@@ -11,6 +11,7 @@ import torch
 
 from specdraft import Engine, SamplingParams, SpecConfig, SpecdraftError
 from specdraft.drafters import Drafter, build_drafter
+from specdraft.drafters.base import DraftTally
 from specdraft.registry import (DRAFTERS, DrafterInfo, option_classes, option_fields, register, setting,
                                 unregister)
 from specdraft.types import Draft
@@ -37,6 +38,25 @@ class EchoDrafter(Drafter):
 
     def on_accept(self, context_ids, features=None):
         pass
+
+    def statistics(self):
+        return {"echo_span": self.span}
+
+    def new_tally(self):
+        return EchoTally()
+
+
+class EchoTally(DraftTally):
+    """A drafter's own counters: passes where the whole echo was kept."""
+
+    def __init__(self):
+        self.whole = 0
+
+    def record(self, draft, result):
+        self.whole += int(draft.k > 0 and result.n_accepted == draft.k)
+
+    def to_dict(self):
+        return {"echo_whole": self.whole}
 
 
 def build_echo(spec, target, draft):
@@ -97,6 +117,12 @@ def test_a_registered_drafter_runs_in_the_engine_and_stays_exact(echo_registered
     got = engine.generate(ids, params)
     assert got.token_ids == Engine(target).generate(ids, params).token_ids
     assert got.stats.drafted > 0
+    # its setup and its own counters reach the statistics without a word about them in the engine or SpecStats,
+    # beside those of the lookup-first wrapper it runs in by default (its copies' and its own tokens per label)
+    assert {"echo_span", "echo_whole", "lookup_first", "drafted_by"} <= set(got.stats.drafter)
+    assert got.stats.drafter["echo_span"] == 3 and set(got.stats.drafter["drafted_by"]) <= {"lookup", "echo"}
+    assert 0 <= got.stats.drafter["echo_whole"] <= got.stats.target_passes
+    assert got.stats.to_dict()["drafter"] == got.stats.drafter
 
 
 def test_unknown_settings_are_refused_and_gone_with_the_drafter(echo_registered):

@@ -93,9 +93,10 @@ def test_greedy_sorted_drafting_is_token_identical_to_plain_decoding(sorted_mode
                       sorted_draft="none", lookup_first=0)
     result = Engine(target, build_drafter(spec, target, draft), spec).generate(PROMPT, params)
     assert result.token_ids == plain
-    drafted_by = result.stats.drafted_by
+    drafted_by, accepted_by = result.stats.drafter["drafted_by"], result.stats.drafter["accepted_by"]
     assert sum(drafted_by.values()) == result.stats.drafted and set(drafted_by) <= {"exit 1", "exit 2", "exit 4"}
-    assert all(result.stats.accepted_by.get(label, 0) <= n for label, n in drafted_by.items())
+    assert sum(accepted_by.values()) == result.stats.accepted
+    assert all(accepted_by.get(label, 0) <= n for label, n in drafted_by.items())
     assert result.stats.accepted > 0 and (result.stats.tree_passes > 0) == (method == "sorted-tree")
 
 

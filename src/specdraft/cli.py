@@ -310,11 +310,13 @@ def describe_backends(stats) -> str:
     """Which forward ran the target and the draft, and how many head rows the draft scored (automatic choices
     are visible here)."""
     text = f"target {stats.backend}"
-    if stats.draft_backend:
-        text += f", draft {stats.draft_backend}"
-        text += f" ({stats.draft_vocab:,}-row head + prompt tokens)" if stats.draft_vocab else ""
-    if stats.lookup_first:
-        text += f"; prompt lookup first after {stats.lookup_first}-token repeats"
+    draft_backend, rows, lookup_first = (stats.drafter.get(name) for name in ("draft_backend", "draft_vocab",
+                                                                               "lookup_first"))
+    if draft_backend:
+        text += f", draft {draft_backend}"
+        text += f" ({rows:,}-row head + prompt tokens)" if rows else ""
+    if lookup_first:
+        text += f"; prompt lookup first after {lookup_first}-token repeats"
     return text
 
 

@@ -76,6 +76,7 @@ class DecodeLoop:
         self.context = list(prompt_ids)
         self.budget = params.max_new_tokens
         self.draft, self.source = Draft.empty(), None
+        self.tally = drafter.new_tally()  # the drafter's own counters (stats.drafter)
         self._started = self._proposed_at = self.verify_started = 0.0  # verify_started: when its pass began
         self.prompt_len = len(prompt_ids)
         self.drafter_begun = False
@@ -179,7 +180,8 @@ class DecodeLoop:
         if draft.k and draft.parents is None:
             stats.record_steps(self.source or DRAFTER_SOURCE, draft.k, result.n_accepted)
         self.draft_length.observe(draft.k, result.n_accepted, self.source)
-        stats.record_labels(draft.labels, result.accepted_nodes)
+        self.tally.record(draft, result)
+        stats.drafter.update(self.tally.to_dict())
         self.budget -= len(result.tokens)
         return result.tokens
 
@@ -520,8 +522,7 @@ class Generation:
         self.engine, self.prompt_ids, self.params = engine, prompt_ids, params
         self.stats = SpecStats(method=engine.spec.name, gamma=engine.spec.draft_len,
                                gamma_auto=engine.spec.adaptive_gamma, prompt_tokens=len(prompt_ids),
-                               backend=engine.target.backend, draft_backend=engine.drafter.backend,
-                               draft_vocab=engine.drafter.vocab_rows, lookup_first=engine.drafter.lookup_first)
+                               backend=engine.target.backend, drafter=engine.drafter.statistics())
         self.generator = torch.Generator()
         if params.seed is not None:
             self.generator.manual_seed(params.seed)

@@ -109,9 +109,6 @@ class SpecStats:
     gamma: int = 0  # the longest chain a pass may draft (gamma auto: its cap), or the tree depth
     gamma_auto: bool = False  # each pass chose its own draft length (draft_length.py)
     backend: str = ""  # the target's forward: "native" or "transformers"
-    draft_backend: str = ""  # the draft model's, when there is one
-    draft_vocab: int = 0  # rows of the draft's LM head it scores per step, before the prompt's tokens (0: all)
-    lookup_first: int = 0  # prompt lookup in front of the drafter: the shortest n-gram it copies after (0: off)
     target_passes: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -124,8 +121,6 @@ class SpecStats:
     tree_passes: int = 0  # passes whose draft was a tree with branches
     tree_nodes: int = 0  # draft nodes in those passes (drafted counts them too)
     tree_accepted: int = 0  # accepted path lengths in those passes
-    drafted_by: dict[str, int] = field(default_factory=dict)  # draft tokens per Draft label (e.g. a sorted exit)
-    accepted_by: dict[str, int] = field(default_factory=dict)  # accepted draft tokens per label
     # chain passes per source (DRAFTER_SOURCE, or the drafter's `next_source`, e.g. "lookup" for a copy):
     # "reached"[i] counts passes that drafted step i + 1 with every earlier step kept, "kept"[i] those that kept
     # it too; kept / reached is the acceptance at a step given the ones before it (offline agreement's twin)
@@ -135,6 +130,9 @@ class SpecStats:
     time_prefill_s: float = 0.0
     time_total_s: float = 0.0
     finish_reason: str = ""
+    # what the drafter reports: its setup (Drafter.statistics: "draft_backend", "draft_vocab", "lookup_first", ...)
+    # and its own counters (Drafter.new_tally: e.g. "drafted_by" / "accepted_by" per label of a labelled draft)
+    drafter: dict[str, object] = field(default_factory=dict)
 
     def record(self, draft_len: int, n_accepted: int, depth: int | None = None) -> None:
         """One target pass: draft_len nodes drafted, n_accepted kept. depth: the tree's depth when the draft was
@@ -165,13 +163,6 @@ class SpecStats:
         for i in range(reached):
             steps["reached"][i] += 1
             steps["kept"][i] += int(i < n_accepted)
-
-    def record_labels(self, labels: list[str] | None, accepted_nodes: list[int]) -> None:
-        """Tally a labelled draft: every node under its label, the accepted ones under accepted_by."""
-        for label in labels or ():
-            self.drafted_by[label] = self.drafted_by.get(label, 0) + 1
-        for node in accepted_nodes if labels else ():
-            self.accepted_by[labels[node]] = self.accepted_by.get(labels[node], 0) + 1
 
     @property
     def mean_draft_len(self) -> float:

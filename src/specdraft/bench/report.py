@@ -188,9 +188,10 @@ def label_tallies(records: list[dict]) -> dict | None:
     drafted: dict[str, int] = defaultdict(int)
     accepted: dict[str, int] = defaultdict(int)
     for r in records:
-        for label, n in ((r.get("stats") or {}).get("drafted_by") or {}).items():
+        tally = ((r.get("stats") or {}).get("drafter") or {})  # the drafter's own counters (Drafter.new_tally)
+        for label, n in (tally.get("drafted_by") or {}).items():
             drafted[label] += n
-        for label, n in ((r.get("stats") or {}).get("accepted_by") or {}).items():
+        for label, n in (tally.get("accepted_by") or {}).items():
             accepted[label] += n
     return {label: {"drafted": n, "accepted": accepted.get(label, 0)} for label, n in drafted.items()} or None
 

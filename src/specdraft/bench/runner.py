@@ -167,11 +167,10 @@ def make_record(prompt: dict, turn: int, variant: Variant, prompt_ids: list[int]
         "time_verify_s": stats.get("time_verify_s"), "finish_reason": stats.get("finish_reason"),
         "identical_to_ar": None, "first_divergence": None,
         # every scalar the loop reports (backend, finish reason, timings, ...; new fields show up without a change)
-        # the per-label tallies of labelled drafts (which sorted exit drafted, and had accepted, how many) and the
-        # per-source acceptance at each draft step of chain passes
+        # what the drafter reports (its setup; a labelled draft's tallies: which sorted exit drafted, and had
+        # accepted, how many) and the per-source acceptance at each draft step of chain passes
         "stats": {k: v for k, v in stats.items()
-                  if isinstance(v, (str, int, float, bool))
-                  or k in ("drafted_by", "accepted_by", "steps_by_source")} or None,
+                  if isinstance(v, (str, int, float, bool)) or k in ("drafter", "steps_by_source")} or None,
         "output_ids": list(output.token_ids), "text": output.text,
     }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..config import SamplingParams
-from ..types import Draft
+from ..types import Acceptance, Draft
 
 
 class Drafter:
@@ -30,11 +30,6 @@ class Drafter:
     timed_price: bool = False
     # the node budget of a tree drafter (its drafts are trees of at most this many nodes); None for a chain drafter
     budget: int | None = None
-    # for the statistics: the draft model's backend ("" without a draft model), the reduced vocabulary's rows
-    # scored per step (0: all or none), lookup first's minimum n-gram (0: no lookup first)
-    backend: str = ""
-    vocab_rows: int = 0
-    lookup_first: int = 0
     # whether it keeps one sequence's state between calls (a draft model's cache, an EAGLE head's): requests
     # decoded together (Engine.generate_many) then need one instance each
     keeps_sequence_state: bool = True
@@ -49,6 +44,16 @@ class Drafter:
         draft token of each named source besides the default one; gamma auto keeps their acceptance and cost
         apart. Empty for a drafter with one source."""
         return {}
+
+    def statistics(self) -> dict[str, object]:
+        """What the statistics say of this drafter's setup (SpecStats.drafter, beside its tally's counters): e.g. the
+        draft model's backend ("draft_backend"), the head rows it scores per step ("draft_vocab", 0: all), lookup
+        first's shortest n-gram ("lookup_first"). The default: nothing."""
+        return {}
+
+    def new_tally(self) -> DraftTally:
+        """The counters one request keeps of this drafter's drafts (the loop feeds it every pass)."""
+        return DraftTally()
 
     def catch_up_tokens(self, prompt_len: int, context_len: int) -> int:
         """A drafter that catches up, begun only now that the context is context_len tokens long: the tokens it
@@ -81,6 +86,51 @@ class Drafter:
         features: the taps of the positions this pass added to the target's cache (the previously pending
         token and the accepted draft tokens: context_ids[-n - 1:-1] for n rows)."""
         raise NotImplementedError
+
+
+class DraftTally:
+    """What one request counts of its drafter's drafts, beside the loop's own counters (SpecStats): the loop hands
+    it each pass's draft and verdict (`record`), and `to_dict` goes into the statistics under "drafter". This one
+    counts nothing."""
+
+    def record(self, draft: Draft, result: Acceptance) -> None:
+        pass
+
+    def to_dict(self) -> dict[str, object]:
+        return {}
+
+
+class LabelTally(DraftTally):
+    """For drafters whose tokens carry labels (Draft.labels: a sorted exit, a lookup-first copy): the tokens each
+    label drafted ("drafted_by") and had accepted ("accepted_by"). A tree counts every node it drafted."""
+
+    def __init__(self) -> None:
+        self.drafted_by: dict[str, int] = {}
+        self.accepted_by: dict[str, int] = {}
+
+    def record(self, draft: Draft, result: Acceptance) -> None:
+        labels = draft.labels or []
+        for label in labels:
+            self.drafted_by[label] = self.drafted_by.get(label, 0) + 1
+        for node in result.accepted_nodes if labels else ():
+            self.accepted_by[labels[node]] = self.accepted_by.get(labels[node], 0) + 1
+
+    def to_dict(self) -> dict[str, object]:
+        return {"drafted_by": dict(self.drafted_by), "accepted_by": dict(self.accepted_by)}
+
+
+class Tallies(DraftTally):
+    """Several tallies fed the same passes (a wrapper's and the wrapped drafter's); their dicts merged."""
+
+    def __init__(self, *tallies: DraftTally) -> None:
+        self.tallies = tallies
+
+    def record(self, draft: Draft, result: Acceptance) -> None:
+        for tally in self.tallies:
+            tally.record(draft, result)
+
+    def to_dict(self) -> dict[str, object]:
+        return {key: value for tally in self.tallies for key, value in tally.to_dict().items()}
 
 
 class NoDrafter(Drafter):

@@ -29,7 +29,6 @@ _LOADED_HEADS: dict[tuple[str, int], tuple[LoadedModel, EagleHead]] = {}
 
 class EagleDrafter(Drafter):
     name = "eagle"
-    backend = "eagle-head"
 
     def __init__(self, head: EagleHead, target: LoadedModel):
         self.head = head.eval()
@@ -55,6 +54,9 @@ class EagleDrafter(Drafter):
             _LOADED_HEADS[key] = (target, head)
         return cls(_LOADED_HEADS[key][1], target)
 
+
+    def statistics(self) -> dict[str, object]:
+        return {"draft_backend": "eagle-head"}
 
     def begin(self, prompt_ids: list[int], features: torch.Tensor | None = None) -> None:
         self.cache = HeadCache(self.head.config, capacity=len(prompt_ids) + 64)

@@ -25,7 +25,7 @@ import torch
 
 from ..config import SamplingParams
 from ..types import Draft
-from .base import Drafter
+from .base import Drafter, DraftTally, LabelTally, Tallies
 from .prompt_lookup import NgramIndex
 
 LOOKUP_LABEL = "lookup"
@@ -41,7 +41,6 @@ class LookupFirstDrafter(Drafter):
         self.min_ngram = min_ngram
         self.name = f"{inner.name}+lookup"
         self.feature_layers = inner.feature_layers  # the engine taps these for the inner drafter
-        self.backend = inner.backend
         self.budget = inner.budget  # a tree drafter's: the copy becomes its first branch
         # the context's n-grams; a pooled instance may serve another request next, before its `begin`: the index
         # starts afresh on a context that does not extend the one it holds
@@ -70,13 +69,13 @@ class LookupFirstDrafter(Drafter):
         self.index.update(context_ids)
         return self.index.continuation(k)
 
-    @property
-    def lookup_first(self) -> int:  # for the statistics
-        return self.min_ngram
+    def statistics(self) -> dict[str, object]:
+        return {**self.inner.statistics(), "lookup_first": self.min_ngram}
 
-    @property
-    def vocab_rows(self) -> int:
-        return self.inner.vocab_rows
+    def new_tally(self) -> DraftTally:
+        """Its drafts are labelled (a copy, or the wrapped drafter's): counted per label; the wrapped drafter's own
+        counters see every pass, copies included."""
+        return Tallies(self.inner.new_tally(), LabelTally())
 
     @property
     def catches_up(self) -> bool:  # a copy needs no state: as the wrapped drafter

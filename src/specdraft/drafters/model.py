@@ -30,7 +30,7 @@ class ModelDrafter(HasDraftVocab):
         self.context_tokens = context_tokens
         self.context_start = 0
         self.draft = draft
-        self.backend = draft.backend  # shown in the statistics
+        self.backend = draft.backend
         self.state = draft.new_state()
         self.score_rows(draft, draft_vocab)  # sets draft_bytes, read by gamma auto every pass
 

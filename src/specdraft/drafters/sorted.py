@@ -38,6 +38,7 @@ from ..types import Draft
 from .exit_adapters import ExitAdapters, find_shipped, load_adapters
 from .model import check_compatible_vocab
 from .tree import draft_log_scores, grow_dynamic_tree, keep_accepted_path
+from .base import DraftTally, LabelTally
 from .vocab import HasDraftVocab, resolve_rows
 
 
@@ -287,6 +288,9 @@ class SortedDrafter(HasDraftVocab):
         (optional protocol member); it is read only when the target's layers are the draft's own
         (`shares_target`)."""
         self.target_state = target_state if self.shares_target else None
+
+    def new_tally(self) -> DraftTally:
+        return LabelTally()  # each token labelled with the exit that drafted it
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
         if self.vocab is not None:

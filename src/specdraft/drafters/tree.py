@@ -145,7 +145,7 @@ class TreeDrafter(HasDraftVocab):
         if budget < 1 or depth < 1 or branch < 1:
             raise SpecdraftError(f"tree budget, depth and branch must be >= 1 (got {budget}, {depth}, {branch})")
         self.draft, self.budget, self.depth, self.branch = draft, budget, depth, branch
-        self.backend = draft.backend  # shown in the statistics
+        self.backend = draft.backend
         self.state = draft.new_state()
         self.context_tokens = context_tokens
         self.context_start = 0  # the draft's cache position 0 is this context index

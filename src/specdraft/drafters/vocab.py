@@ -96,10 +96,15 @@ class HasDraftVocab(Drafter):
 
     vocab: DraftVocab | None = None
 
+    backend: str = ""  # the draft model's backend
+
     @property
     def vocab_rows(self) -> int:
-        """Rows of the head scored per step before the prompt's tokens (0: all); shown in the statistics."""
+        """Rows of the head scored per step before the prompt's tokens (0: all)."""
         return self.vocab.size if self.vocab is not None else 0
+
+    def statistics(self) -> dict[str, object]:
+        return {"draft_backend": self.backend, "draft_vocab": self.vocab_rows}
 
     def choose_rows(self, draft, rows: int | None) -> None:
         """Score `rows` of the draft model's head (0: all, None: auto, resolve_rows): sets self.vocab, or refuses a

@@ -144,8 +144,10 @@ def draft_price(target: LoadedModel, drafter) -> float:
     build and drafter. The drafter is left begun on a random prompt: its next `begin` starts afresh."""
     if not drafter.timed_price or not drafter.draft_bytes:
         return 1.0
+    setup = drafter.statistics()
     key = {**curve_key(target, 1), "drafter": drafter.name, "draft_bytes": int(drafter.draft_bytes),
-           "draft_backend": drafter.backend, "draft_vocab": drafter.vocab_rows, "estimator": ESTIMATOR}
+           "draft_backend": setup.get("draft_backend", ""), "draft_vocab": setup.get("draft_vocab", 0),
+           "estimator": ESTIMATOR}
     path = _cache_path(key, "draft-prices")
     try:
         stored = json.loads(path.read_text())
