@@ -25,11 +25,19 @@ def prefilled(model, prompt):
     return state
 
 
-def check_passes_match_alone(model):
-    """Rounds of passes of uneven lengths over sequences of uneven contexts: batched == alone, bit for bit."""
+def check_passes_match_alone(model, reduced_heads: bool = False):
+    """Rounds of passes of uneven lengths over sequences of uneven contexts: batched == alone, bit for bit.
+    reduced_heads: some sequences score only some rows of the head (a draft vocabulary's), two of them the same
+    rows object, one its own, one the whole head."""
     generator = torch.Generator().manual_seed(0)
     batched = [prefilled(model, p) for p in PROMPTS]
     alone = [prefilled(model, p) for p in PROMPTS]
+    if reduced_heads:
+        head = model.native.full_head()
+        shared, own = head[torch.tensor([0, 2, 3, 7, 13])], head[torch.tensor([1, 5, 6])]
+        for states in (batched, alone):
+            for state, rows in zip(states, (shared, None, own, shared)):
+                state.lm_head = rows
     for round_ in range(3):
         lengths = [1 + (round_ + i) % 4 for i in range(len(PROMPTS))]  # 1..4 tokens per sequence
         ids = [torch.randint(0, 14, (n,), generator=generator).tolist() for n in lengths]
@@ -47,12 +55,19 @@ def test_a_pass_of_several_sequences_gives_each_its_own_logits(native_target):
     check_passes_match_alone(native_target)
 
 
+def test_sequences_scoring_their_own_head_rows_share_a_pass(native_target):
+    """A draft model's requests, each with its draft vocabulary's rows (batched drafting)."""
+    check_passes_match_alone(native_target, reduced_heads=True)
+
+
 def test_a_pass_of_several_sequences_on_gguf_blocks(tmp_path):
     from tiny import build_model
     from tiny_gguf import write_gguf
 
     hf = build_model(tmp_path / "hf", seed=21, hidden=64, layers=2)
-    check_passes_match_alone(load_model(str(write_gguf(hf, tmp_path / "cache", "tiny-q8", "Q8_0")), dtype="gguf"))
+    model = load_model(str(write_gguf(hf, tmp_path / "cache", "tiny-q8", "Q8_0")), dtype="gguf")
+    check_passes_match_alone(model)
+    check_passes_match_alone(model, reduced_heads=True)
 
 
 def test_verify_many_keeps_each_sequence_as_its_own_verify_would(native_target):
@@ -157,3 +172,42 @@ def test_the_equality_check_catches_logits_handed_to_the_wrong_request(tiny_dirs
     monkeypatch.setattr(NativeState, "verify_many", staticmethod(
         lambda states, pendings, drafts: verify_many(states, pendings, drafts)[::-1]))
     assert [r.token_ids for r in engine.generate_many(prompts, params)] != alone
+
+
+def test_one_draft_model_drafts_for_several_requests_in_one_pass(tiny_dirs, monkeypatch):
+    """ModelDrafter.propose_batch: each request gets the draft its own `propose` gives (greedy, and sampled with its
+    own generator), whatever its catch-up (one of over 32 tokens goes alone first), length or confidence cut, with
+    the draft model's steps shared (forward_many), each request scoring its own draft vocabulary."""
+    from specdraft import SamplingParams
+    from specdraft.drafters import ModelDrafter
+
+    target = load_model(str(tiny_dirs["target"]), dtype="float32", backend="native")
+    draft = load_model(str(tiny_dirs["draft"]), dtype="float32", backend="native")
+    contexts = [[5, 9, 13, 2, 7], [3, 3], [(i * 7) % 14 for i in range(40)], [2, 11, 4]]
+    ks = [3, 1, 4, 2]
+    passes = []
+    forward_many = NativeState.forward_many
+    monkeypatch.setattr(NativeState, "forward_many", staticmethod(
+        lambda states, ids, n: passes.append(len(states)) or forward_many(states, ids, n)))
+
+    def drafters(confidence: float) -> list[ModelDrafter]:
+        made = [ModelDrafter(draft, target, min_confidence=confidence, draft_vocab=v) for v in (0, 8, 8, 0)]
+        for drafter, context in zip(made, contexts):
+            drafter.begin(context[:2])
+        return made
+
+    for confidence in (0.0, 0.3):
+        for params in ([SamplingParams()] * 4, [SamplingParams(temperature=1.0, seed=s) for s in range(4)]):
+            def generators():
+                return [torch.Generator().manual_seed(s) for s in range(4)]
+
+            passes.clear()
+            together = ModelDrafter.propose_batch(drafters(confidence), contexts, ks, params, generators())
+            assert passes and max(passes) > 1  # steps shared
+            alone = [d.propose(c, k, p, g) for d, c, k, p, g in zip(drafters(confidence), contexts, ks, params,
+                                                                     generators())]
+            for got, want in zip(together, alone):
+                assert torch.equal(got.token_ids, want.token_ids)
+                assert (got.draft_probs is None) == (want.draft_probs is None)
+                assert got.draft_probs is None or torch.equal(got.draft_probs, want.draft_probs)
+            assert [d.k for d in together] != [0] * 4

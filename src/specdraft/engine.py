@@ -136,6 +136,14 @@ class DecodeLoop:
     def propose(self, load: PassLoad = PassLoad()) -> Draft:
         """The draft of the next pass (empty when none pays or one token is left). load: what other requests
         put into the same target pass (gamma auto drafts less in a fuller pass)."""
+        to_draft = self.plan(load)
+        return self.take_draft(self.drafter.propose(self.context, to_draft, self.params, self.generator)
+                               if to_draft else Draft.empty())
+
+    def plan(self, load: PassLoad = PassLoad()) -> int:
+        """The first half of `propose`: how many tokens to draft (the drafter begun if it now drafts), for the
+        caller to draft them (`propose_together` drafts for several requests at once) and hand the draft to
+        `take_draft`."""
         self._started = time.perf_counter()
         # never draft past the token budget (the last token of a pass is the target's own)
         self.source = self.drafter.next_source(self.context)  # who drafts, when the drafter has several sources
@@ -149,15 +157,19 @@ class DecodeLoop:
             else:
                 self._begin_drafter(None)
                 self._started = time.perf_counter()  # its prefill is not draft time
-        self.draft = (self.drafter.propose(self.context, to_draft, self.params, self.generator) if to_draft
-                      else Draft.empty())
-        self._proposed_at = self.verify_started = time.perf_counter()
-        return self.draft
+        return to_draft
 
-    def load(self) -> PassLoad:
-        """What this request puts into the coming pass (after `propose`): its tokens, the one it emits at least,
-        and its draft's cost."""
-        return PassLoad(self.draft.k + 1, 1, self.draft.k * self.draft_length.token_cost(self.source))
+    def take_draft(self, draft: Draft) -> Draft:
+        """The second half of `propose`: the draft the pass verifies."""
+        self.draft = draft
+        self._proposed_at = self.verify_started = time.perf_counter()
+        return draft
+
+    def load(self, k: int | None = None) -> PassLoad:
+        """What this request puts into the coming pass (after `propose`; before it, with k planned tokens): its
+        tokens, the one it emits at least, and its draft's cost."""
+        k = self.draft.k if k is None else k
+        return PassLoad(k + 1, 1, k * self.draft_length.token_cost(self.source))
 
     def accept(self, target_logits: torch.Tensor) -> list[int]:
         """target_logits [k + 1, V]: the pass over the pending token and the draft (`SequenceState.verify`). Returns
@@ -229,18 +241,51 @@ def propose_together(loops: list[DecodeLoop], joining: int = 0,
     before it: their drafts; those after it: their pending token). `joining`: requests still prefilling, counted
     as one token each (they join the next passes: a request alone for a pass or two while others prefill does not
     begin a draft model for them). errors: where a drafter fails, its loop's index -> the exception, and an empty
-    draft in its place (without it, the exception propagates)."""
-    drafts, load = [], PassLoad(tokens=len(loops) + joining, requests=len(loops) + joining)
+    draft in its place (without it, the exception propagates).
+
+    The lengths are planned first (each knowing the planned lengths before it), then the drafters draft: those
+    of one class and `batch_key` in one call (`Drafter.propose_batch`: one draft model's steps for all its
+    requests in one pass), the others one by one."""
+    drafts: list[Draft] = [Draft.empty()] * len(loops)
+    planned: list[int] = [0] * len(loops)
+    load = PassLoad(tokens=len(loops) + joining, requests=len(loops) + joining)
+
+    def failed(i: int, exc: Exception) -> None:
+        if errors is None:
+            raise exc
+        errors[i] = exc
+
     for i, loop in enumerate(loops):
         load = load - PassLoad(1, 1)  # this request's own pending token
         try:
-            drafts.append(loop.propose(load))
+            planned[i] = loop.plan(load)
         except Exception as exc:
-            if errors is None:
-                raise
-            errors[i] = exc
-            drafts.append(Draft.empty())
-        load = load + loop.load()
+            failed(i, exc)
+        load = load + loop.load(planned[i])
+    groups: dict[tuple, list[int]] = {}  # (drafter class, batch key) -> the loops it drafts for together
+    for i, loop in enumerate(loops):
+        key = loop.drafter.batch_key() if planned[i] else None
+        groups.setdefault((type(loop.drafter), key) if key is not None else ("alone", i), []).append(i)
+    for members in groups.values():
+        batch = [loops[i] for i in members]
+        try:
+            if len(members) > 1:
+                proposed = type(batch[0].drafter).propose_batch(
+                    [loop.drafter for loop in batch], [loop.context for loop in batch], [planned[i] for i in members],
+                    [loop.params for loop in batch], [loop.generator for loop in batch])
+            else:
+                proposed = [None]
+        except Exception:  # one request's drafter failed: each on its own below, to tell which
+            proposed = [None] * len(members)
+        for i, draft in zip(members, proposed):
+            try:
+                if draft is None:  # on its own (it syncs its drafter to the context first, whatever ran before)
+                    draft = (loops[i].drafter.propose(loops[i].context, planned[i], loops[i].params,
+                                                      loops[i].generator) if planned[i] else Draft.empty())
+            except Exception as exc:
+                failed(i, exc)
+                draft = Draft.empty()
+            drafts[i] = loops[i].take_draft(draft)
     verify_starts = time.perf_counter()
     for loop in loops:  # a request's verify time starts with the pass, not with its own proposal
         loop.verify_started = verify_starts

@@ -55,6 +55,20 @@ class Drafter:
         """The counters one request keeps of this drafter's drafts (the loop feeds it every pass)."""
         return DraftTally()
 
+    def batch_key(self) -> object | None:
+        """Drafters of one class and one key may draft for several requests in one call (`propose_batch`), e.g.
+        one draft model whose steps for all of them run as one pass. None: this drafter proposes alone."""
+        return None
+
+    @classmethod
+    def propose_batch(cls, drafters: list[Drafter], contexts: list[list[int]], ks: list[int],
+                      params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[Draft]:
+        """The proposals of several requests (drafters of this class and one `batch_key`), each the draft its own
+        `propose` would give (the same tokens: each samples with its own generator in the same order). The
+        default: one after another."""
+        return [drafter.propose(context, k, p, generator)
+                for drafter, context, k, p, generator in zip(drafters, contexts, ks, params, generators)]
+
     def catch_up_tokens(self, prompt_len: int, context_len: int) -> int:
         """A drafter that catches up, begun only now that the context is context_len tokens long: the tokens it
         reads before its first draft (the loop does not begin it for fewer tokens left than that). The default:

@@ -109,6 +109,27 @@ class LookupFirstDrafter(Drafter):
             return draft
         return with_copy_branch(copy, draft, tree_budget) if draft.draft_probs is None else copy
 
+    def batch_key(self) -> object | None:
+        """As the wrapped drafter's, for a chain drafter (whose draft a copy replaces)."""
+        return self.inner.batch_key() if self.inner.budget is None else None
+
+    @classmethod
+    def propose_batch(cls, drafters, contexts, ks, params, generators) -> list[Draft]:
+        """The copies, and the wrapped drafters' drafts for the requests without one in one batch."""
+        drafts: list[Draft | None] = []
+        for drafter, context, k in zip(drafters, contexts, ks):
+            copied = drafter._continuation(context, k) if k else []
+            drafts.append(Draft(torch.tensor(copied, dtype=torch.long), labels=[LOOKUP_LABEL] * len(copied))
+                          if copied else None)
+        rest = [i for i, draft in enumerate(drafts) if draft is None]
+        if rest:
+            inner = [drafters[i].inner for i in rest]
+            for i, draft in zip(rest, type(inner[0]).propose_batch(inner, [contexts[i] for i in rest],
+                                                                   [ks[i] for i in rest], [params[i] for i in rest],
+                                                                   [generators[i] for i in rest])):
+                drafts[i] = draft if draft.labels is not None else replace(draft, labels=[inner[0].name] * draft.k)
+        return drafts
+
     def on_accept(self, context_ids: list[int], features: torch.Tensor | None = None) -> None:
         self.inner.on_accept(context_ids, features)
 

@@ -8,7 +8,8 @@ import torch
 
 from ..config import SamplingParams
 from ..errors import SpecdraftError
-from ..models.adapter import LoadedModel
+from ..models.adapter import LoadedModel, NativeState
+from ..models.native.llama import MAX_KERNEL_ROWS
 from ..sampling import processed_probs, sample
 from ..types import Draft
 from .vocab import HasDraftVocab
@@ -45,27 +46,73 @@ class ModelDrafter(HasDraftVocab):
         return window + context_len - prompt_len  # the prompt's window, then everything generated since
 
     def propose(self, context_ids, k, params: SamplingParams, generator) -> Draft:
-        to_feed = self.state.sync_for_next(context_ids[self.context_start:])
         token_ids: list[int] = []
         rows: list[torch.Tensor] = []
-        logits = self.state.forward(to_feed, 1)  # [1, V_draft]
+        logits = self.state.forward(self.state.sync_for_next(context_ids[self.context_start:]), 1)  # [1, V_draft]
         for i in range(k):
-            if self.min_confidence and i > 0 and float(logits[0].softmax(-1).max()) < self.min_confidence:
-                break  # an unsure draft is likely rejected; a shorter draft saves draft steps (still exact)
-            if params.greedy:
-                index = int(logits[0].argmax())
-            else:
-                probs = processed_probs(logits, params)  # [1, V_draft]; accept_rejection aligns widths
-                index = int(sample(probs, generator))
-                rows.append(probs[0])
-            token = index if self.vocab is None else self.vocab.target_id(index)
-            token_ids.append(token)
+            if not self._pick(logits, i, params, generator, token_ids, rows):
+                break
             if i + 1 < k:
-                logits = self.state.forward([token], 1)
+                logits = self.state.forward(token_ids[-1:], 1)
+        return self._draft(token_ids, rows)
+
+    def _pick(self, logits: torch.Tensor, step: int, params: SamplingParams, generator, token_ids: list[int],
+              rows: list[torch.Tensor]) -> bool:
+        """Draft token `step` from the draft's logits [1, V_draft] into token_ids (and its distribution into rows,
+        when sampling); False when the draft stops here."""
+        if self.min_confidence and step > 0 and float(logits[0].softmax(-1).max()) < self.min_confidence:
+            return False  # an unsure draft is likely rejected; a shorter draft saves draft steps (still exact)
+        if params.greedy:
+            index = int(logits[0].argmax())
+        else:
+            probs = processed_probs(logits, params)  # [1, V_draft]; accept_rejection aligns widths
+            index = int(sample(probs, generator))
+            rows.append(probs[0])
+        token_ids.append(index if self.vocab is None else self.vocab.target_id(index))
+        return True
+
+    def _draft(self, token_ids: list[int], rows: list[torch.Tensor]) -> Draft:
         draft_probs = torch.stack(rows) if rows else None  # [k, V_draft]
         if draft_probs is not None and self.vocab is not None:
             draft_probs = self.vocab.spread(draft_probs)  # [k, V]: q is 0 outside the rows drafted from
         return Draft(torch.tensor(token_ids, dtype=torch.long), draft_probs)
+
+    def batch_key(self) -> object | None:
+        """Requests drafting with one native draft model step together (`propose_batch`)."""
+        return id(self.draft) if isinstance(self.state, NativeState) else None
+
+    @classmethod
+    def propose_batch(cls, drafters, contexts, ks, params, generators) -> list[Draft]:
+        """Each step of every request's draft in one pass of the draft model (`NativeState.forward_many`: the
+        weights read once for all; each request's logits, its own head rows included, bit for bit those of its own
+        step), so each request gets the draft its `propose` would give. A catch-up longer than one kernel pass
+        goes on its own first."""
+        n = len(drafters)
+        feeds = [d.state.sync_for_next(c[d.context_start:]) if k else [] for d, c, k in zip(drafters, contexts, ks)]
+        logits: list[torch.Tensor | None] = [None] * n  # [1, V_draft] each
+        together = [i for i in range(n) if ks[i] and len(feeds[i]) <= MAX_KERNEL_ROWS]
+        for i in range(n):
+            if ks[i] and i not in together:
+                logits[i] = drafters[i].state.forward(feeds[i], 1)
+        token_ids: list[list[int]] = [[] for _ in range(n)]
+        rows: list[list[torch.Tensor]] = [[] for _ in range(n)]
+        step_ids = [feeds[i] for i in together]
+        for step in range(max(ks, default=0)):
+            if together:
+                for i, out in zip(together, NativeState.forward_many([drafters[i].state for i in together],
+                                                                     step_ids, [1] * len(together))):
+                    logits[i] = out
+            drafting = [i for i in range(n) if step < ks[i] and logits[i] is not None
+                        and drafters[i]._pick(logits[i], step, params[i], generators[i], token_ids[i], rows[i])]
+            for i in range(n):  # a request that stopped (its k reached, or unsure) steps no more
+                if i not in drafting:
+                    logits[i] = None
+            together = [i for i in drafting if step + 1 < ks[i]]
+            step_ids = [token_ids[i][-1:] for i in together]
+            for i in drafting:
+                if i not in together:
+                    logits[i] = None
+        return [d._draft(ids, r) for d, ids, r in zip(drafters, token_ids, rows)]
 
     def on_accept(self, context_ids: list[int], features=None) -> None:
         self.state.sync(context_ids[self.context_start:])  # drop rejected draft tokens; the new token is fed at the next propose

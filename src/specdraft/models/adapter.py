@@ -459,14 +459,16 @@ class NativeState(SequenceState):
     @staticmethod
     def forward_many(states: list["NativeState"], new_ids: list[list[int]], n_logits: list[int]) -> list[torch.Tensor]:
         """`forward` of several sequences of one model in one pass (NativeLlama.forward_many): each gets the logits
-        its own forward would give, bit for bit. No taps, no reduced head, chains only."""
+        its own forward would give, bit for bit (each with its own head rows, a draft vocabulary's). No taps, chains
+        only."""
         if not states or len({id(state.native) for state in states}) != 1:
             raise ValueError("forward_many takes sequences of one model")
         for state in states:
-            if state.feature_layers or state.lm_head is not None or state.tree_parents:
-                raise ValueError("forward_many passes plain chains: no taps, no reduced head, no cached tree")
+            if state.feature_layers or state.tree_parents:
+                raise ValueError("forward_many passes plain chains: no taps, no cached tree")
         logits = states[0].native.forward_many([(ids, state.cache, n) for state, ids, n
-                                                in zip(states, new_ids, n_logits)])
+                                                in zip(states, new_ids, n_logits)],
+                                               [state.lm_head for state in states])
         for state, ids in zip(states, new_ids):
             state.features = None
             state.token_ids.extend(ids)

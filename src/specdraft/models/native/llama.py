@@ -382,8 +382,11 @@ class NativeLlama:
         head = self.full_head() if lm_head is None else lm_head
         return self._linear(normed[-n_logits:].contiguous(), head, None), features  # [n_logits, V]
 
-    def forward_many(self, passes: list[tuple[list[int], "NativeCache", int]]) -> list[torch.Tensor]:
+    def forward_many(self, passes: list[tuple[list[int], "NativeCache", int]],
+                     heads: list[Weight | None] | None = None) -> list[torch.Tensor]:
         """Passes of several sequences as one: (token_ids, cache, n_logits) each, appended at each cache's length.
+        heads: per pass, the rows to score instead of the model's head (None: all; see `logits`), e.g. each
+        request's draft vocabulary; the passes that share a head are scored in one product.
         The norms and matrix products run over all their rows at once (the weights are read once for all), the
         rotary embedding, cache writes and attention per sequence over its own cache. Each sequence's logits
         [n_logits, V] are bit-identical to its own `forward` (the kernels are batch-invariant: a row's arithmetic
@@ -404,12 +407,21 @@ class NativeLlama:
             segments.append(Segment(len(token_ids), len(ids), cache, cache.length))
             token_ids.extend(ids)
         hidden = self._layers(self.embed_tokens(token_ids), segments, kernel_only=True)  # [T, D]
-        rows = []  # the rows each pass wants logits of, in order
-        for segment, (_, cache, n_logits) in zip(segments, passes):
+        heads = heads or [None] * len(passes)
+        by_head: dict[int, list[int]] = {}  # id of a head -> the passes it scores, in order
+        for i, ((_, cache, n_logits), segment) in enumerate(zip(passes, segments)):
             cache.length = segment.start + segment.n
-            rows.extend(range(segment.first + segment.n - n_logits, segment.first + segment.n))
-        logits = self.logits(hidden[rows], kernel_only=True)  # [sum n_logits, V]
-        return list(logits.split([n_logits for _, _, n_logits in passes]))
+            by_head.setdefault(id(heads[i]), []).append(i)
+        logits: list[torch.Tensor | None] = [None] * len(passes)
+        for members in by_head.values():
+            rows = []  # the rows these passes want logits of, in order
+            for i in members:
+                segment, n_logits = segments[i], passes[i][2]
+                rows.extend(range(segment.first + segment.n - n_logits, segment.first + segment.n))
+            scored = self.logits(hidden[rows], heads[members[0]], kernel_only=True)  # [sum n_logits, V]
+            for i, part in zip(members, scored.split([passes[i][2] for i in members])):
+                logits[i] = part
+        return logits
 
 
 @dataclass
