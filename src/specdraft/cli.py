@@ -236,7 +236,18 @@ def _configs(args) -> tuple[ModelConfig, SpecConfig, SamplingParams]:
     spec = SpecConfig(method=args.method, gamma=args.gamma, tree=args.tree, **drafter_knobs(args))
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), seed=args.seed)
+    check_names(models, spec)
     return models, spec, params
+
+
+def check_names(models: ModelConfig, spec: SpecConfig) -> None:
+    """The model names and paths, checked before torch is even imported (load_engine checks them again): a
+    mistyped --draft fails at once."""
+    from .models.fetch import check_model_reference
+
+    check_model_reference(models.target)
+    if DRAFTERS[spec.method].needs_draft_model and models.draft and models.draft != models.target:
+        check_model_reference(models.draft)
 
 
 def cmd_serve(args) -> int:
@@ -245,6 +256,7 @@ def cmd_serve(args) -> int:
     models = ModelConfig(target=args.target, draft=None if args.no_draft else args.draft, dtype=args.dtype,
                          cache_dir=args.cache_dir, threads=args.threads, backend=args.backend)
     spec = SpecConfig(method=args.method, gamma=args.gamma, tree=args.tree, **drafter_knobs(args))
+    check_names(models, spec)
     config = ServerConfig(host=args.host, port=args.port, model_name=args.model_name, max_queue=args.max_queue,
                           max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
                           prefix_cache_mb=args.prefix_cache_mb, max_tokens_limit=args.max_tokens_limit,

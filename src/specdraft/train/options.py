@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .config import TrainConfig
+from .config import ChatsConfig, TrainConfig
 from .prose import PROSE_KINDS
 
 
@@ -90,8 +90,6 @@ def _kinds(value: str) -> tuple[str, ...]:
 
 
 def add_chats_arguments(sub) -> None:
-    from .chats import ChatsConfig
-
     d = ChatsConfig(out="")
     p = sub.add_parser("chats", help="chat-style training text: prompts built from the pinned packages, answered "
                        "by a model (resumes; saved to ~/.cache/specdraft/chats/NAME); train on it with "
