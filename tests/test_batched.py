@@ -122,14 +122,19 @@ ENGINE_PROMPTS = ("abc abc abc ab", "ba", "cab cab c", "aaaa bbbb aaaa b")
 
 
 @pytest.mark.parametrize("method", ["ar", "prompt-lookup", "draft"])
-def test_requests_decoded_together_get_what_each_gets_alone(tiny_models, method):
+def test_requests_decoded_together_get_what_each_gets_alone(tiny_models, method, monkeypatch):
     """Greedy and seeded sampling, plain decoding, a stateless drafter and a drafter with per-request state (one
     instance each): every request's tokens equal its own `generate`, on both backends (transformers: one pass
-    per request)."""
+    per request); on the native one the draft model drafts for several requests at once."""
     from specdraft import SamplingParams, SpecConfig
     from specdraft.api import load_engine
     from specdraft.config import ModelConfig
+    from specdraft.drafters import ModelDrafter
 
+    batches = []
+    propose_batch = ModelDrafter.propose_batch.__func__
+    monkeypatch.setattr(ModelDrafter, "propose_batch", classmethod(
+        lambda cls, drafters, *rest: batches.append(len(drafters)) or propose_batch(cls, drafters, *rest)))
     spec = SpecConfig(method=method, gamma=3)
     engine = load_engine(ModelConfig(), spec, progress=False, target=tiny_models["target"],
                          draft=tiny_models["draft"])
@@ -142,6 +147,30 @@ def test_requests_decoded_together_get_what_each_gets_alone(tiny_models, method)
             assert (got.token_ids, got.text) == (alone.token_ids, alone.text)
             assert got.stats.target_passes == alone.stats.target_passes
             assert got.stats.finish_reason == alone.stats.finish_reason
+    if method == "draft" and tiny_models["draft"].native is not None:
+        assert batches and max(batches) > 1
+
+
+def test_a_failing_batch_of_drafts_falls_back_to_one_by_one(tiny_models, monkeypatch, caplog):
+    """A batched proposal that raises is logged and each request drafts alone: the outputs stay each one's own."""
+    from specdraft import SamplingParams, SpecConfig
+    from specdraft.api import load_engine
+    from specdraft.config import ModelConfig
+    from specdraft.drafters import ModelDrafter
+
+    def broken(cls, *args):
+        raise RuntimeError("a broken batch")
+
+    engine = load_engine(ModelConfig(), SpecConfig(method="draft", gamma=3, lookup_first=0), progress=False,
+                         target=tiny_models["target"], draft=tiny_models["draft"])
+    prompts = [engine.encode(p, chat=False) for p in ENGINE_PROMPTS]
+    params = SamplingParams(max_new_tokens=12)
+    alone = [engine.generate(p, params).token_ids for p in prompts]
+    monkeypatch.setattr(ModelDrafter, "propose_batch", classmethod(broken))
+    with caplog.at_level("WARNING", logger="specdraft.engine"):
+        together = [r.token_ids for r in engine.generate_many(prompts, params)]
+    assert together == alone
+    assert ("a broken batch" in caplog.text) == (tiny_models["draft"].native is not None)
 
 
 def test_a_drafter_with_state_needs_a_builder_to_be_shared(tiny_models):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import specdraft
 
 PACKAGE = Path(specdraft.__file__).parent
@@ -58,3 +60,18 @@ def test_negative_control_an_import_of_an_app_is_caught():
     assert [m for _, m in imported_modules("from .. import bench\n", ("drafters", "probe.py")) if app_of(m)]
     assert not [m for _, m in imported_modules("from ..models import adapter\n", ("drafters", "probe.py"))
                 if app_of(m)]
+
+
+def test_the_command_line_checks_its_arguments_before_torch_loads():
+    """`import specdraft.cli` stays light (the package's names load on first use), so that a mistyped path fails
+    at once; every name the package exports still imports."""
+    import subprocess
+    import sys
+
+    code = "import sys, specdraft.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+    for name in specdraft.__all__:
+        assert getattr(specdraft, name) is not None
+    with pytest.raises(AttributeError):
+        specdraft.no_such_name  # noqa: B018

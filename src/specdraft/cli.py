@@ -240,13 +240,14 @@ def _configs(args) -> tuple[ModelConfig, SpecConfig, SamplingParams]:
     return models, spec, params
 
 
-def check_names(models: ModelConfig, spec: SpecConfig) -> None:
+def check_names(models: ModelConfig, spec: SpecConfig, draft_always: bool = False) -> None:
     """The model names and paths, checked before torch is even imported (load_engine checks them again): a
-    mistyped --draft fails at once."""
+    mistyped --draft fails at once. draft_always: the draft is loaded whatever the method (the server's)."""
     from .models.fetch import check_model_reference
 
     check_model_reference(models.target)
-    if DRAFTERS[spec.method].needs_draft_model and models.draft and models.draft != models.target:
+    needed = draft_always or DRAFTERS[spec.method].needs_draft_model
+    if needed and models.draft and models.draft != models.target:
         check_model_reference(models.draft)
 
 
@@ -256,7 +257,7 @@ def cmd_serve(args) -> int:
     models = ModelConfig(target=args.target, draft=None if args.no_draft else args.draft, dtype=args.dtype,
                          cache_dir=args.cache_dir, threads=args.threads, backend=args.backend)
     spec = SpecConfig(method=args.method, gamma=args.gamma, tree=args.tree, **drafter_knobs(args))
-    check_names(models, spec)
+    check_names(models, spec, draft_always=True)
     config = ServerConfig(host=args.host, port=args.port, model_name=args.model_name, max_queue=args.max_queue,
                           max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
                           prefix_cache_mb=args.prefix_cache_mb, max_tokens_limit=args.max_tokens_limit,

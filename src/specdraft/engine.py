@@ -10,6 +10,7 @@ accepted path then moves to consecutive cache positions (SequenceState.keep_veri
 
 from __future__ import annotations
 
+import logging
 import operator
 import threading
 import time
@@ -268,6 +269,9 @@ def propose_together(loops: list[DecodeLoop], joining: int = 0,
         groups.setdefault((type(loop.drafter), key) if key is not None else ("alone", i), []).append(i)
     for members in groups.values():
         batch = [loops[i] for i in members]
+        started = time.perf_counter()
+        for loop in batch:  # a request's draft time is its group's drafting, not the planning or other groups'
+            loop._started = started
         try:
             if len(members) > 1:
                 proposed = type(batch[0].drafter).propose_batch(
@@ -275,7 +279,10 @@ def propose_together(loops: list[DecodeLoop], joining: int = 0,
                     [loop.params for loop in batch], [loop.generator for loop in batch])
             else:
                 proposed = [None]
-        except Exception:  # one request's drafter failed: each on its own below, to tell which
+        except Exception as exc:  # one request's drafter failed: each on its own below, to tell which (a sampled
+            # request's generator has moved on, so its draft is another exact one than alone)
+            logging.getLogger(__name__).warning("batched drafting failed (%s: %s); drafting one by one",
+                                                type(exc).__name__, exc)
             proposed = [None] * len(members)
         for i, draft in zip(members, proposed):
             try:
@@ -567,7 +574,7 @@ class Generation:
         self.engine, self.prompt_ids, self.params = engine, prompt_ids, params
         self.stats = SpecStats(method=engine.spec.name, gamma=engine.spec.draft_len,
                                gamma_auto=engine.spec.adaptive_gamma, prompt_tokens=len(prompt_ids),
-                               backend=engine.target.backend, drafter=engine.drafter.statistics())
+                               backend=engine.target.backend, drafter=dict(engine.drafter.statistics()))
         self.generator = torch.Generator()
         if params.seed is not None:
             self.generator.manual_seed(params.seed)

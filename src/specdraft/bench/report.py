@@ -188,7 +188,9 @@ def label_tallies(records: list[dict]) -> dict | None:
     drafted: dict[str, int] = defaultdict(int)
     accepted: dict[str, int] = defaultdict(int)
     for r in records:
-        tally = ((r.get("stats") or {}).get("drafter") or {})  # the drafter's own counters (Drafter.new_tally)
+        stats = r.get("stats") or {}
+        tally = stats.get("drafter") or stats  # the drafter's own counters (Drafter.new_tally; before 2026-12-03 at
+        # the top of the statistics)
         for label, n in (tally.get("drafted_by") or {}).items():
             drafted[label] += n
         for label, n in (tally.get("accepted_by") or {}).items():

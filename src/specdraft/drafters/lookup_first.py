@@ -111,7 +111,8 @@ class LookupFirstDrafter(Drafter):
 
     def batch_key(self) -> object | None:
         """As the wrapped drafter's, for a chain drafter (whose draft a copy replaces)."""
-        return self.inner.batch_key() if self.inner.budget is None else None
+        own = type(self).propose is LookupFirstDrafter.propose
+        return self.inner.batch_key() if own and self.inner.budget is None else None
 
     @classmethod
     def propose_batch(cls, drafters, contexts, ks, params, generators) -> list[Draft]:
@@ -127,7 +128,8 @@ class LookupFirstDrafter(Drafter):
             for i, draft in zip(rest, type(inner[0]).propose_batch(inner, [contexts[i] for i in rest],
                                                                    [ks[i] for i in rest], [params[i] for i in rest],
                                                                    [generators[i] for i in rest])):
-                drafts[i] = draft if draft.labels is not None else replace(draft, labels=[inner[0].name] * draft.k)
+                name = drafters[i].inner.name
+                drafts[i] = draft if draft.labels is not None else replace(draft, labels=[name] * draft.k)
         return drafts
 
     def on_accept(self, context_ids: list[int], features: torch.Tensor | None = None) -> None:

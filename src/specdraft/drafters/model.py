@@ -78,8 +78,10 @@ class ModelDrafter(HasDraftVocab):
         return Draft(torch.tensor(token_ids, dtype=torch.long), draft_probs)
 
     def batch_key(self) -> object | None:
-        """Requests drafting with one native draft model step together (`propose_batch`)."""
-        return id(self.draft) if isinstance(self.state, NativeState) else None
+        """Requests drafting with one native draft model step together (`propose_batch`); not a subclass that
+        proposes otherwise (propose_batch gives what ModelDrafter.propose would)."""
+        own = type(self).propose is ModelDrafter.propose
+        return id(self.draft) if own and isinstance(self.state, NativeState) else None
 
     @classmethod
     def propose_batch(cls, drafters, contexts, ks, params, generators) -> list[Draft]:
@@ -98,6 +100,8 @@ class ModelDrafter(HasDraftVocab):
         rows: list[list[torch.Tensor]] = [[] for _ in range(n)]
         step_ids = [feeds[i] for i in together]
         for step in range(max(ks, default=0)):
+            if not together and all(logit is None for logit in logits):
+                break  # every request stopped
             if together:
                 for i, out in zip(together, NativeState.forward_many([drafters[i].state for i in together],
                                                                      step_ids, [1] * len(together))):

@@ -35,10 +35,10 @@ from ..models.native.gguf_weights import stored_bytes
 from ..models.native.llama import NativeCache, NativeLlama
 from ..sampling import processed_probs, sample
 from ..types import Draft
+from .base import DraftTally, LabelTally
 from .exit_adapters import ExitAdapters, find_shipped, load_adapters
 from .model import check_compatible_vocab
 from .tree import draft_log_scores, grow_dynamic_tree, keep_accepted_path
-from .base import DraftTally, LabelTally
 from .vocab import HasDraftVocab, resolve_rows
 
 

@@ -46,9 +46,7 @@ from ..models.batched import BatchDecoder
 from ..sampling import processed_probs, sample
 from .config import KINDS, PACKAGE_KINDS, ChatsConfig  # noqa: F401 (ChatsConfig: this module's config)
 from .eagle_data import TextDoc, candidate_docs
-from .prose import PROSE_KINDS, followup_accepts, names_withdrawn, prose_prompts
-
-# the first kinds, built from the pinned packages and a few generators (one seeded stream draws them all)
+from .prose import followup_accepts, names_withdrawn, prose_prompts
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,7 @@ class SortedTrainConfig:
         check_optimizer(self.lr, self.weight_decay, self.grad_clip, self.min_lr_ratio)
 
 
+# the first kinds, built from the pinned packages and a few generators (one seeded stream draws them all)
 PACKAGE_KINDS = ("chat", "translate", "summarize", "qa", "rag", "math", "code", "explain")
 KINDS = PACKAGE_KINDS + PROSE_KINDS  # prose kinds (train/prose.py) draw from a stream of their own
 
