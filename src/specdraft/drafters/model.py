@@ -100,22 +100,18 @@ class ModelDrafter(HasDraftVocab):
         rows: list[list[torch.Tensor]] = [[] for _ in range(n)]
         step_ids = [feeds[i] for i in together]
         for step in range(max(ks, default=0)):
-            if not together and all(logit is None for logit in logits):
-                break  # every request stopped
             if together:
                 for i, out in zip(together, NativeState.forward_many([drafters[i].state for i in together],
                                                                      step_ids, [1] * len(together))):
                     logits[i] = out
-            drafting = [i for i in range(n) if step < ks[i] and logits[i] is not None
+            drafting = [i for i in range(n) if logits[i] is not None
                         and drafters[i]._pick(logits[i], step, params[i], generators[i], token_ids[i], rows[i])]
-            for i in range(n):  # a request that stopped (its k reached, or unsure) steps no more
-                if i not in drafting:
-                    logits[i] = None
+            # the next step feeds those still drafting (a request that stopped, its k reached or unsure, steps no more)
             together = [i for i in drafting if step + 1 < ks[i]]
+            if not together:
+                break
             step_ids = [token_ids[i][-1:] for i in together]
-            for i in drafting:
-                if i not in together:
-                    logits[i] = None
+            logits = [None] * n
         return [d._draft(ids, r) for d, ids, r in zip(drafters, token_ids, rows)]
 
     def on_accept(self, context_ids: list[int], features=None) -> None:
