@@ -13,7 +13,8 @@ from .config import ModelConfig, SpecConfig
 from .drafters import build_drafter, check_drafter_inputs, needs_draft_model
 from .engine import Engine
 from .errors import SpecdraftError
-from .models.adapter import LoadedModel, check_model_reference, load_model, set_threads
+from .models.adapter import LoadedModel, load_model, set_threads
+from .models.fetch import check_model_names
 from .models.verify_curve import draft_price, verify_curve
 from .prefix_cache import PrefixCache
 
@@ -31,10 +32,8 @@ def load_engine(models: ModelConfig, spec: SpecConfig, progress: bool = True,
             raise SpecdraftError(f"load_engine's {what} must be a loaded model (specdraft.load_model) or None, got "
                                  f"{value!r}; to load one by name, put the name in ModelConfig")
     # names, paths and heads first: a mistyped one fails before gigabytes load
-    if target is None:
-        check_model_reference(models.target)
-    if needs_draft_model(spec.method) and draft is None and models.draft and models.draft != models.target:
-        check_model_reference(models.draft)
+    check_model_names(models.target if target is None else None,
+                      models.draft if needs_draft_model(spec.method) and draft is None else None)
     check_drafter_inputs(spec)
     set_threads(models.threads)
     target = target or load_model(models.target, models.dtype, models.cache_dir, progress, models.backend)

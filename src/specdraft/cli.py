@@ -243,12 +243,10 @@ def _configs(args) -> tuple[ModelConfig, SpecConfig, SamplingParams]:
 def check_names(models: ModelConfig, spec: SpecConfig, draft_always: bool = False) -> None:
     """The model names and paths, checked before torch is even imported (load_engine checks them again): a
     mistyped --draft fails at once. draft_always: the draft is loaded whatever the method (the server's)."""
-    from .models.fetch import check_model_reference
+    from .models.fetch import check_model_names
 
-    check_model_reference(models.target)
     needed = draft_always or DRAFTERS[spec.method].needs_draft_model
-    if needed and models.draft and models.draft != models.target:
-        check_model_reference(models.draft)
+    check_model_names(models.target, models.draft if needed else None)
 
 
 def cmd_serve(args) -> int:

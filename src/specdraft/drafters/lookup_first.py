@@ -97,17 +97,23 @@ class LookupFirstDrafter(Drafter):
 
     def propose(self, context_ids: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Draft:
-        copied = self._continuation(context_ids, k) if k else []
-        copy = Draft(torch.tensor(copied, dtype=torch.long), labels=[LOOKUP_LABEL] * len(copied))
+        copy = self._copy(context_ids, k)
         tree_budget = self.inner.budget
-        if copied and tree_budget is None:
+        if copy.k and tree_budget is None:
             return copy
-        draft = self.inner.propose(context_ids, k, params, generator)
-        if draft.labels is None:
-            draft = replace(draft, labels=[self.inner.name] * draft.k)
-        if not copied:
+        draft = self._labelled(self.inner.propose(context_ids, k, params, generator))
+        if not copy.k:
             return draft
         return with_copy_branch(copy, draft, tree_budget) if draft.draft_probs is None else copy
+
+    def _copy(self, context_ids: list[int], k: int) -> Draft:
+        """Up to k tokens copied after the context's latest repeated n-gram (none: an empty draft)."""
+        copied = self._continuation(context_ids, k) if k else []
+        return Draft(torch.tensor(copied, dtype=torch.long), labels=[LOOKUP_LABEL] * len(copied))
+
+    def _labelled(self, draft: Draft) -> Draft:
+        """The wrapped drafter's draft, its tokens labelled with its name unless it labels them itself."""
+        return draft if draft.labels is not None else replace(draft, labels=[self.inner.name] * draft.k)
 
     def batch_key(self) -> object | None:
         """As the wrapped drafter's, for a chain drafter (whose draft a copy replaces)."""
@@ -117,19 +123,14 @@ class LookupFirstDrafter(Drafter):
     @classmethod
     def propose_batch(cls, drafters, contexts, ks, params, generators) -> list[Draft]:
         """The copies, and the wrapped drafters' drafts for the requests without one in one batch."""
-        drafts: list[Draft | None] = []
-        for drafter, context, k in zip(drafters, contexts, ks):
-            copied = drafter._continuation(context, k) if k else []
-            drafts.append(Draft(torch.tensor(copied, dtype=torch.long), labels=[LOOKUP_LABEL] * len(copied))
-                          if copied else None)
-        rest = [i for i, draft in enumerate(drafts) if draft is None]
+        drafts = [drafter._copy(context, k) for drafter, context, k in zip(drafters, contexts, ks)]
+        rest = [i for i, draft in enumerate(drafts) if not draft.k]
         if rest:
             inner = [drafters[i].inner for i in rest]
             for i, draft in zip(rest, type(inner[0]).propose_batch(inner, [contexts[i] for i in rest],
                                                                    [ks[i] for i in rest], [params[i] for i in rest],
                                                                    [generators[i] for i in rest])):
-                name = drafters[i].inner.name
-                drafts[i] = draft if draft.labels is not None else replace(draft, labels=[name] * draft.k)
+                drafts[i] = drafters[i]._labelled(draft)
         return drafts
 
     def on_accept(self, context_ids: list[int], features: torch.Tensor | None = None) -> None:

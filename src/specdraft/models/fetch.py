@@ -374,3 +374,12 @@ def check_model_reference(name_or_path: str) -> str:
             f"unknown model {name_or_path!r}: not a packaged model ({', '.join(PACKAGED_MODELS)}), "
             f"not a model directory, and not a hub id of the form owner/name")
     return name_or_path  # a hub id: transformers resolves it (or reports it unreachable)
+
+
+def check_model_names(target: str | None, draft: str | None) -> None:
+    """`check_model_reference` for the names a command or engine will load (None: nothing to check; a draft named
+    as the target is the target)."""
+    if target is not None:
+        check_model_reference(target)
+    if draft and draft != target:
+        check_model_reference(draft)

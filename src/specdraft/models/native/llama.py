@@ -409,7 +409,7 @@ class NativeLlama:
         hidden = self._layers(self.embed_tokens(token_ids), segments, kernel_only=True)  # [T, D]
         heads = heads or [None] * len(passes)
         by_head: dict[int, list[int]] = {}  # id of a head -> the passes it scores, in order
-        for i, ((_, cache, n_logits), segment) in enumerate(zip(passes, segments)):
+        for i, ((_, cache, _), segment) in enumerate(zip(passes, segments)):
             cache.length = segment.start + segment.n
             by_head.setdefault(id(heads[i]), []).append(i)
         logits: list[torch.Tensor | None] = [None] * len(passes)
