@@ -22,6 +22,7 @@ from ..sampling import processed_probs, sample
 from ..types import Draft
 from .base import Drafter
 from .eagle_head import EagleHead, HeadCache, load_head
+from .tree import draft_log_scores, grow_dynamic_tree
 
 # heads loaded by EagleDrafter.load, by (name or path, id of the target)
 _LOADED_HEADS: dict[tuple[str, int], tuple[LoadedModel, EagleHead]] = {}
@@ -125,8 +126,6 @@ class EagleTreeDrafter(EagleDrafter):
 
     def propose(self, context_ids: list[int], k: int, params: SamplingParams,
                 generator: torch.Generator | None) -> Draft:
-        from .tree import draft_log_scores, grow_dynamic_tree
-
         n_pending = self.pending.shape[0]
         depth = min(self.depth, k)
         if depth < 1 or n_pending == 0:

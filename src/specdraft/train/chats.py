@@ -45,7 +45,7 @@ from ..jsonl import read_jsonl, rewrite_jsonl
 from ..models.batched import BatchDecoder
 from ..sampling import processed_probs, sample
 from .config import KINDS, PACKAGE_KINDS, ChatsConfig  # noqa: F401 (ChatsConfig: this module's config)
-from .eagle_data import TextDoc, candidate_docs
+from .corpus import TextDoc, candidate_docs
 from .prose import followup_accepts, names_withdrawn, prose_prompts
 
 

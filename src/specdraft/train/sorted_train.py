@@ -1,7 +1,7 @@
 """Training the exit adapters of a sorted (S2D) draft (drafters/exit_adapters.py) on this CPU.
 
 Each step takes `windows_per_step` windows of `window` tokens of pinned-package text (the EAGLE corpus:
-train/eagle_data.candidate_docs, chat-formatted through the draft's template; never the benchmark's sources),
+train/corpus.candidate_docs, chat-formatted through the draft's template; never the benchmark's sources),
 runs the frozen draft over them once (no gradients; native backend, float32 weights: MKL for many rows), keeps the
 residual stream at every exit, and trains only the adapters through the frozen LM head rows of the draft
 vocabulary. The loss is S2D's: the mean over the exits of
@@ -63,7 +63,7 @@ class WindowStream:
         self.next_doc = 0
 
     def _cut(self, doc) -> list[list[int]]:
-        from .eagle_data import encode_doc
+        from .corpus import encode_doc
 
         ids = encode_doc(self.tokenizer, doc, self.max_len)
         return [ids[i: i + self.window] for i in range(0, len(ids), self.window) if len(ids) - i >= 8]
