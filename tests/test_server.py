@@ -939,8 +939,11 @@ def test_sigterm_finishes_running_work_and_errors_the_rest(model_dirs):
         for admitted, thread in enumerate(threads, 1):
             thread.start()
             # in this order: each request admitted (running or queued, or on a fast machine the first one already
-            # done) before the next is sent, so the long one is queued last
-            while (state := health.get("/health").json())["running"] + state["queued"] + len(outcomes) < admitted:
+            # done) before the next is sent, so the long one is queued last. The finished count is read before the
+            # server's: a request leaves `running` before its stream ends, so one that ends in between is counted
+            # nowhere (the loop asks again), never twice (read the other way round, a request ending between the two
+            # reads counted twice, and the signal went out before the last request arrived)
+            while len(outcomes) + (state := health.get("/health").json())["running"] + state["queued"] < admitted:
                 assert state["running"] <= 2 and time.monotonic() < deadline, state
                 time.sleep(0.01)
         process.send_signal(signal.SIGTERM)
