@@ -30,17 +30,17 @@ test-fast: $(STAMP)
 # Quick benchmark: two prompts per category, 64 new tokens, the GGUF's own weights (--dtype auto), our plain
 # decoding and speculation side by side with llama.cpp on the same files (built once by `make peers`), interleaved
 # turn by turn; about 15 minutes on a 2-core machine. Results in out/bench-quick (docs/benchmarks.md keeps the
-# dated tables). The full suite (all 140 prompts) is `make bench-full`: about 2.5 hours on this machine; it resumes
+# dated tables). The full suite (all 140 prompts) is `make bench-full`: about 3 hours on this machine; it resumes
 # where it stopped (`--resume`), so it can run in parts. See docs/benchmarks.md.
 BENCH_QUICK := --limit 2 --max-new-tokens 64 --dtype auto --threads 2 \
 	--methods ar,draft,prompt-lookup,llama.cpp,llama.cpp-spec
 # EAGLE needs a trained head: `make head` (docs/eagle.md); drop eagle from the list without one.
-BENCH_FULL := --max-new-tokens 64 --dtype auto --threads 2 --gamma 2 --eagle-head $(HEAD) \
-	--methods 'ar,hf-ar,draft[draft_vocab=32768],prompt-lookup,eagle'
+BENCH_FULL := --max-new-tokens 64 --dtype auto --threads 2 --eagle-head $(HEAD) \
+	--methods 'ar,draft,prompt-lookup,eagle,llama.cpp'
 bench: fetch peers
 	$(VENV)/bin/specdraft bench $(BENCH_QUICK) --overwrite --out out/bench-quick
 
-bench-full: fetch
+bench-full: fetch peers
 	$(VENV)/bin/specdraft bench $(BENCH_FULL) --resume --out out/bench-full
 
 # The EAGLE head the benchmarks name (docs/eagle.md, "The heads": qwen1.5b-s15): the 1.5B target's features (bf16, the taps the

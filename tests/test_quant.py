@@ -394,6 +394,46 @@ def test_auto_dtype_picks_the_gguf_weights(tiny_pair):
     assert load_model(str(tiny_pair["target"]), "auto", progress=False).dtype_name == "gguf"
 
 
+@pytest.mark.parametrize("arch, rope", [("qwen2", None), ("llama", None),
+                                        ("llama", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+                                        ("qwen2", {"rope_type": "linear", "factor": 2.0})])
+def test_rotary_frequencies_are_transformers_bits_without_its_model_code(arch, rope):
+    """A GGUF loads without the model's transformers module: its rotary tables must still be the module's, bit for
+    bit (a default RoPE computed here, others by transformers' function); a wrong base must differ."""
+    from transformers import LlamaConfig, Qwen2Config
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
+
+    from specdraft.models.native.llama import rotary_frequencies
+
+    config_class, module_class = {"qwen2": (Qwen2Config, Qwen2RotaryEmbedding),
+                                  "llama": (LlamaConfig, LlamaRotaryEmbedding)}[arch]
+    parameters = {"rope_theta": 1_000_000.0, **({"rope_type": "default"} if rope is None else rope)}
+    config = config_class(hidden_size=96, num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512,
+                          rope_parameters=parameters)
+    module = module_class(config=config)
+    inv_freq, scaling = rotary_frequencies(config)
+    assert torch.equal(inv_freq, module.inv_freq) and scaling == module.attention_scaling
+    config.rope_parameters = {**parameters, "rope_theta": 10_000.0}
+    assert not torch.equal(rotary_frequencies(config)[0], module.inv_freq)
+
+
+def test_a_gguf_loads_its_config_without_a_transformers_model(tiny_pair):
+    """The native GGUF path needs no torch module (building one imports the model's code: seconds of a start); what
+    the model says about itself comes from its config, and transformers' generate says why it cannot run."""
+    from specdraft.bench.methods import METHODS, BenchModels
+
+    gguf = load_model(str(tiny_pair["target"]), "gguf", progress=False)
+    full = load_model(str(tiny_pair["target_hf"]), "float32", progress=False)
+    assert gguf.model is None and full.model is not None
+    for name in ("vocab_size", "eos_token_ids", "max_positions", "n_layers", "hidden_size"):
+        assert getattr(gguf, name) == getattr(full, name), name
+    assert gguf.kv_bytes(100) == full.kv_bytes(100) > 0
+    with pytest.raises(SpecdraftError, match="--dtype bfloat16 or float32"):
+        METHODS["hf-ar"].build(BenchModels(None, gguf, None), SpecConfig("ar"))
+
+
 def test_gguf_dtype_needs_a_gguf_and_the_native_backend(tiny_pair):
     with pytest.raises(SpecdraftError, match="did not come from a GGUF"):
         load_model(str(tiny_pair["target_hf"]), "gguf", progress=False)

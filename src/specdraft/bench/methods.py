@@ -112,6 +112,7 @@ def _hf_generate(models: BenchModels, extra: Callable[[SpecConfig], dict], spec:
     """transformers' `generate` on the same target. Every sampling knob is passed explicitly so that nothing in
     the model's generation_config (e.g. a repetition penalty) makes it decode differently from ours."""
     target = models.target
+    model = target.transformers_model("transformers' generate (the hf-* methods)")
     eos = sorted(target.eos_token_ids)
     pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else eos[0]
 
@@ -127,7 +128,7 @@ def _hf_generate(models: BenchModels, extra: Callable[[SpecConfig], dict], spec:
             kwargs.update(temperature=None, top_k=None, top_p=None)
         start = time.perf_counter()
         with torch.inference_mode():
-            out = target.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
+            out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
         wall = time.perf_counter() - start
         tokens = out[0, len(prompt_ids):].tolist()
         tokens = tokens[: next((i for i, t in enumerate(tokens) if t in eos), len(tokens))]
@@ -146,7 +147,7 @@ register(Method("hf-ar", "transformers generate, greedy or sampling",
                 lambda models, spec: _hf_generate(models, lambda s: {}, spec)))
 register(Method("hf-assisted", "transformers generate(assistant_model=draft), its own draft-length schedule",
                 lambda models, spec: _hf_generate(
-                    models, lambda s: {"assistant_model": _require_draft(models).model}, spec),
+                    models, lambda s: {"assistant_model": _require_draft(models).transformers_model("hf-assisted's draft")}, spec),
                 needs_draft=True))
 # gamma auto for transformers' prompt lookup: its own default length (PromptLookupCandidateGenerator's
 # num_output_tokens); it has no per-pass choice of length

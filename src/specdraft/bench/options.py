@@ -11,7 +11,9 @@ from ..knobs import add_drafter_knob_args, drafter_knobs, parse_gamma, parse_set
 from ..registry import option_fields
 from .report import VERSUS_HELP
 
-DEFAULT_METHODS = ("ar", "hf-ar", "hf-assisted", "hf-prompt-lookup", "draft", "prompt-lookup")
+# the packaged models run their GGUF weights (--dtype auto), which transformers' generate (the hf-* methods) cannot
+# run: those need --dtype bfloat16 or float32; llama.cpp, the peer on the same file, needs `make peers`
+DEFAULT_METHODS = ("ar", "draft", "prompt-lookup")
 
 
 @dataclass(frozen=True)

@@ -330,16 +330,6 @@ def _now() -> str:
 
 # ------------------------------------------------------------------------------------------------ memory
 
-def kv_cache_bytes(model: torch.nn.Module, n_tokens: int) -> int:
-    """K and V of every layer for n_tokens: 2 · layers · kv_heads · head_dim · n_tokens · bytes per element."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    element = torch.empty((), dtype=next(model.parameters()).dtype).element_size()
-    return 2 * config.num_hidden_layers * kv_heads * head_dim * n_tokens * element
-
-
 def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
@@ -349,11 +339,11 @@ def memory_info(models: BenchModels, variants: list[Variant], records: list[dict
     n_tokens = longest["prompt_tokens"] + longest["new_tokens"]
     info = {"target_weight_bytes": models.target.weight_bytes,
             "longest_turn": {"question_id": longest["question_id"], "turn": longest["turn"], "tokens": n_tokens},
-            "target_kv_bytes_longest_turn": kv_cache_bytes(models.target.model, n_tokens),
+            "target_kv_bytes_longest_turn": models.target.kv_bytes(n_tokens),
             "peak_rss_bytes": peak_rss_bytes()}
     if models.draft is not None and any(v.method.needs_draft for v in variants):
         info["draft_weight_bytes"] = models.draft.weight_bytes
-        info["draft_kv_bytes_longest_turn"] = kv_cache_bytes(models.draft.model, n_tokens)
+        info["draft_kv_bytes_longest_turn"] = models.draft.kv_bytes(n_tokens)
     return info
 
 
@@ -376,7 +366,9 @@ def model_info(loaded: LoadedModel) -> dict:
         value = getattr(loaded, name, None)
         if isinstance(value, (str, int, float, bool)) and not name.startswith("_"):
             info[name] = value
-    info.update(dtype=loaded.dtype_name, model_class=type(loaded.model).__name__)
+    architecture = (getattr(loaded.config, "architectures", None) or ["unknown"])[0]
+    info.update(dtype=loaded.dtype_name,
+                model_class=type(loaded.model).__name__ if loaded.model is not None else architecture)
     return info
 
 
@@ -489,5 +481,5 @@ def cmd_bench(args, argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["run_bench", "cmd_bench", "compare_tokens", "mark_equality", "kv_cache_bytes", "weight_bytes",
+__all__ = ["run_bench", "cmd_bench", "compare_tokens", "mark_equality", "weight_bytes",
            "build_variants", "close_variants", "Variant"]

@@ -36,12 +36,30 @@ from .native.llama import NativeCache, NativeLlama, config_unsupported_reason, n
 class LoadedModel:
     name: str
     path: str
-    model: torch.nn.Module
+    model: torch.nn.Module | None  # the transformers model; None for a GGUF on the native backend (no module needed)
     tokenizer: object
     dtype: torch.dtype
     weight_major: bool = True  # transformers backend: few-row linears as (W @ x.T).T, see models/fastpath.py
     native: NativeLlama | None = None  # set when the native backend runs this model
     backend_note: str = ""  # why the transformers backend was chosen, when it was
+    # the Hugging Face config and generation config of a GGUF loaded without a transformers model
+    gguf_config: object = None
+    gguf_generation_config: object = None
+
+    @property
+    def config(self):
+        return self.model.config if self.model is not None else self.gguf_config
+
+    @property
+    def generation_config(self):
+        return self.model.generation_config if self.model is not None else self.gguf_generation_config
+
+    def transformers_model(self, what: str) -> torch.nn.Module:
+        """The transformers model, for `what` needs one; a clear error for a GGUF loaded without it."""
+        if self.model is None:
+            raise SpecdraftError(f"{what} needs the model's float weights; {self.name!r} runs its GGUF blocks "
+                                 f"(--dtype gguf or auto): use --dtype bfloat16 or float32")
+        return self.model
 
     @property
     def dtype_name(self) -> str:
@@ -72,12 +90,14 @@ class LoadedModel:
     @property
     def vocab_size(self) -> int:
         """Width of the logits (the embedding rows; can exceed the tokenizer's vocabulary)."""
+        if self.native is not None:
+            return int(self.native.lm_head.shape[0])
         return int(self.model.get_output_embeddings().weight.shape[0])
 
     @property
     def eos_token_ids(self) -> set[int]:
         ids: set[int] = set()
-        for source in (self.model.generation_config, self.model.config):
+        for source in (self.generation_config, self.config):
             eos = getattr(source, "eos_token_id", None)
             ids.update([eos] if isinstance(eos, int) else (eos or []))
         if self.tokenizer.eos_token_id is not None:
@@ -86,15 +106,25 @@ class LoadedModel:
 
     @property
     def max_positions(self) -> int | None:
-        return getattr(self.model.config, "max_position_embeddings", None)
+        return getattr(self.config, "max_position_embeddings", None)
 
     @property
     def n_layers(self) -> int:
-        return int(self.model.config.num_hidden_layers)
+        return int(self.config.num_hidden_layers)
 
     @property
     def hidden_size(self) -> int:
-        return int(self.model.config.hidden_size)
+        return int(self.config.hidden_size)
+
+    def kv_bytes(self, n_tokens: int) -> int:
+        """K and V of every layer for n_tokens: 2 · layers · kv_heads · head_dim · n_tokens · bytes per element
+        (float32 in the native cache, the weights' dtype in transformers')."""
+        config = self.config.get_text_config() if hasattr(self.config, "get_text_config") else self.config
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        element = 4 if self.native is not None else torch.empty((), dtype=self.dtype).element_size()
+        return 2 * config.num_hidden_layers * kv_heads * head_dim * n_tokens * element
 
     def new_state(self, capacity: int = 256, feature_layers: tuple[int, ...] = ()) -> "SequenceState":
         """A fresh sequence; `capacity` sizes the native cache up front (it still grows when exceeded).
@@ -221,10 +251,10 @@ def _first_lines(exc: Exception) -> str:
 
 
 def _load_gguf(name_or_path: str, path: str, gguf_file: Path, required: bool) -> LoadedModel | None:
-    """The native backend over `gguf_file`'s block formats, with the directory's config and tokenizer; the
-    Hugging Face model object is built without weights (the meta device) and serves for its config only.
-    None when the model cannot run natively and nothing `required` it."""
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    """The native backend over `gguf_file`'s block formats, with the directory's config, generation config and
+    tokenizer; no transformers model object (building one, even without weights, imports its modeling code:
+    1.7 s of a start). None when the model cannot run natively and nothing `required` it."""
+    from transformers import AutoConfig, GenerationConfig
 
     try:
         config = AutoConfig.from_pretrained(path)
@@ -236,17 +266,13 @@ def _load_gguf(name_or_path: str, path: str, gguf_file: Path, required: bool) ->
         if required:
             raise SpecdraftError(f"{name_or_path!r} cannot run its GGUF weights natively: {reason}")
         return None
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
     try:
-        model.generation_config = GenerationConfig.from_pretrained(path)
-    except OSError:
-        pass  # no generation_config.json: the one derived from the config stays
-    model.eval()
-    rotary = type(model.model.rotary_emb)(config=config)  # a real one: its inverse frequencies are computed here
-    native = NativeLlama.from_gguf(read_gguf(gguf_file), config, rotary)
-    return LoadedModel(name=name_or_path, path=path, model=model, tokenizer=tokenizer, dtype=torch.float32,
-                       native=native)
+        generation_config = GenerationConfig.from_pretrained(path)
+    except OSError:  # no generation_config.json: the one a model derives from its config
+        generation_config = GenerationConfig.from_model_config(config)
+    native = NativeLlama.from_gguf(read_gguf(gguf_file), config)
+    return LoadedModel(name=name_or_path, path=path, model=None, tokenizer=tokenizer, dtype=torch.float32,
+                       native=native, gguf_config=config, gguf_generation_config=generation_config)
 
 
 def set_threads(threads: int | None) -> None:

@@ -59,7 +59,7 @@ def _cpu_name() -> str:
 
 
 def curve_key(target: LoadedModel, max_tokens: int) -> dict:
-    config = target.model.config
+    config = target.config
     key = {"model": Path(target.path).name, "layers": target.n_layers, "hidden": target.hidden_size,
            "vocab": target.vocab_size, "kv_heads": getattr(config, "num_key_value_heads", None),
            "dtype": target.dtype_name, "backend": target.backend,

@@ -66,7 +66,7 @@ class ServerState:
 
     @property
     def context_len(self) -> int | None:
-        return getattr(self.target.model.config, "max_position_embeddings", None)
+        return self.target.max_positions
 
     def engine(self, spec: SpecConfig) -> Engine:
         """An engine for `spec`, built once. Requests in flight together each take a drafter of their own from

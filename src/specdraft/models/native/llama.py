@@ -85,6 +85,22 @@ def _bias(linear: torch.nn.Linear) -> torch.Tensor | None:
     return None if linear.bias is None else linear.bias.detach().float().contiguous()
 
 
+def rotary_frequencies(config) -> tuple[torch.Tensor, float]:
+    """The inverse frequencies [Dh / 2] and attention scaling that a Llama/Qwen2 model of transformers computes for
+    `config` (its RotaryEmbedding's), without importing the model's code: the default RoPE by the same float32
+    operations, any other type (linear, dynamic, yarn, llama3, ...) by transformers' own function for it."""
+    parameters = getattr(config, "rope_parameters", None) or {}
+    rope_type = parameters.get("rope_type", "default")
+    if rope_type != "default":
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config)
+        return inv_freq, float(scaling)
+    base = parameters["rope_theta"]
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+
+
 class NativeLlama:
     """Forward passes of a Llama/Qwen2 model over a `NativeCache`."""
 
@@ -106,14 +122,16 @@ class NativeLlama:
                 post_norm=layer.post_attention_layernorm.weight.detach().float().contiguous(),
                 gate=mlp.gate_proj.weight.detach(), up=mlp.up_proj.weight.detach(),
                 down=mlp.down_proj.weight.detach()))
-        self._setup(hf_model.config, base.rotary_emb, base.embed_tokens.weight.detach(),
+        rotary = base.rotary_emb
+        self._setup(hf_model.config, (rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0))),
+                    base.embed_tokens.weight.detach(),
                     hf_model.get_output_embeddings().weight.detach(), base.norm.weight.detach().float().contiguous(),
                     layers, base.embed_tokens.weight.dtype)
 
     @classmethod
-    def from_gguf(cls, weights: GGUFTensors, config, rotary) -> "NativeLlama":
+    def from_gguf(cls, weights: GGUFTensors, config) -> "NativeLlama":
         """The native forward over a GGUF file's tensors (llama.cpp's names), matrices in their block formats.
-        config: the model's Hugging Face config; rotary: its rotary-embedding module (a real, not meta, one)."""
+        config: the model's Hugging Face config."""
         reason = config_unsupported_reason(config)
         if reason:
             raise ValueError(reason)
@@ -152,16 +170,17 @@ class NativeLlama:
                 setattr(layer, field, interleaved(getattr(layer, field)))
         embed = weights.need("token_embd.weight")  # rows looked up one by one: kept as the file has it
         lm_head = weights.get("output.weight")
-        native._setup(config, rotary, embed, embed if lm_head is None else lm_head, norm("output_norm.weight"),
-                      layers, "gguf")
+        native._setup(config, rotary_frequencies(config), embed, embed if lm_head is None else lm_head,
+                      norm("output_norm.weight"), layers, "gguf")
         # a separate head is repacked on its first full use (`logits`): a draft that scores a reduced vocabulary
         # copies its rows from the file and never needs the whole head repacked (145 MB for the 0.5B)
         native._unpacked_head = None if lm_head is None else weights
         native.gguf_formats = dict(weights.formats)
         return native
 
-    def _setup(self, config, rotary, embed: Weight, lm_head: Weight, final_norm: torch.Tensor,
-               layers: list[_Layer], weight_dtype) -> None:
+    def _setup(self, config, rotary: tuple[torch.Tensor, float], embed: Weight, lm_head: Weight,
+               final_norm: torch.Tensor, layers: list[_Layer], weight_dtype) -> None:
+        """rotary: the inverse frequencies [Dh / 2] and the attention scaling of the model's rotary embedding."""
         self.ops = load_kernels()
         self.n_heads = config.num_attention_heads
         self.n_kv_heads = config.num_key_value_heads
@@ -178,8 +197,8 @@ class NativeLlama:
         # rotary tables, computed as transformers does (float32 angles) for the positions used so far: a position's
         # row depends on it alone, so growing the tables never changes a row (all 32k positions of Qwen2.5 would
         # hold 34 MB per model)
-        self.inv_freq = rotary.inv_freq.detach().float()  # [Dh / 2]
-        self.rotary_scaling = float(getattr(rotary, "attention_scaling", 1.0))
+        self.inv_freq = rotary[0].detach().float()  # [Dh / 2]
+        self.rotary_scaling = float(rotary[1])
         self.cos = self.sin = torch.empty(0, 2 * self.inv_freq.numel())
         self._cover_positions(min(ROTARY_ROWS, self.max_positions))
         # the layers for a chain pass in one kernel call (`_layers`); the same tensors as `layers`, not copies
