@@ -76,6 +76,9 @@ def main() -> None:
     results = {"model": args.model, "dtype": args.dtype, "bandwidth": bandwidth, "flops": flops, "runs": []}
     for backend in args.backends.split(","):
         model = load_model(args.model, args.dtype, progress=False, backend=backend)
+        if model.model is None:
+            raise SystemExit("this script counts a float model's parameters: use --dtype float32 or bfloat16 (for "
+                             "the GGUF weights: specdraft profile verify)")
         params = sum(p.numel() for p in model.model.parameters())
         embed = model.model.get_input_embeddings().weight
         # a pass reads every weight but the input embedding (only k rows of it), unless it is also the head

@@ -432,6 +432,8 @@ def test_a_gguf_loads_its_config_without_a_transformers_model(tiny_pair):
     assert gguf.kv_bytes(100) == full.kv_bytes(100) > 0
     with pytest.raises(SpecdraftError, match="--dtype bfloat16 or float32"):
         METHODS["hf-ar"].build(BenchModels(None, gguf, None), SpecConfig("ar"))
+    with pytest.raises(SpecdraftError, match="hf-assisted's draft"):
+        METHODS["hf-assisted"].build(BenchModels(None, full, gguf), SpecConfig("ar"))
 
 
 def test_gguf_dtype_needs_a_gguf_and_the_native_backend(tiny_pair):

@@ -145,10 +145,13 @@ def _require_draft(models: BenchModels) -> LoadedModel:
 
 register(Method("hf-ar", "transformers generate, greedy or sampling",
                 lambda models, spec: _hf_generate(models, lambda s: {}, spec)))
+def _hf_assisted(models: BenchModels, spec: SpecConfig) -> GenerateTurn:
+    assistant = _require_draft(models).transformers_model("hf-assisted's draft (transformers' generate)")
+    return _hf_generate(models, lambda s: {"assistant_model": assistant}, spec)
+
+
 register(Method("hf-assisted", "transformers generate(assistant_model=draft), its own draft-length schedule",
-                lambda models, spec: _hf_generate(
-                    models, lambda s: {"assistant_model": _require_draft(models).transformers_model("hf-assisted's draft")}, spec),
-                needs_draft=True))
+                _hf_assisted, needs_draft=True))
 # gamma auto for transformers' prompt lookup: its own default length (PromptLookupCandidateGenerator's
 # num_output_tokens); it has no per-pass choice of length
 HF_AUTO_GAMMA = 10

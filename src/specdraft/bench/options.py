@@ -128,8 +128,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                         "(e.g. auto,2,4)")
     add_drafter_knob_args(parser)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (equality is checked exactly "
-                        "in float32; in bf16 the divergence rate is reported)")
+    parser.add_argument("--dtype", default="auto", help="auto (a packaged model: its GGUF weights, as gguf), gguf, "
+                        "bfloat16 or float32; transformers' methods (hf-*) need bfloat16 or float32")
     parser.add_argument("--backend", default="auto", help="our methods' forward: auto (native for Llama/Qwen2), "
                         "native or transformers")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")

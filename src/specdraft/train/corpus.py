@@ -1,4 +1,4 @@
-"""The documents both trainers read: text from the pinned packages, and chats files (train/chats.py).
+"""The documents both trainers read from the pinned packages (train/chats.py adds chats files: `corpus_docs`).
 
 Sources (see data/eagle/SOURCES.md): the Python modules and the package descriptions (METADATA) of the
 packages that pyproject.toml pins with `==`, as installed in this environment. Each becomes one chat: a user

@@ -25,6 +25,7 @@ from ..drafters.eagle_head import vocab_hash
 from .chats import corpus_docs
 from .corpus import PINNED_PACKAGES, encode_doc
 
+
 @dataclass
 class CollectConfig:
     target: str = "qwen2.5-coder-1.5b-instruct"

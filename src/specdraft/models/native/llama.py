@@ -1,11 +1,12 @@
-"""A native forward for the Llama/Qwen2 family, reading the weights of an already loaded Hugging Face model.
+"""A native forward for the Llama/Qwen2 family, over the weights of a loaded Hugging Face model or of a GGUF file.
 
 Why: the generic transformers forward is correct for every causal LM but computes a k-token verify pass
 with different kernels than a 1-token decode step, so the two round differently (and cost 2-3x more for
 2-16 rows on this CPU). Here every matrix product, norm and attention row goes through `kernels.cpp`, whose
 results do not depend on how many tokens a pass holds: verify == decode bit for bit, in float32 and in
-bfloat16 weights alike. Activations and the KV cache are float32; weights stay in the model's dtype and are
-shared with the Hugging Face model (no copy).
+bfloat16 weights alike. Activations and the KV cache are float32; float weights stay in the model's dtype and are
+shared with the Hugging Face model (no copy); a GGUF's matrices stay in its block formats (gguf_weights.py,
+quant_kernels.cpp), with no transformers model at all.
 
 The cache is preallocated ([layers, kv_heads, capacity, head_dim] per K and V) and grows by doubling;
 rolling back is a change of length.
@@ -90,7 +91,7 @@ def rotary_frequencies(config) -> tuple[torch.Tensor, float]:
     `config` (its RotaryEmbedding's), without importing the model's code: the default RoPE by the same float32
     operations, any other type (linear, dynamic, yarn, llama3, ...) by transformers' own function for it."""
     parameters = getattr(config, "rope_parameters", None) or {}
-    rope_type = parameters.get("rope_type", "default")
+    rope_type = parameters.get("rope_type", parameters.get("type", "default"))
     if rope_type != "default":
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
