@@ -783,10 +783,10 @@ def test_one_request_failing_leaves_the_others_in_its_passes_running(models, mon
     assert shared > 0, "the two requests never shared a pass: the test showed nothing"
 
 
-def test_drafters_are_built_while_preparing_not_in_the_worker(models, monkeypatch):
-    """A request in flight beside others needs a drafter of its own; building one (a draft model's vocabulary, an
-    EAGLE head from disk) happens in the thread that prepares the request, never in the loop that runs every
-    request's passes."""
+def test_drafters_are_built_on_the_worker_before_the_request_queues(models, monkeypatch):
+    """A request in flight beside others needs a drafter of its own; it is built (a draft model's vocabulary, an
+    EAGLE head from disk) while the request is prepared, before it queues, on the worker thread between two passes:
+    the one thread that runs torch's parallel work (see Scheduler), and a pool keeps it for later requests."""
     from specdraft.server import app as server_app
 
     built_in, build = [], server_app.build_drafter
@@ -805,9 +805,9 @@ def test_drafters_are_built_while_preparing_not_in_the_worker(models, monkeypatc
         direct(models, encode(models, "abc"), SpecConfig(method="draft", gamma=2), max_new_tokens=20,
                temperature=0.8, seed=3 + i).text for i in range(3)]
     assert [c.text for c in again.choices] == [c.text for c in response.choices]
-    # the server's default engine at start; then this setting's engine and two more drafters for three choices in
-    # flight, in the threads preparing the request; the second request found them in the pool
-    assert "specdraft-worker" not in built_in and len(built_in) == 1 + 3
+    # the server's default engine at start (built where the test built the app); then this setting's engine and two
+    # more drafters for three choices in flight, on the worker; the second request found them in the pool
+    assert len(built_in) == 1 + 3 and built_in[1:] == ["specdraft-worker"] * 3
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_while_others_stream(models):
@@ -962,3 +962,27 @@ def test_sigterm_finishes_running_work_and_errors_the_rest(model_dirs):
     assert (outcomes["running"], outcomes["queued"]) == ("length", "length")
     assert isinstance(outcomes["too long"], openai.APIError), "the long stream should end with an error event"
     assert "shutting down" in outcomes["too long"].message
+
+
+def test_run_on_worker_runs_on_the_worker_thread_and_hands_back_results_and_errors():
+    """The server's torch work (loading, engines, drafters) runs on the scheduler's worker, the thread that runs
+    the passes: a call from another thread gets the result or the exception; before the worker starts and on the
+    worker itself it runs at once; after close it is refused."""
+    from specdraft.server.metrics import ServerMetrics
+    from specdraft.server.scheduler import Scheduler, ShuttingDown
+
+    scheduler = Scheduler(max_queue=4, metrics=ServerMetrics())
+    assert scheduler.run_on_worker(lambda: threading.current_thread().name) == threading.current_thread().name
+    scheduler.start()
+    scheduler.start()  # a second start does nothing
+    try:
+        assert scheduler.run_on_worker(lambda: threading.current_thread().name) == "specdraft-worker"
+        nested = scheduler.run_on_worker(lambda: scheduler.run_on_worker(lambda: threading.current_thread().name))
+        assert nested == "specdraft-worker"
+        with pytest.raises(ZeroDivisionError):
+            scheduler.run_on_worker(lambda: 1 / 0)
+        assert scheduler.run_on_worker(lambda: 2) == 2  # the worker lives on after a call that failed
+    finally:
+        scheduler.close()
+    with pytest.raises(ShuttingDown):
+        scheduler.run_on_worker(lambda: 3)

@@ -416,16 +416,18 @@ class Engine:
                 return self._idle_drafters.pop()
         return self._build_drafter()
 
+    def drafters_missing(self, count: int) -> int:
+        """How many drafters `ensure_drafters(count)` would build."""
+        if not self.drafter.keeps_sequence_state or self.new_drafter is None:
+            return 0
+        with self._drafters_lock:
+            return max(count - self._drafters_owned, 0)
+
     def ensure_drafters(self, count: int) -> None:
         """Build drafters until the engine owns `count` (held or idle), so that that many requests in flight find
-        one without waiting for a build (a server calls it while preparing a request, not in the loop that runs
-        every request's passes). The pool never shrinks: `count` bounds it."""
-        if not self.drafter.keeps_sequence_state or self.new_drafter is None:
-            return
-        while True:
-            with self._drafters_lock:
-                if self._drafters_owned >= count:
-                    return
+        one without waiting for a build (a server builds them while preparing a request, between the passes of
+        the others). The pool never shrinks: `count` bounds it."""
+        while self.drafters_missing(count):
             self.release_drafter(self._build_drafter())
 
     def _build_drafter(self) -> Drafter:

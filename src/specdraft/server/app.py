@@ -69,8 +69,19 @@ class ServerState:
         return self.target.max_positions
 
     def engine(self, spec: SpecConfig) -> Engine:
-        """An engine for `spec`, built once. Requests in flight together each take a drafter of their own from
-        its pool (`Engine.acquire_drafter`, in the worker; `prepare` fills the pool beforehand)."""
+        """An engine for `spec`, built once, on the worker thread (`Scheduler.run_on_worker`). Requests in flight
+        together each take a drafter of their own from its pool (`Engine.acquire_drafter`, in the worker;
+        `prepare` fills the pool beforehand)."""
+        with self._engines_lock:
+            engine = self._engines.get(spec)
+        if engine is not None:
+            return engine
+        try:
+            return self.scheduler.run_on_worker(lambda: self._build_engine(spec))
+        except ShuttingDown:
+            raise shutting_down() from None
+
+    def _build_engine(self, spec: SpecConfig) -> Engine:
         with self._engines_lock:
             engine = self._engines.get(spec)
             if engine is None:
@@ -86,14 +97,19 @@ class ServerState:
             return engine
 
 
+def new_scheduler(config: ServerConfig) -> Scheduler:
+    return Scheduler(config.max_queue, ServerMetrics(), config.max_batch, config.prefill_chunk)
+
+
 def create_app(config: ServerConfig, spec: SpecConfig, target: LoadedModel,
-               draft: LoadedModel | None = None) -> FastAPI:
-    """The app for already-loaded models. The worker thread starts and stops with the app's lifespan."""
-    metrics = ServerMetrics()
+               draft: LoadedModel | None = None, scheduler: Scheduler | None = None) -> FastAPI:
+    """The app for already-loaded models. The worker thread starts (unless `scheduler`'s already has: `serve`
+    loads the models on it) and stops with the app's lifespan."""
+    scheduler = scheduler or new_scheduler(config)
+    metrics = scheduler.metrics
     state = ServerState(config=config, spec=spec, target=target, draft=draft,
                         model_name=config.model_name or target.name, metrics=metrics,
-                        scheduler=Scheduler(config.max_queue, metrics, config.max_batch,
-                                              config.prefill_chunk), created=int(time.time()))
+                        scheduler=scheduler, created=int(time.time()))
     state.engine(spec)  # the server's own settings must work before it listens (e.g. draft vocabulary)
 
     @contextlib.asynccontextmanager
@@ -288,11 +304,14 @@ def prepare(state: ServerState, request: CompletionRequest | ChatRequest, endpoi
             new_prompt.append(i == 0)
     # the drafters the requests in flight will need, built here rather than in the worker's loop (0.3 s for the
     # 0.5B draft, an EAGLE head read from disk): at most max_batch of them, or this request's choices
+    wanted = max(min(state.scheduler.running + len(generations), state.config.max_batch), len(generations))
     try:
-        engine.ensure_drafters(max(min(state.scheduler.running + len(generations), state.config.max_batch),
-                                   len(generations)))
+        if engine.drafters_missing(wanted):  # built on the worker, the one thread that runs torch's parallel work
+            state.scheduler.run_on_worker(lambda: engine.ensure_drafters(wanted))
     except SpecdraftError as exc:
         raise bad_request(f"speculative: {exc}", "speculative") from None
+    except ShuttingDown:
+        raise shutting_down() from None
     return Prepared(request, spec, generations, new_prompt)
 
 

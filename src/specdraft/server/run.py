@@ -10,7 +10,7 @@ import uvicorn
 from ..api import load_draft
 from ..config import ModelConfig, SpecConfig
 from ..models.adapter import load_model, set_threads
-from .app import create_app
+from .app import create_app, new_scheduler
 from .config import ServerConfig
 from .scheduler import Scheduler
 
@@ -39,11 +39,22 @@ def build_server(app, config: ServerConfig) -> DrainingServer:
 
 
 def serve(models: ModelConfig, spec: SpecConfig, config: ServerConfig, progress: bool = True) -> None:
-    """Load the target (and the draft, when one is named: any request may then ask for method 'draft')."""
-    set_threads(models.threads)
-    target = load_model(models.target, models.dtype, models.cache_dir, progress, models.backend)
-    draft = load_draft(models, target, progress)
-    app = create_app(config, spec, target, draft)
+    """Load the target (and the draft, when one is named: any request may then ask for method 'draft'), on the
+    scheduler's worker thread: the thread that will run them (see Scheduler)."""
+    scheduler = new_scheduler(config)
+    scheduler.start()
+
+    def load() -> tuple:
+        set_threads(models.threads)
+        target = load_model(models.target, models.dtype, models.cache_dir, progress, models.backend)
+        return target, load_draft(models, target, progress)
+
+    try:
+        target, draft = scheduler.run_on_worker(load)
+        app = create_app(config, spec, target, draft, scheduler)
+    except BaseException:
+        scheduler.close()
+        raise
     server = build_server(app, config)
     print(f"specdraft: serving {app.state.server.model_name!r} ({spec.name}, gamma {spec.gamma_shown}) on "
           f"http://{config.host}:{config.port}/v1", flush=True)

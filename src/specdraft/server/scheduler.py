@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -124,7 +127,16 @@ class ShuttingDown(Exception):
     pass
 
 
+T = TypeVar("T")
+
+
 class Scheduler:
+    """Runs every request's passes on one worker thread. That thread is also the only one of a server that runs
+    torch's parallel work (loading, building engines and drafters: `run_on_worker`): a second thread with an
+    OpenMP team of its own puts more OpenMP threads in the process than there are cores, and libgomp then stops
+    spinning between parallel regions (its throttled spin count), so every region waits on a futex wake-up: one
+    thread loading the 1.5B and another decoding ran 21 tok/s, 32 with both on one thread (Zen 3, 2026-12-04)."""
+
     def __init__(self, max_queue: int, metrics: ServerMetrics, max_batch: int = 8, prefill_chunk: int = 128):
         self.max_queue, self.metrics, self.max_batch, self.prefill_chunk = max_queue, metrics, max_batch, prefill_chunk
         self._waiting: collections.deque[Job] = collections.deque()  # in order of arrival (their tickets)
@@ -134,10 +146,36 @@ class Scheduler:
         self._cond = threading.Condition()
         self._closed = False
         self.draining = False
+        self._calls: collections.deque[tuple[Callable[[], object], concurrent.futures.Future]] = collections.deque()
         self._thread = threading.Thread(target=self._loop, name="specdraft-worker", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        """Start the worker (once; later calls do nothing)."""
+        with self._cond:
+            if self._thread.ident is None:
+                self._thread.start()
+
+    def run_on_worker(self, fn: Callable[[], T]) -> T:
+        """fn() on the worker thread, between two passes, and its result (or its exception) here; at once when
+        called on the worker itself or before the worker starts."""
+        if threading.current_thread() is self._thread or self._thread.ident is None:
+            return fn()
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._closed:
+                raise ShuttingDown()
+            self._calls.append((fn, future))
+            self._cond.notify()
+        return future.result()
+
+    def _run_calls(self) -> None:
+        with self._cond:
+            calls, self._calls = list(self._calls), collections.deque()
+        for fn, future in calls:
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # the caller gets it; the worker goes on
+                future.set_exception(exc)
 
     @property
     def queued(self) -> int:
@@ -221,16 +259,22 @@ class Scheduler:
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
+        with self._cond:
+            calls, self._calls = list(self._calls), collections.deque()
+        for _, future in calls:
+            future.set_exception(ShuttingDown())
 
     # ---- the worker ----
 
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._waiting and not self._slots and not self._closed:
+                while not self._waiting and not self._slots and not self._calls and not self._closed:
                     self._cond.wait()
                 if self._closed and not self._waiting and not self._slots:
                     return
+            self._run_calls()
+            with self._cond:
                 self._admit()
             try:
                 with torch.inference_mode():
