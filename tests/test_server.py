@@ -788,14 +788,24 @@ def test_drafters_are_built_on_the_worker_before_the_request_queues(models, monk
     EAGLE head from disk) while the request is prepared, before it queues, on the worker thread between two passes:
     the one thread that runs torch's parallel work (see Scheduler), and a pool keeps it for later requests."""
     from specdraft.server import app as server_app
+    from specdraft.server.scheduler import Scheduler
 
-    built_in, build = [], server_app.build_drafter
+    built_in, build, run_calls = [], server_app.build_drafter, Scheduler._run_calls
+    asked = threading.local()  # whether the worker is running what other threads asked of it, not a pass
 
     def recording_build(*args, **kwargs):
-        built_in.append(threading.current_thread().name)
+        built_in.append((threading.current_thread().name, getattr(asked, "now", False)))
         return build(*args, **kwargs)
 
+    def recording_run_calls(self):
+        asked.now = True
+        try:
+            run_calls(self)
+        finally:
+            asked.now = False
+
     monkeypatch.setattr(server_app, "build_drafter", recording_build)
+    monkeypatch.setattr(Scheduler, "_run_calls", recording_run_calls)
     with LiveServer(models, max_batch=4) as live:
         response = live.client.completions.create(model=MODEL, prompt="abc", max_tokens=20, temperature=0.8, seed=3,
                                                   n=3, extra_body={"speculative": {"method": "draft", "gamma": 2}})
@@ -807,7 +817,8 @@ def test_drafters_are_built_on_the_worker_before_the_request_queues(models, monk
     assert [c.text for c in again.choices] == [c.text for c in response.choices]
     # the server's default engine at start (built where the test built the app); then this setting's engine and two
     # more drafters for three choices in flight, on the worker; the second request found them in the pool
-    assert len(built_in) == 1 + 3 and built_in[1:] == ["specdraft-worker"] * 3
+    # (asked by the request's preparation, not built when a pass admitted it)
+    assert len(built_in) == 1 + 3 and built_in[1:] == [("specdraft-worker", True)] * 3
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_while_others_stream(models):

@@ -3,8 +3,9 @@ not), /v1/models, /health and /metrics.
 
 A generation request goes through three steps:
   1. parse and validate (event loop; JSON only): a mistake is a 400/404 in OpenAI's error shape;
-  2. prepare (a thread pool): tokenize, build the engine for its speculative settings, one Generation per
-     choice; a prompt that does not fit the context is a 400 here, before it takes a place in the queue;
+  2. prepare (a thread pool): tokenize, have the worker build (between two passes) the engine for its
+     speculative settings and the drafters the requests in flight will need, one Generation per choice; a prompt
+     that does not fit the context is a 400 here, before it takes a place in the queue;
   3. submit to the Scheduler (full queue: 429 with Retry-After) and relay its events as they come.
 """
 
@@ -69,7 +70,9 @@ class ServerState:
         return self.target.max_positions
 
     def engine(self, spec: SpecConfig) -> Engine:
-        """An engine for `spec`, built once, on the worker thread (`Scheduler.run_on_worker`). Requests in flight
+        """An engine for `spec`, built once, on the worker thread once it runs (`Scheduler.run_on_worker`; before,
+        on the caller's: `create_app`'s callers that load their models themselves should start the scheduler and
+        load through it, as `serve` does). Requests in flight
         together each take a drafter of their own from its pool (`Engine.acquire_drafter`, in the worker;
         `prepare` fills the pool beforehand)."""
         with self._engines_lock:
@@ -104,7 +107,7 @@ def new_scheduler(config: ServerConfig) -> Scheduler:
 def create_app(config: ServerConfig, spec: SpecConfig, target: LoadedModel,
                draft: LoadedModel | None = None, scheduler: Scheduler | None = None) -> FastAPI:
     """The app for already-loaded models. The worker thread starts (unless `scheduler`'s already has: `serve`
-    loads the models on it) and stops with the app's lifespan."""
+    loads the models on it, the thread that runs them; see Scheduler for why) and stops with the app's lifespan."""
     scheduler = scheduler or new_scheduler(config)
     metrics = scheduler.metrics
     state = ServerState(config=config, spec=spec, target=target, draft=draft,
@@ -302,11 +305,11 @@ def prepare(state: ServerState, request: CompletionRequest | ChatRequest, endpoi
             except SpecdraftError as exc:
                 raise bad_request(str(exc)) from None
             new_prompt.append(i == 0)
-    # the drafters the requests in flight will need, built here rather than in the worker's loop (0.3 s for the
-    # 0.5B draft, an EAGLE head read from disk): at most max_batch of them, or this request's choices
+    # the drafters the requests in flight will need, built before the request queues rather than when a pass
+    # admits it (0.3 s for the 0.5B draft, an EAGLE head read from disk): at most max_batch, or this request's choices
     wanted = max(min(state.scheduler.running + len(generations), state.config.max_batch), len(generations))
     try:
-        if engine.drafters_missing(wanted):  # built on the worker, the one thread that runs torch's parallel work
+        if engine.drafters_missing(wanted):  # on the worker, between two passes (see Scheduler)
             state.scheduler.run_on_worker(lambda: engine.ensure_drafters(wanted))
     except SpecdraftError as exc:
         raise bad_request(f"speculative: {exc}", "speculative") from None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 from types import FrameType
 
 import uvicorn
@@ -52,6 +54,11 @@ def serve(models: ModelConfig, spec: SpecConfig, config: ServerConfig, progress:
     try:
         target, draft = scheduler.run_on_worker(load)
         app = create_app(config, spec, target, draft, scheduler)
+    except KeyboardInterrupt:
+        # the worker cannot be stopped inside a load, and a process that ends while it runs may crash in its
+        # exit: leave at once, as an interrupted load on the main thread would
+        print("specdraft: interrupted", file=sys.stderr, flush=True)
+        os._exit(130)
     except BaseException:
         scheduler.close()
         raise

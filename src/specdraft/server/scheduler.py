@@ -2,6 +2,7 @@
 
 The event loop never runs the model: a handler submits a Job (one Generation per choice) and awaits its events,
 which the worker hands back with `loop.call_soon_threadsafe`. Between two passes the worker
+  0. runs what other threads asked of it (`run_on_worker`: loading, engines, drafters; see Scheduler);
   1. lets go of the requests that were stopped (client gone, shutdown): their caches are freed at once;
   2. admits waiting jobs, in arrival order, while the running choices stay within `max_batch`;
   3. prefills one chunk (`prefill_chunk` tokens) of the oldest request still prefilling, so that a long
@@ -135,7 +136,7 @@ class Scheduler:
     torch's parallel work (loading, building engines and drafters: `run_on_worker`): a second thread with an
     OpenMP team of its own puts more OpenMP threads in the process than there are cores, and libgomp then stops
     spinning between parallel regions (its throttled spin count), so every region waits on a futex wake-up: one
-    thread loading the 1.5B and another decoding ran 21 tok/s, 32 with both on one thread (Zen 3, 2026-12-04)."""
+    thread loading the 1.5B and another decoding decoded 21 tok/s, 32 with both on one thread (Zen 3, 2026-12-04)."""
 
     def __init__(self, max_queue: int, metrics: ServerMetrics, max_batch: int = 8, prefill_chunk: int = 128):
         self.max_queue, self.metrics, self.max_batch, self.prefill_chunk = max_queue, metrics, max_batch, prefill_chunk
@@ -152,6 +153,8 @@ class Scheduler:
     def start(self) -> None:
         """Start the worker (once; later calls do nothing)."""
         with self._cond:
+            if self._closed:
+                raise RuntimeError("the scheduler was closed")
             if self._thread.ident is None:
                 self._thread.start()
 
@@ -162,7 +165,7 @@ class Scheduler:
             return fn()
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._cond:
-            if self._closed:
+            if self._closed or not self._thread.is_alive():
                 raise ShuttingDown()
             self._calls.append((fn, future))
             self._cond.notify()
