@@ -370,3 +370,22 @@ def test_the_layer_stack_gives_the_bits_of_the_layers_run_one_by_one(stack_model
         assert torch.equal(together[0], references[0][1]) and torch.equal(together[1], references[1][1])
         together = native.forward_many([([6, 7, 8], first, 3), ([6, 7, 8], second, 2)])
         assert torch.equal(together[0], references[0][2]) and torch.equal(together[1], references[1][2][1:])
+
+
+def test_a_pass_on_another_thread_than_the_loading_one_warns_once(tiny_dirs, monkeypatch):
+    """With several torch threads, passes on a thread other than the loading one are slow (each thread that starts
+    OpenMP regions gets its own team): the model says so once, and never on the loading thread."""
+    import threading
+    import warnings
+
+    model = load_model(str(tiny_dirs["target"]), "float32", backend="native")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # the tests run one torch thread
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.new_state().forward([3, 4, 5], 1)
+        assert not caught
+        for _ in range(2):
+            thread = threading.Thread(target=lambda: model.new_state().forward([3, 4, 5], 1))
+            thread.start()
+            thread.join()
+    assert len([w for w in caught if "another thread" in str(w.message)]) == 1

@@ -136,7 +136,7 @@ class Scheduler:
     torch's parallel work (loading, building engines and drafters: `run_on_worker`): a second thread with an
     OpenMP team of its own puts more OpenMP threads in the process than there are cores, and libgomp then stops
     spinning between parallel regions (its throttled spin count), so every region waits on a futex wake-up: one
-    thread loading the 1.5B and another decoding decoded 21 tok/s, 32 with both on one thread (Zen 3, 2026-12-04)."""
+    1.5B loaded on one thread and decoding on another ran 21 tok/s, 32 on one thread (Zen 3, 2026-12-04)."""
 
     def __init__(self, max_queue: int, metrics: ServerMetrics, max_batch: int = 8, prefill_chunk: int = 128):
         self.max_queue, self.metrics, self.max_batch, self.prefill_chunk = max_queue, metrics, max_batch, prefill_chunk

@@ -14,6 +14,8 @@ rolling back is a change of length.
 
 from __future__ import annotations
 
+import threading
+import warnings
 from dataclasses import dataclass, fields
 
 import torch
@@ -212,6 +214,8 @@ class NativeLlama:
                                      (layer.o, layer.o_bias), (layer.gate, None), (layer.up, None),
                                      (layer.down, None))])
         self._has_float32_matrices = not self.rows_batch_invariant
+        self._loaded_on = threading.get_ident()  # the thread whose OpenMP team loading started (`_check_thread`)
+        self._thread_warned = False
 
     def _cover_positions(self, n: int) -> None:
         """Rotary tables with at least the first n positions (doubling, up to max_positions). Rows are computed in
@@ -296,11 +300,23 @@ class NativeLlama:
         drives them one by one). hidden [T, D] float32 -> [T, D]."""
         return self._layer(index, hidden, [Segment(0, hidden.shape[0], cache, start, positions, tree_mask)])
 
+    def _check_thread(self) -> None:
+        """Warn once when passes run on another thread than the one that loaded the model, with several torch
+        threads: each thread that starts OpenMP regions gets a team of its own, and with more OpenMP threads than
+        cores every region waits for a wake-up (a third of a pass on the Zen 3; docs/performance.md)."""
+        if self._thread_warned or threading.get_ident() == self._loaded_on or torch.get_num_threads() < 2:
+            return
+        self._thread_warned = True
+        warnings.warn("this model runs on another thread than the one that loaded it: with several torch threads "
+                      "each pass may be much slower (load and generate on one thread; docs/performance.md)",
+                      RuntimeWarning, stacklevel=2)
+
     def _layers(self, hidden: torch.Tensor, segments: list["Segment"], kernel_only: bool = False) -> torch.Tensor:
         """Every layer over the rows of one or several sequences: chains whose every product goes through the
         kernels run in one call (`ops.LayerStack`: the same kernels in the same order as `_layer`, so the same
         bits); a tree, or a float32 matrix over more than MAX_KERNEL_ROWS rows (torch's matmul), layer by layer
         here. hidden [T, D] -> [T, D]."""
+        self._check_thread()
         chains = all(segment.positions is None and segment.tree_mask is None for segment in segments)
         if chains and (kernel_only or hidden.shape[0] <= MAX_KERNEL_ROWS or not self._has_float32_matrices):
             self._cover_positions(max(segment.start + segment.n for segment in segments))
