@@ -145,6 +145,8 @@ def _require_draft(models: BenchModels) -> LoadedModel:
 
 register(Method("hf-ar", "transformers generate, greedy or sampling",
                 lambda models, spec: _hf_generate(models, lambda s: {}, spec)))
+
+
 def _hf_assisted(models: BenchModels, spec: SpecConfig) -> GenerateTurn:
     assistant = _require_draft(models).transformers_model("hf-assisted's draft (transformers' generate)")
     return _hf_generate(models, lambda s: {"assistant_model": assistant}, spec)

@@ -70,17 +70,19 @@ class ServerState:
         return self.target.max_positions
 
     def engine(self, spec: SpecConfig) -> Engine:
-        """An engine for `spec`, built once, on the worker thread once it runs (`Scheduler.run_on_worker`; before,
-        on the caller's: `create_app`'s callers that load their models themselves should start the scheduler and
-        load through it, as `serve` does). Requests in flight
-        together each take a drafter of their own from its pool (`Engine.acquire_drafter`, in the worker;
-        `prepare` fills the pool beforehand)."""
+        """An engine for `spec`, built once, on the worker thread once it runs (before, on the caller's:
+        `create_app`'s callers that load their models themselves should start the scheduler and load through it,
+        as `serve` does). Requests in flight together each take a drafter of their own from its pool
+        (`Engine.acquire_drafter`, in the worker; `prepare` fills the pool beforehand)."""
         with self._engines_lock:
             engine = self._engines.get(spec)
-        if engine is not None:
-            return engine
+        return engine if engine is not None else self.on_worker(lambda: self._build_engine(spec))
+
+    def on_worker(self, fn):
+        """fn() on the scheduler's worker, the one thread that runs torch's parallel work (see Scheduler); a 503
+        once the server shuts down."""
         try:
-            return self.scheduler.run_on_worker(lambda: self._build_engine(spec))
+            return self.scheduler.run_on_worker(fn)
         except ShuttingDown:
             raise shutting_down() from None
 
@@ -309,12 +311,10 @@ def prepare(state: ServerState, request: CompletionRequest | ChatRequest, endpoi
     # admits it (0.3 s for the 0.5B draft, an EAGLE head read from disk): at most max_batch, or this request's choices
     wanted = max(min(state.scheduler.running + len(generations), state.config.max_batch), len(generations))
     try:
-        if engine.drafters_missing(wanted):  # on the worker, between two passes (see Scheduler)
-            state.scheduler.run_on_worker(lambda: engine.ensure_drafters(wanted))
+        if engine.drafters_missing(wanted):
+            state.on_worker(lambda: engine.ensure_drafters(wanted))
     except SpecdraftError as exc:
         raise bad_request(f"speculative: {exc}", "speculative") from None
-    except ShuttingDown:
-        raise shutting_down() from None
     return Prepared(request, spec, generations, new_prompt)
 
 
