@@ -62,6 +62,11 @@ inline __m256i add_i32_into(__m256i acc, __m256i v) {
   return acc;
 }
 #undef SPECDRAFT_VREG
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+constexpr bool kWideRegisters = true;  // 32 vector registers
+#else
+constexpr bool kWideRegisters = false;
+#endif
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 constexpr bool kVnni = true;
@@ -617,7 +622,7 @@ struct Q4Kx8 {
 //   row r, ql[64h + 4m + i], ql[64h + 32 + 4m + i] and qh[32h + 4m + i] (the weights 128h + 32k + 4m + i, k = 0..3).
 struct Q6Kx8 {
   static constexpr int64_t kWeights = 256, kBytes = 1680, kActBlock = 256;
-  static constexpr int kGroupsAtOnce = 1, kGroupsTokens = 1;
+  static constexpr int kGroupsAtOnce = 1, kGroupsTokens = kWideRegisters ? 8 : kGroup;
 
   static void pack(const uint8_t* const rows[8], uint8_t* out) {
     for (int r = 0; r < 8; ++r) {
@@ -702,7 +707,7 @@ struct Q6Kx8 {
 // products, at most 2 * 128 * 127 = 32512) goes to int32 at once.
 struct Q80x8 {
   static constexpr int64_t kWeights = 32, kBytes = 272, kActBlock = 32;
-  static constexpr int kGroupsAtOnce = 1, kGroupsTokens = 1;
+  static constexpr int kGroupsAtOnce = 1, kGroupsTokens = kGroup;
 
   static void pack(const uint8_t* const rows[8], uint8_t* out) {
     for (int r = 0; r < 8; ++r) {
@@ -744,7 +749,7 @@ struct Q80x8 {
 // vpmaddubsw lanes of 2 products, at most 4 * 2 * 31 * 127 = 31496.
 struct Q50x8 {
   static constexpr int64_t kWeights = 32, kBytes = 176, kActBlock = 32;
-  static constexpr int kGroupsAtOnce = 1, kGroupsTokens = 1;
+  static constexpr int kGroupsAtOnce = 1, kGroupsTokens = kGroup;
 
   static void pack(const uint8_t* const rows[8], uint8_t* out) {
     for (int r = 0; r < 8; ++r) {
@@ -810,6 +815,15 @@ inline void dot_super(const uint8_t* block, const TokenSuper* x, __m256* acc) {
   F::template dot<G>(block, x, acc);
 }
 
+// n (at most G) tokens in one call
+template <typename F, int G>
+inline void dot_fewer(int64_t n, const uint8_t* block, const TokenSuper* x, __m256* acc) {
+  if constexpr (G > 0) {
+    if (n == G) return dot_super<F, G>(block, x, acc);
+    dot_fewer<F, G - 1>(n, block, x, acc);
+  }
+}
+
 // kBlocks consecutive blocks of a 32-weight format as one unit of the pass loop: the loop's work per unit (the
 // tokens' pointers, the prefetch) is paid once per 128 weights rather than per 32, where it had cost as much as
 // the block's own products (per (8 rows, block, token), one thread, Zen 3, 2026-12-03: Q5_0 55 -> 38 cycles at one
@@ -820,7 +834,7 @@ inline void dot_super(const uint8_t* block, const TokenSuper* x, __m256* acc) {
 template <typename F, int kBlocks>
 struct Consecutive {
   static constexpr int64_t kWeights = kBlocks * F::kWeights, kBytes = kBlocks * F::kBytes, kActBlock = F::kActBlock;
-  static constexpr int kGroupsAtOnce = 1, kGroupsTokens = 1;
+  static constexpr int kGroupsAtOnce = 1, kGroupsTokens = kGroup;
 
   template <int G>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
@@ -907,14 +921,10 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
                 continue;
               }
             }
+            constexpr int G = F::kGroupsTokens;
             int64_t t = 0;
-            for (; t + kGroup <= tile; t += kGroup) dot_super<F, kGroup>(block, tokens + t, acc[0] + t);
-            switch (tile - t) {
-              case 1: dot_super<F, 1>(block, tokens + t, acc[0] + t); break;
-              case 2: dot_super<F, 2>(block, tokens + t, acc[0] + t); break;
-              case 3: dot_super<F, 3>(block, tokens + t, acc[0] + t); break;
-              default: break;
-            }
+            for (; t + G <= tile; t += G) dot_super<F, G>(block, tokens + t, acc[0] + t);
+            dot_fewer<F, G - 1>(tile - t, block, tokens + t, acc[0] + t);
           }
           for (int64_t r = 0; r < in_unit; ++r) {
             const int64_t rows_at = (first + r) * kRowGroup;
