@@ -662,21 +662,37 @@ struct Q6Kx8 {
     const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
     __m256i dots[G], offsets[G];
     for (int g = 0; g < G; ++g) dots[g] = offsets[g] = _mm256_setzero_si256();
-    for (int h = 0; h < 2; ++h) {
+    const auto six = [&](__m256i l, __m256i hi, int k) {  // q + 32 of 4 weights per row, chunk k of l and hi
+      const __m256i nibble = k < 2 ? _mm256_and_si256(l, low) : _mm256_and_si256(_mm256_srli_epi16(l, 4), low);
+      const __m256i top = k == 0 ? _mm256_slli_epi16(hi, 4) : k == 1 ? _mm256_slli_epi16(hi, 2)
+                          : k == 2 ? hi : _mm256_srli_epi16(hi, 2);
+      return _mm256_or_si256(nibble, _mm256_and_si256(top, high));
+    };
+    // With VNNI a sub-block's 16 products per row in int32 lane r (vpdpbusd), times its scale (vpmulld): Zen 4, one
+    // thread, a cached 1536 x 8960 matrix, 8 tokens a group, 2026-12-04: 8 tokens 74 -> 85 GMAC/s, 16 74 -> 85.
+    for (int h = 0; kVnni && h < 2; ++h)
+      for (int m = 0; m < 8; m += 4) {  // sub-blocks 8h + 2k + m / 4
+        const uint8_t* v = block + 144 + 96 * (8 * h + m);
+        for (int k = 0; k < 4; ++k) {
+          __m256i sub[G];
+          for (int g = 0; g < G; ++g) sub[g] = _mm256_setzero_si256();
+          for (int i = 0; i < 4; ++i) {
+            const __m256i w = six(load256(v + 96 * i + 32 * (k % 2)), load256(v + 96 * i + 64), k);
+            const int64_t at = 128 * h + 32 * k + 4 * (m + i);
+            for (int g = 0; g < G; ++g) sub[g] = dot_u8s8(sub[g], w, broadcast4(x[g].q + at));
+          }
+          const __m256i scale = row_s8(block + 16 + 8 * (8 * h + 2 * k + m / 4));
+          for (int g = 0; g < G; ++g) dots[g] = add_i32_into(dots[g], _mm256_mullo_epi32(sub[g], scale));
+        }
+      }
+    for (int h = 0; !kVnni && h < 2; ++h) {
       for (int m = 0; m < 8; m += 2) {  // weights 128h + 32k + 4m .. + 7: sub-block 8h + 2k + m / 4
         const uint8_t* v0 = block + 144 + 96 * (8 * h + m);
         const uint8_t* v1 = v0 + 96;
         const __m256i l0a = load256(v0), l1a = load256(v0 + 32), ha = load256(v0 + 64);
         const __m256i l0b = load256(v1), l1b = load256(v1 + 32), hb = load256(v1 + 64);
         for (int k = 0; k < 4; ++k) {
-          const auto six = [&](__m256i l0, __m256i l1, __m256i hi) {
-            const __m256i l = k % 2 ? l1 : l0;
-            const __m256i nibble = k < 2 ? _mm256_and_si256(l, low) : _mm256_and_si256(_mm256_srli_epi16(l, 4), low);
-            const __m256i top = k == 0 ? _mm256_slli_epi16(hi, 4) : k == 1 ? _mm256_slli_epi16(hi, 2)
-                                : k == 2 ? hi : _mm256_srli_epi16(hi, 2);
-            return _mm256_or_si256(nibble, _mm256_and_si256(top, high));
-          };
-          const __m256i wa = six(l0a, l1a, ha), wb = six(l0b, l1b, hb);
+          const __m256i wa = six(k % 2 ? l1a : l0a, ha, k), wb = six(k % 2 ? l1b : l0b, hb, k);
           const __m256i scale = row_pairs_s8(block + 16 + 8 * (8 * h + 2 * k + m / 4));
           const int64_t at = 128 * h + 32 * k + 4 * m;
           for (int g = 0; g < G; ++g) {
