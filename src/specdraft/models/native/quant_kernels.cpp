@@ -662,7 +662,8 @@ struct Q6Kx8 {
     const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
     __m256i dots[G], offsets[G];
     for (int g = 0; g < G; ++g) dots[g] = offsets[g] = _mm256_setzero_si256();
-    const auto six = [&](__m256i l, __m256i hi, int k) {  // q + 32 of 4 weights per row, chunk k of l and hi
+    // q + 32 of 4 weights per row, chunk k of l and hi (inlined, so that k is a constant in the unrolled loops)
+    const auto six = [&](__m256i l, __m256i hi, int k) __attribute__((always_inline)) {
       const __m256i nibble = k < 2 ? _mm256_and_si256(l, low) : _mm256_and_si256(_mm256_srli_epi16(l, 4), low);
       const __m256i top = k == 0 ? _mm256_slli_epi16(hi, 4) : k == 1 ? _mm256_slli_epi16(hi, 2)
                           : k == 2 ? hi : _mm256_srli_epi16(hi, 2);
