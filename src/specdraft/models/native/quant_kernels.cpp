@@ -464,7 +464,7 @@ struct TokenSuper {
 //   [160, 1184) byte 256j + 32k + 4r + i: qs[32j + 4k + i] of row r (its nibble s: weight 64j + 32s + 4k + i).
 struct Q4Kx8 {
   static constexpr int64_t kWeights = 256, kBytes = 1184, kActBlock = 256;
-  static constexpr int kGroupsAtOnce = 2, kGroupsTokens = kVnni ? 2 : kGroup;  // see dot_groups
+  static constexpr int kGroupsTokens = kGroup;  // tokens that share one unpacking of a block
 
   static void scales_mins(const uint8_t* block, int scale[8], int min[8]) {
     const uint8_t* p = block + 4;
@@ -513,7 +513,7 @@ struct Q4Kx8 {
     __m256i dots[G];
     for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
     if constexpr (kVnni) {
-      vnni_dots<G, 1>(block, block, x, dots, dots);
+      vnni_dots<G>(block, x, dots);
       return finish<G>(block, x, dots, acc);
     }
     const uint8_t* qs = block + 160;
@@ -537,62 +537,27 @@ struct Q4Kx8 {
     finish<G>(block, x, dots, acc);
   }
 
-  // The two row groups of a unit, `a` and `b`, in one pass over their blocks. With VNNI a token's 4-byte
-  // broadcast, what bounds one group's loop on Zen 4 (about one a cycle), then feeds two products. Zen 4, one
-  // thread, a 1536 x 1536 matrix in cache, 2026-12-04: 16 tokens 107 GMAC/s (vpmaddubsw) -> 128 (vpdpbusd, one
-  // group) -> 140 (two groups), 2 tokens 80 -> 87 -> 107. Without VNNI, one group after the other.
-  template <int G>
-  static void dot_groups(const uint8_t* block_a, const uint8_t* block_b, const TokenSuper* x, __m256* acc_a,
-                         __m256* acc_b) {
-    if constexpr (!kVnni) {
-      dot<G>(block_a, x, acc_a);
-      return dot<G>(block_b, x, acc_b);
-    }
-    __m256i dots_a[G], dots_b[G];
-    for (int g = 0; g < G; ++g) dots_a[g] = dots_b[g] = _mm256_setzero_si256();
-    vnni_dots<G, 2>(block_a, block_b, x, dots_a, dots_b);
-    finish<G>(block_a, x, dots_a, acc_a);
-    finish<G>(block_b, x, dots_b, acc_b);
-  }
-
   // With VNNI: a `vpdpbusd` replaces each vpmaddubsw and its int16 add (a sub-block's 32 products per row in int32
-  // lane r), a `vpmulld` the scale's vpmaddwd: the same integers. R = 1 or 2 row groups (R = 1: `b` unused).
-  template <int G, int R>
-  static void vnni_dots(const uint8_t* block_a, const uint8_t* block_b, const TokenSuper* x, __m256i* dots_a,
-                        __m256i* dots_b) {
+  // lane r), a `vpmulld` the scale's vpmaddwd: the same integers. Zen 4, one thread, a cached 1536 x 1536 matrix,
+  // 2026-12-04: 16 tokens 107 -> 128 GMAC/s, 2 tokens 80 -> 87.
+  template <int G>
+  static void vnni_dots(const uint8_t* block, const TokenSuper* x, __m256i* dots) {
     const __m256i low = _mm256_set1_epi8(0x0F);
     for (int j = 0; j < 4; ++j) {
-      __m256i even_a[G], odd_a[G], even_b[G], odd_b[G];  // sub-blocks 2j and 2j + 1
-      for (int g = 0; g < G; ++g) even_a[g] = odd_a[g] = even_b[g] = odd_b[g] = _mm256_setzero_si256();
+      __m256i even[G], odd[G];  // sub-blocks 2j and 2j + 1
+      for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm256_setzero_si256();
       for (int k = 0; k < 8; ++k) {
-        const __m256i bytes_a = load256(block_a + 160 + 256 * j + 32 * k);
-        const __m256i w_even_a = _mm256_and_si256(bytes_a, low);
-        const __m256i w_odd_a = _mm256_and_si256(_mm256_srli_epi16(bytes_a, 4), low);
-        __m256i w_even_b = w_even_a, w_odd_b = w_odd_a;
-        if (R == 2) {
-          const __m256i bytes_b = load256(block_b + 160 + 256 * j + 32 * k);
-          w_even_b = _mm256_and_si256(bytes_b, low), w_odd_b = _mm256_and_si256(_mm256_srli_epi16(bytes_b, 4), low);
-        }
+        const __m256i bytes = load256(block + 160 + 256 * j + 32 * k);
+        const __m256i w_even = _mm256_and_si256(bytes, low), w_odd = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
         for (int g = 0; g < G; ++g) {
-          const __m256i x_even = broadcast4(x[g].q + 64 * j + 4 * k), x_odd = broadcast4(x[g].q + 64 * j + 32 + 4 * k);
-          even_a[g] = dot_u8s8(even_a[g], w_even_a, x_even);
-          odd_a[g] = dot_u8s8(odd_a[g], w_odd_a, x_odd);
-          if (R == 2) {
-            even_b[g] = dot_u8s8(even_b[g], w_even_b, x_even);
-            odd_b[g] = dot_u8s8(odd_b[g], w_odd_b, x_odd);
-          }
+          even[g] = dot_u8s8(even[g], w_even, broadcast4(x[g].q + 64 * j + 4 * k));
+          odd[g] = dot_u8s8(odd[g], w_odd, broadcast4(x[g].q + 64 * j + 32 + 4 * k));
         }
       }
-      const __m256i scale_even_a = row_u8(block_a + 32 + 16 * j), scale_odd_a = row_u8(block_a + 40 + 16 * j);
+      const __m256i scale_even = row_u8(block + 32 + 16 * j), scale_odd = row_u8(block + 40 + 16 * j);
       for (int g = 0; g < G; ++g)
-        dots_a[g] = add_i32_into(dots_a[g], _mm256_add_epi32(_mm256_mullo_epi32(even_a[g], scale_even_a),
-                                                             _mm256_mullo_epi32(odd_a[g], scale_odd_a)));
-      if (R == 2) {
-        const __m256i scale_even_b = row_u8(block_b + 32 + 16 * j), scale_odd_b = row_u8(block_b + 40 + 16 * j);
-        for (int g = 0; g < G; ++g)
-          dots_b[g] = add_i32_into(dots_b[g], _mm256_add_epi32(_mm256_mullo_epi32(even_b[g], scale_even_b),
-                                                               _mm256_mullo_epi32(odd_b[g], scale_odd_b)));
-      }
+        dots[g] = add_i32_into(dots[g], _mm256_add_epi32(_mm256_mullo_epi32(even[g], scale_even),
+                                                         _mm256_mullo_epi32(odd[g], scale_odd)));
     }
   }
 
@@ -622,7 +587,7 @@ struct Q4Kx8 {
 //   row r, ql[64h + 4m + i], ql[64h + 32 + 4m + i] and qh[32h + 4m + i] (the weights 128h + 32k + 4m + i, k = 0..3).
 struct Q6Kx8 {
   static constexpr int64_t kWeights = 256, kBytes = 1680, kActBlock = 256;
-  static constexpr int kGroupsAtOnce = 1, kGroupsTokens = kWideRegisters ? 8 : kGroup;
+  static constexpr int kGroupsTokens = kWideRegisters ? 8 : kGroup;  // 8 with 32 vector registers
 
   static void pack(const uint8_t* const rows[8], uint8_t* out) {
     for (int r = 0; r < 8; ++r) {
@@ -724,7 +689,7 @@ struct Q6Kx8 {
 // products, at most 2 * 128 * 127 = 32512) goes to int32 at once.
 struct Q80x8 {
   static constexpr int64_t kWeights = 32, kBytes = 272, kActBlock = 32;
-  static constexpr int kGroupsAtOnce = 1, kGroupsTokens = kGroup;
+  static constexpr int kGroupsTokens = kGroup;
 
   static void pack(const uint8_t* const rows[8], uint8_t* out) {
     for (int r = 0; r < 8; ++r) {
@@ -766,7 +731,7 @@ struct Q80x8 {
 // vpmaddubsw lanes of 2 products, at most 4 * 2 * 31 * 127 = 31496.
 struct Q50x8 {
   static constexpr int64_t kWeights = 32, kBytes = 176, kActBlock = 32;
-  static constexpr int kGroupsAtOnce = 1, kGroupsTokens = kGroup;
+  static constexpr int kGroupsTokens = kGroup;
 
   static void pack(const uint8_t* const rows[8], uint8_t* out) {
     for (int r = 0; r < 8; ++r) {
@@ -851,7 +816,7 @@ inline void dot_fewer(int64_t n, const uint8_t* block, const TokenSuper* x, __m2
 template <typename F, int kBlocks>
 struct Consecutive {
   static constexpr int64_t kWeights = kBlocks * F::kWeights, kBytes = kBlocks * F::kBytes, kActBlock = F::kActBlock;
-  static constexpr int kGroupsAtOnce = 1, kGroupsTokens = kGroup;
+  static constexpr int kGroupsTokens = kGroup;
 
   template <int G>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
@@ -880,41 +845,27 @@ inline int64_t tile_tokens_for(int64_t K) {  // at most kTokenTile: the accumula
   return std::max<int64_t>(kGroup, std::min<int64_t>(kTokenTile, kTileActivationBytes / K / kGroup * kGroup));
 }
 
-// Where block b of row group `group` (of `groups`) lies in an interleaved matrix, in blocks: groups are stored in
-// units of `unit` (1, or 2 for Q4_K: Q4Kx8::dot_groups), a unit's groups block after block (block 0 of each, then
-// block 1, ...), so that a pass reading a unit's groups together reads one stream of memory; a last unit may be
-// short. (Two streams 7 KB apart, read in turns, ran at 11.7 GB/s against one stream's 28.8 on Zen 4, one thread.)
-inline int64_t x8_block_index(int64_t group, int64_t groups, int64_t b, int64_t blocks, int64_t unit) {
-  const int64_t first = group / unit * unit, in_unit = std::min(unit, groups - first);
-  return first * blocks + b * in_unit + group - first;
-}
-
-// The groups of a unit go together (F::kGroupsAtOnce, each with its own accumulators), F::kGroupsTokens tokens at a
-// time: F::dot_groups. Which groups go together changes no row's arithmetic.
 template <typename F>
 void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
                      float* out) {
-  const int64_t blocks = K / F::kWeights, groups = N / kRowGroup, T = x.T;
+  const int64_t blocks = K / F::kWeights, group_bytes = blocks * F::kBytes, T = x.T;
   const bool tiles_outer = T > kTilesOuterTokens;
   const int64_t tile_tokens = tiles_outer ? tile_tokens_for(K) : kTokenTile;
   const int64_t span = tiles_outer ? tile_tokens : T;  // tokens that meet each row group of the thread in turn
-  constexpr int R = F::kGroupsAtOnce;
-  // Threads split the units of groups; a group's arithmetic is the same whoever computes it.
-  at::parallel_for(0, (groups + R - 1) / R, 1, [&](int64_t unit_begin, int64_t unit_end) {
-    __m256 acc[R][kTokenTile];
+  // Threads split the groups of rows; a group's arithmetic is the same whoever computes it.
+  at::parallel_for(0, N / kRowGroup, 1, [&](int64_t begin, int64_t end) {
+    __m256 acc[kTokenTile];
     TokenSuper tokens[kTokenTile];
     for (int64_t span_start = 0; span_start < T; span_start += span) {
       const int64_t span_end = std::min(T, span_start + span);
-      for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
-        const int64_t first = unit * R, in_unit = std::min<int64_t>(R, groups - first);
-        const uint8_t* columns = weight + first * blocks * F::kBytes;
+      for (int64_t group = begin; group < end; ++group) {
+        const uint8_t* columns = weight + group * group_bytes;
         for (int64_t t0 = span_start; t0 < span_end; t0 += tile_tokens) {
           const int64_t tile = std::min(tile_tokens, span_end - t0);
-          for (int64_t r = 0; r < in_unit; ++r)
-            for (int64_t t = 0; t < tile; ++t) acc[r][t] = _mm256_setzero_ps();
+          for (int64_t t = 0; t < tile; ++t) acc[t] = _mm256_setzero_ps();
           for (int64_t b = 0; b < blocks; ++b) {
-            const uint8_t* block = columns + b * in_unit * F::kBytes;  // the unit's groups' blocks b, in turn
-            for (int64_t at = 0; at < in_unit * F::kBytes; at += 64)
+            const uint8_t* block = columns + b * F::kBytes;
+            for (int64_t at = 0; at < F::kBytes; at += 64)
               _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes + at, _MM_HINT_T0);
             for (int64_t t = 0; t < tile; ++t) {
               const int64_t row = t0 + t;
@@ -922,33 +873,14 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
               const float* scales = x.d.data() + row * x.blocks + at / F::kActBlock;
               tokens[t] = {x.row(row) + at, x.sums(row) + at / 16, x.sums32(row) + at / 32, scales};
             }
-            if constexpr (R == 2) {
-              if (in_unit == 2) {
-                constexpr int G = F::kGroupsTokens;
-                int64_t t = 0;
-                for (; t + G <= tile; t += G)
-                  F::template dot_groups<G>(block, block + F::kBytes, tokens + t, acc[0] + t, acc[1] + t);
-                const uint8_t* second = block + F::kBytes;
-                switch (tile - t) {  // fewer than G
-                  case 1: F::template dot_groups<1>(block, second, tokens + t, acc[0] + t, acc[1] + t); break;
-                  case 2: F::template dot_groups<2>(block, second, tokens + t, acc[0] + t, acc[1] + t); break;
-                  case 3: F::template dot_groups<3>(block, second, tokens + t, acc[0] + t, acc[1] + t); break;
-                  default: break;
-                }
-                continue;
-              }
-            }
             constexpr int G = F::kGroupsTokens;
             int64_t t = 0;
-            for (; t + G <= tile; t += G) dot_super<F, G>(block, tokens + t, acc[0] + t);
-            dot_fewer<F, G - 1>(tile - t, block, tokens + t, acc[0] + t);
+            for (; t + G <= tile; t += G) dot_super<F, G>(block, tokens + t, acc + t);
+            dot_fewer<F, G - 1>(tile - t, block, tokens + t, acc + t);
           }
-          for (int64_t r = 0; r < in_unit; ++r) {
-            const int64_t rows_at = (first + r) * kRowGroup;
-            const __m256 bias8 = bias ? _mm256_loadu_ps(bias + rows_at) : _mm256_setzero_ps();
-            for (int64_t t = 0; t < tile; ++t)
-              _mm256_storeu_ps(out + (t0 + t) * N + rows_at, bias ? _mm256_add_ps(acc[r][t], bias8) : acc[r][t]);
-          }
+          const __m256 bias8 = bias ? _mm256_loadu_ps(bias + group * kRowGroup) : _mm256_setzero_ps();
+          for (int64_t t = 0; t < tile; ++t)
+            _mm256_storeu_ps(out + (t0 + t) * N + group * kRowGroup, bias ? _mm256_add_ps(acc[t], bias8) : acc[t]);
         }
       }
     }
@@ -1117,10 +1049,6 @@ int64_t x8_bytes(int64_t type) {
   }
 }
 
-int64_t x8_unit(int64_t type) {  // row groups per unit of the interleaved layout (x8_block_index)
-  return type == kQ4_K ? Q4Kx8::kGroupsAtOnce : 1;
-}
-
 void pack_x8(int64_t type, const uint8_t* const rows[8], uint8_t* out) {
   switch (type) {
     case kQ4_K: Q4Kx8::pack(rows, out); break;
@@ -1162,7 +1090,7 @@ void qinterleave_into(torch::Tensor weight, int64_t type, int64_t K, torch::Tens
       for (int64_t b = 0; b < blocks; ++b) {
         const uint8_t* rows[kRowGroup];
         for (int r = 0; r < kRowGroup; ++r) rows[r] = w + (group * kRowGroup + r) * row_bytes + b * block_bytes(type);
-        pack_x8(type, rows, o + x8_block_index(group, N / kRowGroup, b, blocks, x8_unit(type)) * x8_bytes(type));
+        pack_x8(type, rows, o + (group * blocks + b) * x8_bytes(type));
       }
   });
 }
@@ -1186,7 +1114,7 @@ torch::Tensor qdeinterleave_rows(torch::Tensor packed, int64_t type, int64_t K, 
     for (int64_t i = begin; i < end; ++i) {
       const int64_t group = id[i] / kRowGroup, r = id[i] % kRowGroup;
       for (int64_t b = 0; b < blocks; ++b) {
-        unpack_x8(type, p + x8_block_index(group, N / kRowGroup, b, blocks, x8_unit(type)) * x8_bytes(type), targets);
+        unpack_x8(type, p + (group * blocks + b) * x8_bytes(type), targets);
         std::memcpy(o + i * blocks * bytes + b * bytes, targets[r], bytes);
       }
     }
