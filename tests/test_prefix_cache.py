@@ -40,11 +40,13 @@ def whole_and_restored(model, prompt: list[int], other: list[int], corrupt: bool
         first = model.new_state(capacity=64)
         first.forward(other, 1)
         cache.store(first, other)
-        if corrupt:  # the shared prefix's K/V in reverse order: the right values at the wrong positions
+        if corrupt:  # the shared prefix's keys in reverse order against its values: each key meets another
+            # position's value (keys and values flipped together would only reorder whole pairs, which a query after
+            # the prefix sums in any order: the logits then differ by rounding alone, or not at all)
             n = len(SHARED)
             for entry in cache._entries.values():
-                for kept in (entry.kv.keys, entry.kv.values):  # [layers, kv_heads, positions, head_dim]
-                    kept[:, :, :n] = kept[:, :, :n].flip(2).clone()
+                keys = entry.kv.keys  # [layers, kv_heads, positions, head_dim]
+                keys[:, :, :n] = keys[:, :, :n].flip(2).clone()
         state = model.new_state(capacity=64)
         restored = cache.restore(state, prompt)
         logits = state.forward(prompt[restored:], 3)
