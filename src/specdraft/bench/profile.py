@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 from ..errors import SpecdraftError
@@ -76,7 +77,7 @@ def profile_verify(args: argparse.Namespace) -> dict:
     from ..config import ModelConfig
     from ..models.adapter import load_model, set_threads
     from ..models.fetch import cache_root
-    from ..models.verify_curve import measure
+    from ..models.verify_curve import curve_from_rounds, time_passes
 
     check_args(args)
     config = ModelConfig(target=args.target, draft=None, dtype=args.dtype, cache_dir=args.cache_dir,
@@ -92,13 +93,16 @@ def profile_verify(args: argparse.Namespace) -> dict:
         raise SpecdraftError(f"--context {args.context} leaves no room for {args.max_tokens} tokens in the model's "
                              f"{target.max_positions} positions; use at most {room}")
     started = time.perf_counter()
-    ours = list(measure(target, args.max_tokens, args.context))
+    rounds = time_passes(target, args.max_tokens, args.context)
     ours_s = time.perf_counter() - started
+    ours = list(curve_from_rounds(rounds))
+    one_token_ms = statistics.median(times[0] for times in rounds) * 1000
     peer, missing = peer_curve(args, cache, threads)
     return {"target": args.target, "dtype_requested": config.dtype,
             "dtype": target.dtype_name, "backend": target.backend,
             "threads": threads, "context": args.context, "max_tokens": args.max_tokens,
-            "ours": ours, "ours_seconds": round(ours_s, 1), "llama_cpp": peer, "llama_cpp_missing": missing}
+            "ours": ours, "ours_t1_ms": round(one_token_ms, 2), "ours_seconds": round(ours_s, 1), "llama_cpp": peer,
+            "llama_cpp_missing": missing}
 
 
 def format_profile(result: dict) -> str:
@@ -106,7 +110,7 @@ def format_profile(result: dict) -> str:
     lines = [f"Verify cost T(k)/T(1) of {result['target']} after {result['context']} cached tokens, "
              f"{result['threads']} threads.",
              f"ours: {result['backend']} backend, --dtype {result.get('dtype_requested', '-')} (loaded as "
-             f"{result['dtype']}; median over rounds of each round's ratio)"]
+             f"{result['dtype']}; median over rounds of each round's ratio); T(1) {result['ours_t1_ms']:.2f} ms"]
     if peer:
         lines.append(f"llama.cpp {peer.get('version') or ''} ({(peer.get('commit') or 'commit unknown')[:10]}): "
                      f"llama-bench on {peer['gguf']} (median of its repetitions)")

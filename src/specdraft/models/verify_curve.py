@@ -93,6 +93,12 @@ def curve_from_rounds(rounds: list[list[float]]) -> tuple[float, ...]:
 def measure(target: LoadedModel, max_tokens: int, prefix: int = PREFIX_TOKENS) -> tuple[float, ...]:
     """T(n) / T(1) for n = 1 .. max_tokens over a `prefix`-token cache: ROUNDS timed rounds of every length
     (after one that warms up allocations and buffers), reduced by `curve_from_rounds`."""
+    return curve_from_rounds(time_passes(target, max_tokens, prefix))
+
+
+def time_passes(target: LoadedModel, max_tokens: int, prefix: int = PREFIX_TOKENS) -> list[list[float]]:
+    """ROUNDS timed rounds (after one that warms up allocations and buffers): rounds[r][n - 1] is round r's pass
+    over n tokens after the same `prefix` cached tokens, in seconds."""
     vocab = min(target.vocab_size, len(target.tokenizer))
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (prefix + max_tokens + 1,), generator=generator).tolist()
@@ -110,7 +116,7 @@ def measure(target: LoadedModel, max_tokens: int, prefix: int = PREFIX_TOKENS) -
                 state.truncate(prefix)  # drops the pass's tokens: every pass sees the same `prefix` cached tokens
             if round_index:
                 rounds.append(times)
-    return curve_from_rounds(rounds)
+    return rounds
 
 
 def long_prefix(target: LoadedModel, max_tokens: int) -> int:
