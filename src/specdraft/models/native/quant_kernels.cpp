@@ -2,9 +2,9 @@
 //
 // Activations are quantized per row to int8 blocks (one float scale per 256 values for the k-quants, per 32 for
 // the 32-value formats; each row on its own, so a row quantizes the same whatever else is in the call). A
-// weight block is unpacked once per pass into registers (unsigned or signed bytes, and its scales as int16
-// vectors) and then used for every token of the pass: integer dot products (`vpmaddubsw` + `vpmaddwd`, or
-// AVX512-VNNI `vpdpbusd`/`vpdpwssd` where the build has them) give per-lane int32 sums, exact, so their order
+// weight block is unpacked once per pass into registers (unsigned or signed bytes, and its scales as int16 or int32
+// vectors) and then used for every token of a group of tokens: integer dot products (`vpmaddubsw` + `vpmaddwd`, or
+// AVX512-VNNI `vpdpbusd` + `vpmulld` where the build has them) give per-lane int32 sums, exact, so their order
 // does not matter; the float part, per (weight row, token): lane-wise multiply-adds into 8 float lanes, block after
 // block in order, and one fixed-order lane sum at the end. Every output element gets the same integer sums and
 // the same float operations in the same order whatever the number of tokens in the call (batch invariance: a
@@ -345,7 +345,7 @@ struct Q41 {
 // ------------------------------------------------------------------------------------------------ the product
 constexpr int64_t kTokenTile = 64;  // tokens whose accumulators a row keeps at once (a pass longer than this
                                     // reads each weight block once per tile of tokens)
-constexpr int kGroup = 4;           // tokens that share one unpacking of a weight block
+constexpr int kGroup = 4;           // tokens that share one unpacking of a weight block (a format may set more)
 constexpr int64_t kPrefetchBytes = 4096;  // how far ahead a pass asks for its weights
 
 // The weight stream kPrefetchBytes past a block (past a row's end: the next row's, contiguous), 3 cache lines: a
@@ -417,7 +417,8 @@ void qlinear_impl(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRo
 // interleave 4 bytes at a time: one 32-byte load holds 4 consecutive weights of each of the 8 rows, a broadcast
 // of a token's 4 activation bytes meets all of them in one `vpmaddubsw`, and int16 lanes 2r and 2r + 1 are row
 // r's. A sub-block's products add up in int16 (in range: shown per format), one `vpmaddwd` with the rows' sub-
-// block scales leaves row r in int32 lane r, and the float part works on 8 lanes that are 8 rows: per (8 rows,
+// block scales leaves row r in int32 lane r (with VNNI: `vpdpbusd` sums in int32 lane r, a `vpmulld` scales
+// them, the same integers), and the float part works on 8 lanes that are 8 rows: per (8 rows,
 // token, super-block) a few float instructions, and no horizontal sum at all. This is what makes a token of a
 // pass cheap: about 10 multiply instructions per (row, super-block) against 17 plus a float reduction in the
 // row-by-row layout. The arithmetic of a token is the same whatever the other tokens of the call (batch
@@ -587,7 +588,7 @@ struct Q4Kx8 {
 //   row r, ql[64h + 4m + i], ql[64h + 32 + 4m + i] and qh[32h + 4m + i] (the weights 128h + 32k + 4m + i, k = 0..3).
 struct Q6Kx8 {
   static constexpr int64_t kWeights = 256, kBytes = 1680, kActBlock = 256;
-  static constexpr int kGroupsTokens = kWideRegisters ? 8 : kGroup;  // 8 with 32 vector registers
+  static constexpr int kGroupsTokens = kWideRegisters ? 8 : kGroup;  // 8 with 32 vector registers (any AVX-512)
 
   static void pack(const uint8_t* const rows[8], uint8_t* out) {
     for (int r = 0; r < 8; ++r) {
@@ -686,7 +687,7 @@ struct Q6Kx8 {
 
 // Q8_0, 8 rows x 32 weights in 272 bytes (8 x 34): [0, 16) d of rows 0-7 (halves), [16, 272) byte 16 + 32k + 4r + i:
 // q[4k + i] of row r. Signed weights: |q| as unsigned bytes against x carrying q's sign; a vpmaddubsw lane (2
-// products, at most 2 * 128 * 127 = 32512) goes to int32 at once.
+// products, at most 2 * 128 * 127 = 32512) goes to int32 at once (with VNNI a vpdpbusd sums 4 in int32).
 struct Q80x8 {
   static constexpr int64_t kWeights = 32, kBytes = 272, kActBlock = 32;
   static constexpr int kGroupsTokens = kGroup;
@@ -728,7 +729,7 @@ struct Q80x8 {
 // Q5_0, 8 rows x 32 weights in 176 bytes (8 x 22): [0, 16) d of rows 0-7 (halves), [16, 48) the rows' 32-bit qh
 // (row r at 16 + 4r), [48, 176) byte 48 + 32k + 4r + i: qs[4k + i] of row r (low nibble: weight 4k + i, high
 // nibble: weight 16 + 4k + i). Unsigned q in 0..31 against x, then - 16 * (sum of x): int16 lanes add 4
-// vpmaddubsw lanes of 2 products, at most 4 * 2 * 31 * 127 = 31496.
+// vpmaddubsw lanes of 2 products, at most 4 * 2 * 31 * 127 = 31496 (with VNNI: vpdpbusd into int32 lanes).
 struct Q50x8 {
   static constexpr int64_t kWeights = 32, kBytes = 176, kActBlock = 32;
   static constexpr int kGroupsTokens = kGroup;
