@@ -343,8 +343,9 @@ def test_profile_verify_without_the_peer_prints_ours_and_says_make_peers(tiny_di
 
 def test_the_profile_table_puts_the_curves_side_by_side():
     result = {"target": "t", "dtype": "bfloat16", "backend": "native", "threads": 2, "context": 64, "max_tokens": 2,
-              "ours": [1.0, 1.1], "ours_t1_ms": 9.5, "llama_cpp": {"relative": [1.0, 1.25], "ms": [10.0, 12.5], "gguf": "/m/t.gguf",
-                                               "version": "0.3.36", "commit": "0c1e570"}, "llama_cpp_missing": None}
+              "ours": [1.0, 1.1], "ours_t1_ms": 9.5,
+              "llama_cpp": {"relative": [1.0, 1.25], "ms": [10.0, 12.5], "gguf": "/m/t.gguf", "version": "0.3.36",
+                            "commit": "0c1e570"}, "llama_cpp_missing": None}
     text = format_profile(result)
     assert "  2    1.100      1.250         12.50" in text and "last token only" in text
     assert "T(1) 9.50 ms" in text
