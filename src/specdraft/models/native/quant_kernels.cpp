@@ -570,7 +570,7 @@ struct Q4Kx8 {
     for (int p = 0; p < 4; ++p) {
       const __m256i min_pairs = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 96 + 16 * p)));
       for (int g = 0; g < G; ++g)
-        mins[g] = add_i32_into(mins[g], _mm256_madd_epi16(min_pairs, broadcast4(x[g].sums32 + 2 * p)));
+        mins[g] = dot_s16(mins[g], min_pairs, broadcast4(x[g].sums32 + 2 * p));
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
     const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
@@ -678,7 +678,7 @@ struct Q6Kx8 {
       const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 24 + 16 * p));
       const __m256i scale_pairs = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b));
       for (int g = 0; g < G; ++g)
-        offsets[g] = add_i32_into(offsets[g], _mm256_madd_epi16(scale_pairs, broadcast4(x[g].sums16 + 2 * p)));
+        offsets[g] = dot_s16(offsets[g], scale_pairs, broadcast4(x[g].sums16 + 2 * p));
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
     for (int g = 0; g < G; ++g) {
