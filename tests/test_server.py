@@ -336,7 +336,7 @@ def test_models_health_and_model_card(idle_server):
     assert [m.id for m in idle_server.client.models.list().data] == [MODEL]
     assert idle_server.client.models.retrieve(MODEL).id == MODEL
     health = idle_server.health()
-    assert (health["status"], health["model"], health["max_queue"], health["max_batch"]) == ("ok", MODEL, 4, 8)
+    assert (health["status"], health["model"], health["max_queue"], health["max_batch"]) == ("ok", MODEL, 4, 16)
 
 
 # ---- bad input ----

@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-name", default=None, help="the model id clients send (default: --target)")
     serve.add_argument("--max-queue", type=int, default=16,
                        help="requests that may wait for a place in the batch; more get 429")
-    serve.add_argument("--max-batch", type=int, default=8,
+    serve.add_argument("--max-batch", type=int, default=16,
                        help="requests generated together, each target pass scoring all of them")
     serve.add_argument("--prefill-chunk", type=int, default=128, metavar="TOKENS",
                        help="prompt tokens prefilled between two passes of the running requests")
