@@ -16,7 +16,7 @@ class ServerConfig:
     model_name: str | None = None  # the id clients send as `model`; None: the target's name as given
     max_queue: int = 16  # requests waiting for a place in the running batch; one more gets 429
     # choices generated together, each target pass scoring all of them (the 1.5B GGUF at concurrency 16 on the Zen 4,
-    # 2026-12-04: 16 gave 8-12 % more tokens/s than 8 and half the wait for a first token; docs/server.md)
+    # 2026-12-04: 16 gave 7-12 % more tokens/s than 8 and half the wait for a first token; docs/server.md)
     max_batch: int = 16
     prefill_chunk: int = 128  # prompt tokens prefilled between two passes of the running requests
     prefix_cache_mb: int = 512  # prompts' K/V kept for later prompts that begin the same way (0: none)
