@@ -1,15 +1,15 @@
 // Matrix products over weights kept in their GGUF block formats (Q4_K, Q6_K, Q8_0, Q5_0, Q4_1).
 //
-// Activations are quantized per row to int8 blocks (one float scale per 256 values for the k-quants, per 32 for
-// the 32-value formats; each row on its own, so a row quantizes the same whatever else is in the call). A
-// weight block is unpacked once per pass into registers (unsigned or signed bytes, and its scales as int16 or int32
-// vectors) and then used for every token of a group of tokens: integer dot products (`vpmaddubsw` + `vpmaddwd`, or
-// AVX512-VNNI `vpdpbusd` + `vpmulld` where the build has them) give per-lane int32 sums, exact, so their order
+// Activations are quantized per row to int8 blocks (one float scale per 256 values for the k-quants, per 32 for the
+// 32-value formats; each row on its own, so a row quantizes the same whatever else is in the call). A weight block
+// is unpacked once per pass into registers (unsigned or signed bytes, and its scales as int16 or int32 vectors) and
+// then used for every token of a group of tokens: integer dot products (`vpmaddubsw` + `vpmaddwd`, or AVX512-VNNI
+// `vpdpbusd` + `vpmulld` and `vpdpwssd` where the build has them) give per-lane int32 sums, exact, so their order
 // does not matter; the float part, per (weight row, token): lane-wise multiply-adds into 8 float lanes, block after
-// block in order, and one fixed-order lane sum at the end. Every output element gets the same integer sums and
-// the same float operations in the same order whatever the number of tokens in the call (batch invariance: a
-// verify pass of k tokens gives the logits of k single steps, bit for bit), and the VNNI and plain-AVX2 builds
-// give the same bits (the integer sums are the same numbers; the float part is the same 256-bit code in both).
+// block in order, and one fixed-order lane sum at the end. Every output element gets the same integer sums and the
+// same float operations in the same order whatever the number of tokens in the call (batch invariance: a verify
+// pass of k tokens gives the logits of k single steps, bit for bit), and the VNNI and plain-AVX2 builds give the
+// same bits (the integer sums are the same numbers; the float part is the same 256-bit code in both).
 //
 // Block layouts (ggml's, little-endian; "d" fields are IEEE half floats):
 //   Q4_K, 256 weights in 144 bytes: d, dmin, scales[12] (8 six-bit scales and 8 six-bit mins), qs[128];
