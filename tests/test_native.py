@@ -35,7 +35,7 @@ def tiny_native(tmp_path_factory):
 
 def rounds_activations(dtype) -> bool:
     """The avx512bf16 build multiplies bf16 weights by the activations rounded to bf16 (kernels.cpp)."""
-    return dtype in ("bfloat16", torch.bfloat16) and kernels.chosen_isa() == "avx512bf16"
+    return dtype in ("bfloat16", torch.bfloat16) and kernels.chosen_isa() in ("avx512bf16", "amx")
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
@@ -198,6 +198,7 @@ def test_attention_kernel_stays_finite_when_every_score_is_far_below_zero(tiny_n
 def test_kernels_report_the_instruction_set_they_were_built_for(tiny_native):
     ops = tiny_native["qwen2", "float32"].native.ops
     assert ops.isa() == kernels.chosen_isa() == kernels.startup_info()["isa"]
+    assert ops.quant_amx() == (ops.isa() == "amx")  # an AMX build uses its tiles (the OS grants them)
 
 
 @pytest.mark.parametrize("isa", kernels.runnable_isas())
@@ -222,7 +223,8 @@ def test_an_unknown_instruction_set_is_a_clear_error(monkeypatch):
 
 def test_the_build_follows_the_cpu_flags_and_refuses_what_the_cpu_lacks(monkeypatch):
     avx512 = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
-    cpus = {"avx2": {"avx2", "fma"}, "avx512": avx512, "avx512bf16": avx512 | {"avx512_bf16"}}
+    cpus = {"avx2": {"avx2", "fma"}, "avx512": avx512, "avx512bf16": avx512 | {"avx512_bf16"},
+            "amx": avx512 | {"avx512_bf16", "avx512_vnni", "amx_tile", "amx_int8"}}
     monkeypatch.delenv(kernels.ISA_ENV, raising=False)
     for best, flags in cpus.items():
         monkeypatch.setattr(kernels, "_cpu_flags", lambda flags=flags: flags)
@@ -237,6 +239,11 @@ def test_the_build_follows_the_cpu_flags_and_refuses_what_the_cpu_lacks(monkeypa
     monkeypatch.setattr(kernels, "_cpu_flags", lambda: cpus["avx512bf16"])
     monkeypatch.setenv(kernels.ISA_ENV, "avx512")
     assert "-mavx512f" in kernels._flags() and "-mavx512bf16" not in kernels._flags()
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: cpus["amx"])
+    monkeypatch.setenv(kernels.ISA_ENV, "avx512bf16")
+    assert "-mavx512bf16" in kernels._flags() and "-mamx-int8" not in kernels._flags()
+    monkeypatch.delenv(kernels.ISA_ENV)
+    assert "-mamx-int8" in kernels._flags() and "-mavx512vnni" in kernels._flags()
 
 
 def test_long_passes_use_the_matmul_path_and_agree(tiny_native):

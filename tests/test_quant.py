@@ -126,15 +126,16 @@ torch.save([(ops.qlinear_x8 if packed else ops.qlinear)(x, blocks, qtype, None) 
 @pytest.mark.parametrize("isa", kernels.runnable_isas())
 def test_every_kernel_build_gives_the_same_bits(isa, tmp_path):
     """The integer sums are exact and the float part is the same 256-bit code in every build (AVX2, AVX-512 with or
-    without VNNI): a child process running the `isa` build (built once into the cache) must reproduce this
-    process's products bit for bit, for every format and for 1, 5 and 16 tokens."""
+    without VNNI, AMX tiles): a child process running the `isa` build (built once into the cache) must reproduce
+    this process's products bit for bit, for every format and for 1, 2, 5, 16 and 20 tokens (32 rows: pairs of
+    row groups, as the AMX path takes them)."""
     cases = []
     for name in TYPES:
-        weight = random_blocks(name, 24, 512, seed=7)
+        weight = random_blocks(name, 32, 512, seed=7)
         cases += [(torch.randn(k, 512), weight.blocks, weight.qtype, False) for k in (1, 5, 16)]
         if name in INTERLEAVED:
             packed = weight.interleave().blocks
-            cases += [(torch.randn(k, 512), packed, weight.qtype, True) for k in (1, 5, 16)]
+            cases += [(torch.randn(k, 512), packed, weight.qtype, True) for k in (1, 2, 5, 16, 20)]
     torch.save(cases, tmp_path / "cases.pt")
     result = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "cases.pt"), str(tmp_path / "out.pt")],
                             env=dict(os.environ, **{kernels.ISA_ENV: isa}), capture_output=True, text=True,
@@ -229,9 +230,12 @@ def test_interleaving_a_slice_at_a_time_gives_the_same_bytes(monkeypatch, tmp_pa
     assert torch.equal(mapped.blocks, weight.blocks)  # still readable after its pages were released
 
 
+# 40 rows: 5 groups of 8; 48 rows: pairs of groups, which passes of several tokens over Q4_K and Q6_K take to the
+# AMX tiles where the build has them (quant_kernels.cpp), the VNNI or AVX2 code elsewhere
+@pytest.mark.parametrize("rows", [40, 48])
 @pytest.mark.parametrize("name", INTERLEAVED)
-def test_interleaved_product_matches_float64_reference(name):
-    weight = random_blocks(name, 40, 768, seed=12)
+def test_interleaved_product_matches_float64_reference(name, rows):
+    weight = random_blocks(name, rows, 768, seed=12)
     x = torch.randn(7, 768)
     got = weight.interleave().linear(x, None)
     assert relative_error(got, reference_product(x, gguf_dequantize(weight), activation_block(name))) < RELATIVE_TOLERANCE
@@ -245,16 +249,17 @@ def test_interleaved_sums_stay_in_range_at_the_extremes(name):
     assert relative_error(got, reference_product(x, gguf_dequantize(weight), activation_block(name))) < RELATIVE_TOLERANCE
 
 
+@pytest.mark.parametrize("rows", [40, 48])
 @pytest.mark.parametrize("name", INTERLEAVED)
-def test_negative_control_an_interleaved_layout_read_wrong_fails_the_same_check(name):
+def test_negative_control_an_interleaved_layout_read_wrong_fails_the_same_check(name, rows):
     """Each row's 4 bytes read in reverse order within every interleaved vector: the check must catch it."""
-    weight = random_blocks(name, 40, 768, seed=12)
+    weight = random_blocks(name, rows, 768, seed=12)
     packed = weight.interleave()
     payload = {"Q4_K": 160, "Q6_K": 144, "Q8_0": 16, "Q5_0": 48}[name]  # where the 4-byte-per-row vectors start
-    groups = packed.blocks.view(5, 768 // TYPES[name][1], -1).clone()  # [groups, blocks, group block bytes]
+    groups = packed.blocks.view(rows // 8, 768 // TYPES[name][1], -1).clone()  # [groups, blocks, group block bytes]
     body = groups[:, :, payload:].reshape(*groups.shape[:2], -1, 8, 4)  # [..., vectors, rows, 4 bytes]
     groups[:, :, payload:] = body.flip(3).reshape(*groups.shape[:2], -1)
-    misread = QuantWeight(groups.reshape(5, -1).contiguous(), weight.qtype, weight.cols, interleaved=True)
+    misread = QuantWeight(groups.reshape(rows // 8, -1).contiguous(), weight.qtype, weight.cols, interleaved=True)
     x = torch.randn(7, 768)
     got = misread.linear(x, None)
     reference = reference_product(x, gguf_dequantize(weight), activation_block(name))
@@ -286,6 +291,23 @@ def test_blocks_taken_four_at_a_time_sum_as_one_by_one(name):
     for k in (1, 4, 5, 9):
         assert torch.equal(weight.interleave().linear(x[:k].contiguous(), None),
                            longer.interleave().linear(x_longer[:k].contiguous(), None)), k
+
+
+def test_amx_tiles_on_and_off_give_the_same_bits():
+    """Where the build has AMX (`isa() == "amx"`), passes of 4 or more tokens over Q4_K take their sums from tile
+    multiplies; forbidding them (the VNNI code) must give the same bits, for every pass length the tiles take
+    (token tiles of 8, a partial one, 64 and more: the pass's own tiles of tokens). Elsewhere nothing changes."""
+    packed = random_blocks("Q4_K", 48, 1536, seed=19).interleave()
+    x, bias = torch.randn(150, 1536) * torch.rand(150, 1) * 4, torch.randn(48)
+    assert ops.quant_amx() == (ops.isa() == "amx")
+    previous = ops.set_quant_amx(False)
+    try:
+        assert not ops.quant_amx()
+        vnni = {k: packed.linear(x[:k].contiguous(), bias) for k in (4, 5, 8, 9, 16, 33, 64, 150)}
+    finally:
+        ops.set_quant_amx(previous)
+    for k, expected in vnni.items():
+        assert torch.equal(packed.linear(x[:k].contiguous(), bias), expected), k
 
 
 def test_a_long_pass_over_long_rows_runs_in_smaller_tiles_and_stays_bit_identical():

@@ -60,7 +60,9 @@ inline Vec vfmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline float vsum(Vec v) {
   return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
 }
-#ifdef __AVX512BF16__
+#if defined(__AMX_INT8__) && defined(__AVX512BF16__)
+constexpr const char* kIsa = "amx";  // the avx512bf16 build, plus AMX tiles for the block formats' passes
+#elif defined(__AVX512BF16__)
 constexpr const char* kIsa = "avx512bf16";
 #else
 constexpr const char* kIsa = "avx512";
@@ -641,7 +643,7 @@ torch::Tensor rope_store(torch::Tensor q, torch::Tensor k, torch::Tensor v, torc
 
 // How at::parallel_for runs in this build: it is a header template, parallel only when this file is compiled
 // with OpenMP (-fopenmp); without it every kernel silently runs on one thread.
-// The instruction set of the matrix products in this build: "avx512bf16", "avx512" or "avx2".
+// The instruction set of the matrix products in this build: "amx", "avx512bf16", "avx512" or "avx2".
 std::string isa() { return kIsa; }
 
 std::string parallel_backend() {
@@ -657,6 +659,8 @@ torch::Tensor qlinear(torch::Tensor x, torch::Tensor weight, int64_t type, c10::
 torch::Tensor qdequantize_rows(torch::Tensor weight, int64_t type, int64_t K, torch::Tensor rows);
 std::vector<torch::Tensor> quantize_activations(torch::Tensor x, int64_t block);
 bool quant_vnni();
+bool quant_amx();
+bool set_quant_amx(bool allowed);
 void qinterleave_into(torch::Tensor weight, int64_t type, int64_t K, torch::Tensor out);
 torch::Tensor qdeinterleave_rows(torch::Tensor packed, int64_t type, int64_t K, torch::Tensor rows);
 torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c10::optional<torch::Tensor> bias);
@@ -757,7 +761,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       // no Python object is touched inside: other threads (the server's event loop) run during the pass
       .def("forward", &LayerStack::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("parallel_backend", &parallel_backend, "\"openmp\" when the kernels use several threads");
-  m.def("isa", &isa, "the instruction set of the matrix products: \"avx512bf16\", \"avx512\" or \"avx2\"");
+  m.def("isa", &isa, "the instruction set of the matrix products: \"amx\", \"avx512bf16\", \"avx512\" or \"avx2\"");
   m.def("linear", &linear, "batch-invariant x @ W.T (+ b), float32 or bfloat16 weights");
   m.def("rms_norm", &rms_norm, "row-wise RMSNorm, fixed reduction order");
   m.def("attention", &attention, "causal GQA attention of new queries against the KV cache");
@@ -768,6 +772,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qdequantize_rows", &qdequantize_rows, "rows of a GGUF block-format matrix as float32");
   m.def("quantize_activations", &quantize_activations, "x as the block kernels quantize it: (int8, scales)");
   m.def("quant_vnni", &quant_vnni, "whether the block kernels use AVX512-VNNI");
+  m.def("quant_amx", &quant_amx, "whether passes of several tokens over Q4_K/Q6_K use AMX tiles");
+  m.def("set_quant_amx", &set_quant_amx, "allow or forbid the AMX tiles (same bits); returns the previous setting");
   m.def("qinterleave_into", &qinterleave_into, "repack a block-format matrix into interleaved groups of 8 rows (a given [N / 8, ...] uint8 tensor)");
   m.def("qdeinterleave_rows", &qdeinterleave_rows, "rows of an interleaved matrix back in the file's block layout");
   m.def("qlinear_x8", &qlinear_x8, "qlinear over an interleaved Q4_K/Q6_K matrix (batch-invariant)");

@@ -26,7 +26,11 @@ _BF16_NEEDS = {"avx512_bf16"}
 # build runs on a CPU that has it; the sums are the same integers either way, so the results are the same bits.
 _VNNI_FLAGS = ["-mavx512vnni"]
 _VNNI_NEEDS = {"avx512_vnni"}
-ISAS = ("avx2", "avx512", "avx512bf16")  # each one's CPU needs include the previous one's
+# Where the CPU has AMX-INT8 (Intel Xeon since Sapphire Rapids), passes of several tokens over Q4_K and Q6_K
+# matrices take their integer sums from tile multiplies (quant_kernels.cpp): the same integers, the same bits.
+_AMX_FLAGS = ["-mamx-tile", "-mamx-int8"]
+_AMX_NEEDS = {"amx_tile", "amx_int8", "avx512_vnni"}
+ISAS = ("avx2", "avx512", "avx512bf16", "amx")  # each one's CPU needs include the previous one's
 ISA_ENV = "SPECDRAFT_KERNELS_ISA"
 _loaded = None
 _failure: str | None = None
@@ -43,7 +47,8 @@ def _cpu_flags() -> set[str]:
 
 def _missing(isa: str) -> set[str]:
     """CPU flags that `isa` needs and this CPU lacks."""
-    needs = {"avx2": set(), "avx512": _AVX512_NEEDS, "avx512bf16": _AVX512_NEEDS | _BF16_NEEDS}[isa]
+    needs = {"avx2": set(), "avx512": _AVX512_NEEDS, "avx512bf16": _AVX512_NEEDS | _BF16_NEEDS,
+             "amx": _AVX512_NEEDS | _BF16_NEEDS | _AMX_NEEDS}[isa]
     return needs - _cpu_flags()
 
 
@@ -53,7 +58,7 @@ def runnable_isas() -> list[str]:
 
 
 def chosen_isa() -> str:
-    """"avx512bf16", "avx512" or "avx2": the CPU's best, unless SPECDRAFT_KERNELS_ISA asks for another."""
+    """"amx", "avx512bf16", "avx512" or "avx2": the CPU's best, unless SPECDRAFT_KERNELS_ISA asks for another."""
     wanted = os.environ.get(ISA_ENV, "auto").strip().lower() or "auto"
     if wanted not in ("auto", *ISAS):
         raise ValueError(f"{ISA_ENV}={wanted!r}: use auto, {', '.join(ISAS)}")
@@ -67,8 +72,8 @@ def chosen_isa() -> str:
 def _flags() -> list[str]:
     isa = chosen_isa()
     vnni = isa != "avx2" and _VNNI_NEEDS <= _cpu_flags()
-    return (_FLAGS + (_AVX512_FLAGS if isa != "avx2" else []) + (_BF16_FLAGS if isa == "avx512bf16" else [])
-            + (_VNNI_FLAGS if vnni else []))
+    return (_FLAGS + (_AVX512_FLAGS if isa != "avx2" else []) + (_BF16_FLAGS if isa in ("avx512bf16", "amx") else [])
+            + (_VNNI_FLAGS if vnni else []) + (_AMX_FLAGS if isa == "amx" else []))
 
 
 def build_dir() -> Path:

@@ -9,7 +9,9 @@
 // block in order, and one fixed-order lane sum at the end. Every output element gets the same integer sums and the
 // same float operations in the same order whatever the number of tokens in the call (batch invariance: a verify
 // pass of k tokens gives the logits of k single steps, bit for bit), and the VNNI and plain-AVX2 builds give the
-// same bits (the integer sums are the same numbers; the float part is the same 256-bit code in both).
+// same bits (the integer sums are the same numbers; the float part is the same 256-bit code in both). Where the CPU
+// has AMX-INT8, passes of 4 or more tokens over Q4_K take their integer sums from tile multiplies ("AMX tiles"
+// below): the same integers again.
 //
 // Block layouts (ggml's, little-endian; "d" fields are IEEE half floats):
 //   Q4_K, 256 weights in 144 bytes: d, dmin, scales[12] (8 six-bit scales and 8 six-bit mins), qs[128];
@@ -25,6 +27,9 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -626,8 +631,8 @@ struct Q6Kx8 {
   template <int G>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
     const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
-    __m256i dots[G], offsets[G];
-    for (int g = 0; g < G; ++g) dots[g] = offsets[g] = _mm256_setzero_si256();
+    __m256i dots[G];
+    for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
     // q + 32 of 4 weights per row, chunk k of l and hi (inlined, so that k is a constant in the unrolled loops)
     const auto six = [&](__m256i l, __m256i hi, int k) __attribute__((always_inline)) {
       const __m256i nibble = k < 2 ? _mm256_and_si256(l, low) : _mm256_and_si256(_mm256_srli_epi16(l, 4), low);
@@ -673,6 +678,14 @@ struct Q6Kx8 {
         }
       }
     }
+    finish<G>(block, x, dots, acc);
+  }
+
+  // the offsets' part and the float part: acc += d dx (dots - 32 offsets)
+  template <int G>
+  static void finish(const uint8_t* block, const TokenSuper* x, const __m256i* dots, __m256* acc) {
+    __m256i offsets[G];
+    for (int g = 0; g < G; ++g) offsets[g] = _mm256_setzero_si256();
     for (int p = 0; p < 8; ++p) {  // int16 lanes (2r, 2r + 1): scales of sub-blocks 2p and 2p + 1 of row r
       const __m128i a = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 16 + 16 * p));
       const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 24 + 16 * p));
@@ -889,6 +902,198 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
       }
     }
   });
+}
+
+// ------------------------------------------------------------------------------------------- AMX tiles (Q4_K)
+// Where the CPU has AMX-INT8 (Intel Xeon since Sapphire Rapids), a pass of 4 or more tokens over a Q4_K matrix
+// takes its sub-blocks' integer dot products from tile multiplies (`tdpbsud`: signed int8 A times unsigned B,
+// summed in int32 C). A tile multiply costs about the same whatever its shape (Xeon model 207, 2026-12-05: 15 ns
+// alone, 34-39 ns with its loads and store, for 1 to 16 rows and 16 to 64 bytes of K), so each one is made as
+// full as the sub-block scales allow: K = 64 weights (2 sub-blocks) by 16 weight rows (two interleaved groups of
+// 8) by 16 rows of A, where A's rows are (token, sub-block) pairs: a token's 64 activations with the other
+// sub-block's zeroed ("expanded" once per call, shared by every row pair). C's row (t, j) then holds token t's
+// sums over sub-block j of the 16 weight rows, which AVX-512 multiplies by the rows' sub-block scales exactly as
+// the VNNI path multiplies its `vpdpbusd` sums: the same integers, then the same float code (`finish`) per group
+// of 8 rows. So a token's result is the same bits with or without tiles, alone or with others. A block's nibbles
+// are unpacked once per pass into bytes laid out as B tiles. One-token steps keep the VNNI path.
+// Q6_K stays on VNNI: its 16-weight sub-blocks need twice the tile multiplies, and the same layout for it measured
+// no faster (2 threads, a cached 1536 x 8960 matrix, ms VNNI -> AMX: 8 tokens 1.07 -> 1.02, 16 1.73 -> 1.76, 64
+// 6.35 -> 7.47).
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512BW__)
+constexpr bool kAmxBuild = true;
+#else
+constexpr bool kAmxBuild = false;
+#endif
+
+// Whether this process may use the tiles: Linux hands out their 8 KiB of state on request (arch_prctl).
+bool amx_granted() {
+  if constexpr (!kAmxBuild) return false;
+  static const bool granted = [] {
+    constexpr long kRequestPermission = 0x1023, kTileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  return granted;
+}
+
+// Passes of fewer tokens keep the VNNI path (measured, 2026-12-05, Xeon, one thread, a cached 8960 x 1536 Q4_K
+// matrix, VNNI -> AMX ms: 2 tokens 0.46 -> 0.59, 4 tokens 0.74 -> 0.67, 8 1.64 -> 0.80, 16 2.87 -> 1.44).
+constexpr int64_t kAmxMinTokens = 4;
+std::atomic<bool> amx_allowed{true};    // set_quant_amx: the VNNI path for every pass (A/B in one process, tests)
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512BW__)
+// Every tile 16 rows of 64 bytes: 0, 1 A (expanded activations), 2, 3 B (16 rows of K / 4: 4 consecutive weights
+// of each of 16 weight rows), 4-7 C (16 int32 per row of A).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  TileConfig() {
+    for (int t = 0; t < 8; ++t) rows[t] = 16, colsb[t] = 64;
+  }
+};
+
+inline __m512i join256(const uint8_t* first, const uint8_t* second) {  // 32 bytes of each, one vector
+  return _mm512_inserti64x4(_mm512_castsi256_si512(load256(first)), load256(second), 1);
+}
+inline __m128i join64(const uint8_t* first, const uint8_t* second) {  // 8 bytes of each
+  return _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(first)),
+                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(second)));
+}
+
+// A format for the tiles: kSubBytes weights per sub-block, `unpack` (a block of both groups -> B tiles: sub-block
+// s's kSubBytes / 4 rows of 64 bytes at 16 s * kSubBytes, byte 4r + i of its row k = weight 4k + i of row r, rows
+// 0-7 from the first group, 8-15 from the second; 4 consecutive 16-row tiles of K = 64) and `scales` (sub-block
+// s's scales of the 16 rows as int32).
+struct AmxQ4K {
+  using Format = Q4Kx8;
+  static constexpr int kSubBytes = 32;
+  static void unpack(const uint8_t* first, const uint8_t* second, uint8_t* tiles) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int j = 0; j < 4; ++j)
+      for (int k = 0; k < 8; ++k) {  // weights 64j + 32s + 4k + i: nibble s of byte 256j + 32k + 4r + i
+        const __m512i bytes = join256(first + 160 + 256 * j + 32 * k, second + 160 + 256 * j + 32 * k);
+        _mm512_store_si512(tiles + (2 * j) * 512 + 64 * k, _mm512_and_si512(bytes, low));
+        _mm512_store_si512(tiles + (2 * j + 1) * 512 + 64 * k, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low));
+      }
+  }
+  static __m512i scales(const uint8_t* first, const uint8_t* second, int s) {
+    return _mm512_cvtepu8_epi32(join64(first + 32 + 8 * s, second + 32 + 8 * s));
+  }
+};
+
+// The activations as A tiles: [token tile][K / 64][16 rows][64 bytes], row R t + j of a tile holding token
+// (tile's first) + t's 64 activations of that K / 64 chunk with all but sub-block j zeroed (R sub-blocks per 64);
+// rows past the last token are zero. Written into `out` (the calling thread's buffer: it only grows).
+template <int kSubBytes>
+void expand_activations(const QuantizedRows& x, std::vector<int8_t>& out) {
+  constexpr int R = 64 / kSubBytes, kTokensPerTile = 16 / R;
+  const int64_t chunks = x.K / 64, tiles = (x.T + kTokensPerTile - 1) / kTokensPerTile;
+  if (out.size() < static_cast<size_t>(tiles * chunks * 1024)) out.resize(tiles * chunks * 1024);
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile)
+      for (int64_t c = 0; c < chunks; ++c)
+        for (int row = 0; row < 16; ++row) {
+          const int64_t t = tile * kTokensPerTile + row / R;
+          const __mmask64 part = ((~0ULL) >> (64 - kSubBytes)) << (kSubBytes * (row % R));
+          const __m512i v = t < x.T ? _mm512_maskz_loadu_epi8(part, x.row(t) + 64 * c) : _mm512_setzero_si512();
+          _mm512_storeu_si512(out.data() + ((tile * chunks + c) * 16 + row) * 64, v);
+        }
+  });
+}
+
+// One chunk of 64 weights for 16 rows of A: A tile `a` from `activations`, B tile `b` from `weights`, C tile `c`
+// stored at `sums` ([row of A][16 weight rows] int32). Tiles are named by literal numbers (GCC's tile intrinsics
+// paste them into the instruction text); callers take turns over them so that a chunk's loads and multiply need
+// not wait for the previous chunk's store.
+#define SPECDRAFT_AMX_CHUNK(a, b, c, activations, weights, sums) \
+  do {                                                           \
+    _tile_loadd(a, activations, 64);                             \
+    _tile_loadd(b, weights, 64);                                 \
+    _tile_zero(c);                                               \
+    _tile_dpbsud(c, a, b);                                       \
+    _tile_stored(c, sums, 64);                                   \
+  } while (0)
+
+template <typename A>
+void qlinear_x8_amx(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
+                    float* out) {
+  using F = typename A::Format;
+  constexpr int R = 64 / A::kSubBytes, S = 256 / A::kSubBytes, kTokensPerTile = 16 / R;
+  const int64_t blocks = K / F::kWeights, group_bytes = blocks * F::kBytes, T = x.T, chunks = K / 64;
+  thread_local std::vector<int8_t> buffer;  // the calling thread's (a lambda run by another thread would see its own)
+  expand_activations<A::kSubBytes>(x, buffer);
+  const int8_t* expanded = buffer.data();
+  // token tiles as the VNNI path takes them (prefill: tiles outermost), in whole tiles of A
+  const bool tiles_outer = T > kTilesOuterTokens;
+  const int64_t tile_tokens =
+      tiles_outer ? (tile_tokens_for(K) + kTokensPerTile - 1) / kTokensPerTile * kTokensPerTile : kTokenTile;
+  const int64_t span = tiles_outer ? tile_tokens : T;
+  // Threads split pairs of row groups; a pair's arithmetic is the same whoever computes it.
+  at::parallel_for(0, N / (2 * kRowGroup), 1, [&](int64_t begin, int64_t end) {
+    alignas(64) uint8_t tiles[4 * 1024];   // B tiles of a block: 4 chunks of 16 rows x 64 bytes
+    alignas(64) int32_t sums[4][16][16];  // C tiles: [chunk][row of A][weight row]
+    __m256 acc[2][kTokenTile];
+    const TileConfig config;
+    _tile_loadconfig(&config);
+    for (int64_t span_start = 0; span_start < T; span_start += span) {
+      const int64_t span_end = std::min(T, span_start + span);
+      for (int64_t pair = begin; pair < end; ++pair) {
+        const uint8_t* first = weight + 2 * pair * group_bytes;
+        const uint8_t* second = first + group_bytes;
+        for (int64_t t0 = span_start; t0 < span_end; t0 += tile_tokens) {
+          const int64_t tile = std::min(tile_tokens, span_end - t0);
+          for (int64_t t = 0; t < tile; ++t) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+          for (int64_t b = 0; b < blocks; ++b) {
+            const uint8_t* block0 = first + b * F::kBytes;
+            const uint8_t* block1 = second + b * F::kBytes;
+            for (int64_t at = 0; at < F::kBytes; at += 64) {
+              _mm_prefetch(reinterpret_cast<const char*>(block0) + kPrefetchBytes + at, _MM_HINT_T0);
+              _mm_prefetch(reinterpret_cast<const char*>(block1) + kPrefetchBytes + at, _MM_HINT_T0);
+            }
+            A::unpack(block0, block1, tiles);
+            __m512i scale[S];
+            for (int s = 0; s < S; ++s) scale[s] = A::scales(block0, block1, s);
+            for (int64_t m0 = 0; m0 < tile; m0 += kTokensPerTile) {
+              const int8_t* a = expanded + ((t0 + m0) / kTokensPerTile * chunks + 4 * b) * 1024;
+              SPECDRAFT_AMX_CHUNK(0, 2, 4, a, tiles, sums[0][0]);
+              SPECDRAFT_AMX_CHUNK(1, 3, 5, a + 1024, tiles + 1024, sums[1][0]);
+              SPECDRAFT_AMX_CHUNK(0, 2, 6, a + 2048, tiles + 2048, sums[2][0]);
+              SPECDRAFT_AMX_CHUNK(1, 3, 7, a + 3072, tiles + 3072, sums[3][0]);
+              const int64_t m = std::min<int64_t>(kTokensPerTile, tile - m0);
+              for (int64_t i = 0; i < m; ++i) {
+                const int64_t t = m0 + i, row = t0 + t, at = F::kWeights * b;
+                __m512i dots = _mm512_setzero_si512();
+                for (int s = 0; s < S; ++s)  // sub-block s: chunk s / R, row R i + s % R of A
+                  dots = _mm512_add_epi32(dots, _mm512_mullo_epi32(_mm512_load_si512(sums[s / R][R * i + s % R]),
+                                                                   scale[s]));
+                const TokenSuper token = {x.row(row) + at, x.sums(row) + at / 16, x.sums32(row) + at / 32,
+                                          x.d.data() + row * x.blocks + at / F::kActBlock};
+                const __m256i rows0 = _mm512_castsi512_si256(dots), rows1 = _mm512_extracti64x4_epi64(dots, 1);
+                F::template finish<1>(block0, &token, &rows0, &acc[0][t]);
+                F::template finish<1>(block1, &token, &rows1, &acc[1][t]);
+              }
+            }
+          }
+          for (int half = 0; half < 2; ++half) {
+            const int64_t group = 2 * pair + half;
+            const __m256 bias8 = bias ? _mm256_loadu_ps(bias + group * kRowGroup) : _mm256_setzero_ps();
+            for (int64_t t = 0; t < tile; ++t)
+              _mm256_storeu_ps(out + (t0 + t) * N + group * kRowGroup,
+                               bias ? _mm256_add_ps(acc[half][t], bias8) : acc[half][t]);
+          }
+        }
+      }
+    }
+    _tile_release();
+  });
+}
+#undef SPECDRAFT_AMX_CHUNK
+#endif
+
+// Whether a pass of T tokens over an N-row Q4_K matrix goes to the tiles.
+bool use_amx(int64_t T, int64_t N) {
+  return kAmxBuild && T >= kAmxMinTokens && N % (2 * kRowGroup) == 0 && amx_allowed && amx_granted();
 }
 
 // A 32-weight format: passes of several tokens over rows of a multiple of 128 weights take 4 blocks at a time
@@ -1141,7 +1346,14 @@ torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c1
   const uint8_t* w = packed.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   switch (type) {
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512BW__)
+    case kQ4_K:
+      if (use_amx(T, N)) qlinear_x8_amx<AmxQ4K>(w, N, K, rows, bias_ptr, o);
+      else qlinear_x8_impl<Q4Kx8>(w, N, K, rows, bias_ptr, o);
+      break;
+#else
     case kQ4_K: qlinear_x8_impl<Q4Kx8>(w, N, K, rows, bias_ptr, o); break;
+#endif
     case kQ6_K: qlinear_x8_impl<Q6Kx8>(w, N, K, rows, bias_ptr, o); break;
     case kQ8_0: qlinear_x8_small_blocks<Q80x8>(w, N, K, rows, bias_ptr, o); break;
     case kQ5_0: qlinear_x8_small_blocks<Q50x8>(w, N, K, rows, bias_ptr, o); break;
@@ -1161,3 +1373,9 @@ std::vector<torch::Tensor> quantize_activations(torch::Tensor x, int64_t block) 
 }
 
 bool quant_vnni() { return kVnni; }
+
+// Whether passes of several tokens over Q4_K and Q6_K matrices use AMX tiles (an amx build, and the OS lets it).
+bool quant_amx() { return amx_granted() && amx_allowed; }
+
+// Allow or forbid the tiles (the results are the same bits either way); returns the previous setting.
+bool set_quant_amx(bool allowed) { return amx_allowed.exchange(allowed); }
