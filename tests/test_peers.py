@@ -49,7 +49,10 @@ def fake_build(cache: Path) -> None:
     (cache / "peers" / f"llama.cpp-{peers.PEER_VERSION}" / "bin").mkdir(parents=True)
     for name in peers.PEER_BINARIES:
         peers.peer_binary(cache, name).write_text("")
-    peers.peer_marker(cache).write_text(json.dumps({"version": peers.PEER_VERSION, "llama_cpp_commit": "0c1e570"}))
+    from specdraft.bench.peer_build import cmake_flags
+
+    peers.peer_marker(cache).write_text(json.dumps({"version": peers.PEER_VERSION, "llama_cpp_commit": "0c1e570",
+                                                    "cmake_flags": list(cmake_flags())}))
 
 
 # ------------------------------------------------------------------------------------------------ refusal
@@ -112,6 +115,26 @@ def test_make_peers_keeps_a_finished_build(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(peer_build, "download_sdist", lambda dest: pytest.fail("downloaded again"))
     assert peer_build.main(["--cache-dir", str(tmp_path)]) == 0
     assert "already built" in capsys.readouterr().out
+
+
+def test_make_peers_rebuilds_a_build_made_with_other_flags_and_leaves_amx_out_where_the_cpu_has_it(
+        tmp_path, monkeypatch):
+    from specdraft.bench import peer_build
+
+    assert peer_build.cmake_flags({"avx2", "avx512f"}) == peer_build.CMAKE_FLAGS
+    with_amx = peer_build.cmake_flags({"avx512f", "amx_tile", "amx_int8"})
+    assert f"-DCMAKE_CXX_FLAGS={peer_build.NO_AMX}" in with_amx and with_amx[:len(peer_build.CMAKE_FLAGS)] == \
+        peer_build.CMAKE_FLAGS
+    fake_build(tmp_path)
+    marker = json.loads(peers.peer_marker(tmp_path).read_text())
+    peers.peer_marker(tmp_path).write_text(json.dumps({**marker, "cmake_flags": ["-DGGML_NATIVE=OFF"]}))
+
+    def downloaded(dest):
+        raise SpecdraftError("downloaded again")
+
+    monkeypatch.setattr(peer_build, "download_sdist", downloaded)
+    with pytest.raises(SpecdraftError, match="downloaded again"):
+        peer_build.build(tmp_path)
 
 
 # ------------------------------------------------------------------------------------------------ GGUF files

@@ -39,6 +39,22 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_UI=OFF",
     "-DLLAMA_USE_PREBUILT_UI=OFF",
 )
+# On a CPU with AMX-INT8, this llama.cpp's AMX kernels stop the process with SIGILL at their first tile instruction
+# (`tilezero` in ggml_backend_amx_mul_mat, in any pass of 2 or more tokens; seen on a Xeon, model 207, Linux guest,
+# 2026-12-05; upstream: ggml-org/llama.cpp pull request 26954), so the peer is built without them there and runs its
+# AVX-512 repacked kernels, as it does on every Xeon without AMX.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def cmake_flags(cpu_flags: set[str] | None = None) -> tuple[str, ...]:
+    """CMAKE_FLAGS, plus the compiler flags that leave AMX out where this CPU has it."""
+    if cpu_flags is None:
+        from ..models.native.kernels import _cpu_flags
+
+        cpu_flags = _cpu_flags()
+    if "amx_int8" in cpu_flags or "amx_tile" in cpu_flags:
+        return (*CMAKE_FLAGS, f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")
+    return CMAKE_FLAGS
 
 
 def _say(message: str) -> None:
@@ -78,9 +94,13 @@ def extract_llama_cpp(archive: Path, dest: Path) -> Path:
 def build(cache: Path, jobs: int = 2, force: bool = False) -> Path:
     """Build the peer into the cache unless its marker is there; returns the peer folder."""
     folder = peer_dir(cache)
+    flags = cmake_flags()
     if peer_marker(cache).is_file() and not force:
-        _say(f"llama.cpp {PEER_VERSION} is already built in {folder} (remove it, or --force, to rebuild)")
-        return folder
+        built_with = json.loads(peer_marker(cache).read_text()).get("cmake_flags")
+        if built_with == list(flags):
+            _say(f"llama.cpp {PEER_VERSION} is already built in {folder} (remove it, or --force, to rebuild)")
+            return folder
+        _say("the peer was built with other cmake flags: rebuilding")
     if shutil.which("cmake") is None:
         raise SpecdraftError("cmake is not installed, and llama.cpp needs it to build: install cmake (Debian: "
                              "`apt-get install cmake`), and a C/C++ compiler, then rerun `make peers`")
@@ -100,7 +120,7 @@ def build(cache: Path, jobs: int = 2, force: bool = False) -> Path:
         build_dir = work / "build"
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
         _say("configuring with cmake")
-        _run(["cmake", "-S", str(source), "-B", str(build_dir), *generator, *CMAKE_FLAGS])
+        _run(["cmake", "-S", str(source), "-B", str(build_dir), *generator, *flags])
         _say(f"building {', '.join(PEER_BINARIES)} with {jobs} jobs (about 10 minutes on 2 cores)")
         _run(["cmake", "--build", str(build_dir), "--config", "Release", "-j", str(jobs),
               "--target", *PEER_BINARIES])
@@ -115,7 +135,7 @@ def build(cache: Path, jobs: int = 2, force: bool = False) -> Path:
         shutil.copy2(source / "tools" / "server" / "README.md", folder / "server-README.md")
         commit = _vendored_commit(source)
         info = {"package": PEER_PACKAGE, "version": PEER_VERSION, "llama_cpp_commit": commit,
-                "cmake_flags": list(CMAKE_FLAGS), "binaries": list(PEER_BINARIES),
+                "cmake_flags": list(flags), "binaries": list(PEER_BINARIES),
                 "built_at": time.strftime("%Y-%m-%d %H:%M:%S"), "build_s": round(time.perf_counter() - started)}
         peer_marker(cache).write_text(json.dumps(info, indent=1) + "\n")  # last: the folder is complete
     _say(f"built llama.cpp {PEER_VERSION} ({commit or 'commit unknown'}) in {folder / 'bin'} "
