@@ -10,7 +10,7 @@
 // same float operations in the same order whatever the number of tokens in the call (batch invariance: a verify
 // pass of k tokens gives the logits of k single steps, bit for bit), and the VNNI and plain-AVX2 builds give the
 // same bits (the integer sums are the same numbers; the float part is the same 256-bit code in both). Where the CPU
-// has AMX-INT8, passes of 4 or more tokens over Q4_K take their integer sums from tile multiplies ("AMX tiles"
+// has AMX-INT8, passes of 5 or more tokens over Q4_K take their integer sums from tile multiplies ("AMX tiles"
 // below): the same integers again.
 //
 // Block layouts (ggml's, little-endian; "d" fields are IEEE half floats):
@@ -905,7 +905,7 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
 }
 
 // ------------------------------------------------------------------------------------------- AMX tiles (Q4_K)
-// Where the CPU has AMX-INT8 (Intel Xeon since Sapphire Rapids), a pass of 4 or more tokens over a Q4_K matrix
+// Where the CPU has AMX-INT8 (Intel Xeon since Sapphire Rapids), a pass of 5 or more tokens over a Q4_K matrix
 // takes its sub-blocks' integer dot products from tile multiplies (`tdpbsud`: signed int8 A times unsigned B,
 // summed in int32 C). A tile multiply costs about the same whatever its shape (Xeon model 207, 2026-12-05: 15 ns
 // alone, 34-39 ns with its loads and store, for 1 to 16 rows and 16 to 64 bytes of K), so each one is made as
@@ -935,9 +935,11 @@ bool amx_granted() {
   return granted;
 }
 
-// Passes of fewer tokens keep the VNNI path (measured, 2026-12-05, Xeon, one thread, a cached 8960 x 1536 Q4_K
-// matrix, VNNI -> AMX ms: 2 tokens 0.46 -> 0.59, 4 tokens 0.74 -> 0.67, 8 1.64 -> 0.80, 16 2.87 -> 1.44).
-constexpr int64_t kAmxMinTokens = 4;
+// Passes of fewer tokens keep the VNNI path. Measured 2026-12-05 (Xeon model 207, one process with the switch,
+// alternated): a cached 8960 x 1536 matrix, one thread, VNNI -> AMX ms: 2 tokens 0.46 -> 0.59, 4 0.74 -> 0.67,
+// 8 1.64 -> 0.80, 16 2.87 -> 1.44; the 1.5B's whole pass after 64 tokens, 2 threads, 3 rounds: 4 tokens 79.2 ->
+// 81.6, 5 88.8 -> 83.8, 6 106.1 -> 87.6, 8 134.8 -> 113.3, 16 231.6 -> 221.9.
+constexpr int64_t kAmxMinTokens = 5;
 std::atomic<bool> amx_allowed{true};    // set_quant_amx: the VNNI path for every pass (A/B in one process, tests)
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512BW__)
