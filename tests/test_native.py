@@ -227,19 +227,19 @@ def test_the_build_follows_the_cpu_flags_and_refuses_what_the_cpu_lacks(monkeypa
             "amx": avx512 | {"avx512_bf16", "avx512_vnni", "amx_tile", "amx_int8"}}
     monkeypatch.delenv(kernels.ISA_ENV, raising=False)
     for best, flags in cpus.items():
-        monkeypatch.setattr(kernels, "_cpu_flags", lambda flags=flags: flags)
+        monkeypatch.setattr(kernels, "cpu_flags", lambda flags=flags: flags)
         assert kernels.chosen_isa() == best
         assert kernels.runnable_isas() == list(kernels.ISAS[: kernels.ISAS.index(best) + 1])
-    monkeypatch.setattr(kernels, "_cpu_flags", lambda: cpus["avx512"])
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: cpus["avx512"])
     monkeypatch.setenv(kernels.ISA_ENV, "avx512bf16")
     with pytest.raises(ValueError, match="lacks \\['avx512_bf16'\\]"):
         kernels.chosen_isa()
     monkeypatch.setenv(kernels.ISA_ENV, "avx2")
     assert kernels.chosen_isa() == "avx2" and "-mavx512f" not in kernels._flags()
-    monkeypatch.setattr(kernels, "_cpu_flags", lambda: cpus["avx512bf16"])
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: cpus["avx512bf16"])
     monkeypatch.setenv(kernels.ISA_ENV, "avx512")
     assert "-mavx512f" in kernels._flags() and "-mavx512bf16" not in kernels._flags()
-    monkeypatch.setattr(kernels, "_cpu_flags", lambda: cpus["amx"])
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: cpus["amx"])
     monkeypatch.setenv(kernels.ISA_ENV, "avx512bf16")
     assert "-mavx512bf16" in kernels._flags() and "-mamx-int8" not in kernels._flags()
     monkeypatch.delenv(kernels.ISA_ENV)

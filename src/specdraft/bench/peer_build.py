@@ -46,13 +46,12 @@ CMAKE_FLAGS = (
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
-def cmake_flags(cpu_flags: set[str] | None = None) -> tuple[str, ...]:
-    """CMAKE_FLAGS, plus the compiler flags that leave AMX out where this CPU has it."""
-    if cpu_flags is None:
-        from ..models.native.kernels import _cpu_flags
+def cmake_flags(cpu: set[str] | None = None) -> tuple[str, ...]:
+    """CMAKE_FLAGS, plus the compiler flags that leave AMX out where the CPU (its flags; default: this one's) has it."""
+    from ..models.native.kernels import cpu_flags
 
-        cpu_flags = _cpu_flags()
-    if "amx_int8" in cpu_flags or "amx_tile" in cpu_flags:
+    cpu = cpu_flags() if cpu is None else cpu
+    if "amx_int8" in cpu or "amx_tile" in cpu:
         return (*CMAKE_FLAGS, f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")
     return CMAKE_FLAGS
 

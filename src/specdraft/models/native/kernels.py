@@ -37,7 +37,8 @@ _failure: str | None = None
 _startup: dict = {}  # how this process got the kernels: {"kernels": "built" | "imported", "seconds": float}
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags as /proc/cpuinfo names them (empty where it cannot be read)."""
     try:
         with open("/proc/cpuinfo") as f:
             return set(next((line for line in f if line.startswith("flags")), "").split())
@@ -49,7 +50,7 @@ def _missing(isa: str) -> set[str]:
     """CPU flags that `isa` needs and this CPU lacks."""
     needs = {"avx2": set(), "avx512": _AVX512_NEEDS, "avx512bf16": _AVX512_NEEDS | _BF16_NEEDS,
              "amx": _AVX512_NEEDS | _BF16_NEEDS | _AMX_NEEDS}[isa]
-    return needs - _cpu_flags()
+    return needs - cpu_flags()
 
 
 def runnable_isas() -> list[str]:
@@ -71,7 +72,7 @@ def chosen_isa() -> str:
 
 def _flags() -> list[str]:
     isa = chosen_isa()
-    vnni = isa != "avx2" and _VNNI_NEEDS <= _cpu_flags()
+    vnni = isa != "avx2" and _VNNI_NEEDS <= cpu_flags()
     return (_FLAGS + (_AVX512_FLAGS if isa != "avx2" else []) + (_BF16_FLAGS if isa in ("avx512bf16", "amx") else [])
             + (_VNNI_FLAGS if vnni else []) + (_AMX_FLAGS if isa == "amx" else []))
 
@@ -104,7 +105,7 @@ def load_kernels():
     global _loaded, _failure
     if _loaded is not None or _failure is not None:
         return _loaded
-    if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= _cpu_flags():
+    if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= cpu_flags():
         _failure = "the native kernels need an x86-64 CPU with AVX2 and FMA"
         return None
     if shutil.which(os.environ.get("CXX", "c++")) is None:
