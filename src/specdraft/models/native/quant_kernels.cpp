@@ -1017,6 +1017,8 @@ void expand_activations(const QuantizedRows& x, std::vector<int8_t>& out) {
     _tile_stored(c, sums, 64);                                   \
   } while (0)
 
+constexpr size_t kKeptExpandedBytes = 8 << 20;  // a calling thread keeps its expanded activations up to this size
+
 template <typename A>
 void qlinear_x8_amx(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
                     float* out) {
@@ -1089,6 +1091,7 @@ void qlinear_x8_amx(const uint8_t* weight, int64_t N, int64_t K, const Quantized
     }
     _tile_release();
   });
+  if (buffer.size() > kKeptExpandedBytes) std::vector<int8_t>().swap(buffer);  // a long prefill's: not kept
 }
 #undef SPECDRAFT_AMX_CHUNK
 #endif
@@ -1376,7 +1379,7 @@ std::vector<torch::Tensor> quantize_activations(torch::Tensor x, int64_t block) 
 
 bool quant_vnni() { return kVnni; }
 
-// Whether passes of several tokens over Q4_K and Q6_K matrices use AMX tiles (an amx build, and the OS lets it).
+// Whether passes of 5 or more tokens over Q4_K matrices use AMX tiles (an amx build, the OS lets it, allowed).
 bool quant_amx() { return amx_granted() && amx_allowed; }
 
 // Allow or forbid the tiles (the results are the same bits either way); returns the previous setting.
