@@ -236,7 +236,7 @@ def test_interleaving_a_slice_at_a_time_gives_the_same_bytes(monkeypatch, tmp_pa
 @pytest.mark.parametrize("name", INTERLEAVED)
 def test_interleaved_product_matches_float64_reference(name, rows):
     weight = random_blocks(name, rows, 768, seed=12)
-    x = torch.randn(7, 768)
+    x = torch.randn(9, 768)  # 9 tokens: a pass the AMX tiles take (both k-quants), where the build has them
     got = weight.interleave().linear(x, None)
     assert relative_error(got, reference_product(x, gguf_dequantize(weight), activation_block(name))) < RELATIVE_TOLERANCE
 
@@ -244,8 +244,8 @@ def test_interleaved_product_matches_float64_reference(name, rows):
 @pytest.mark.parametrize("name", INTERLEAVED)
 def test_interleaved_sums_stay_in_range_at_the_extremes(name):
     weight = extreme_blocks(name, 16, 512)
-    # every activation quantizes to +-127; 6 tokens: a pass the AMX tiles take too, where the build has them
-    x = torch.ones(6, 512) * torch.tensor([[1.0], [-1.0], [0.5], [-0.5], [2.0], [-2.0]])
+    # every activation quantizes to +-127; 8 tokens: a pass the AMX tiles take too, where the build has them
+    x = torch.ones(8, 512) * torch.tensor([[1.0], [-1.0], [0.5], [-0.5], [2.0], [-2.0], [3.0], [-3.0]])
     got = weight.interleave().linear(x, None)
     assert relative_error(got, reference_product(x, gguf_dequantize(weight), activation_block(name))) < RELATIVE_TOLERANCE
 
@@ -261,7 +261,7 @@ def test_negative_control_an_interleaved_layout_read_wrong_fails_the_same_check(
     body = groups[:, :, payload:].reshape(*groups.shape[:2], -1, 8, 4)  # [..., vectors, rows, 4 bytes]
     groups[:, :, payload:] = body.flip(3).reshape(*groups.shape[:2], -1)
     misread = QuantWeight(groups.reshape(rows // 8, -1).contiguous(), weight.qtype, weight.cols, interleaved=True)
-    x = torch.randn(7, 768)
+    x = torch.randn(9, 768)
     got = misread.linear(x, None)
     reference = reference_product(x, gguf_dequantize(weight), activation_block(name))
     assert relative_error(got, reference) > 100 * RELATIVE_TOLERANCE
@@ -294,21 +294,37 @@ def test_blocks_taken_four_at_a_time_sum_as_one_by_one(name):
                            longer.interleave().linear(x_longer[:k].contiguous(), None)), k
 
 
-def test_amx_tiles_on_and_off_give_the_same_bits():
-    """Where the build has AMX (`isa() == "amx"`), passes of 5 or more tokens over Q4_K take their sums from tile
-    multiplies; forbidding them (the VNNI code) must give the same bits, for every pass length the tiles take
-    (token tiles of 8, a partial one, 64 and more: the pass's own tiles of tokens). Elsewhere nothing changes."""
-    packed = random_blocks("Q4_K", 48, 1536, seed=19).interleave()
+def q6k_extreme_blocks(rows: int, cols: int) -> QuantWeight:
+    """Q6_K rows whose weights reach the ends of scale * (q - 32): scale -128 with q = 0 (4096), scale 127 with
+    q = 0 (-4064), scale -128 with q = 63 (-3968), in turn by row, and random rows between."""
+    blocks = random_blocks("Q6_K", rows, cols, seed=23).blocks.view(rows, cols // 256, 210).clone()
+    for row in range(0, rows, 2):
+        low_bits, scale = [(0x00, -128), (0x00, 127), (0xFF, -128)][row // 2 % 3]
+        blocks[row, :, :192] = low_bits  # ql and qh: every q 0 or 63
+        blocks[row, :, 192:208] = scale & 0xFF
+    return QuantWeight(blocks.reshape(rows, -1).contiguous(), TYPES["Q6_K"][0], cols)
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+def test_amx_tiles_on_and_off_give_the_same_bits(name):
+    """Where the build has AMX (`isa() == "amx"`), passes of several tokens (Q4_K 5, Q6_K 8) take their sums
+    from tile multiplies; forbidding them (the VNNI code) must give the same bits, for every pass length the tiles
+    take (token tiles of 8 or 16, partial ones, 64 and more: the pass's own tiles of tokens) and, for Q6_K, at the
+    ends of the range its tiles split into high and low bytes. Elsewhere nothing changes."""
+    weight = random_blocks(name, 48, 1536, seed=19) if name == "Q4_K" else q6k_extreme_blocks(48, 1536)
+    packed = weight.interleave()
     x, bias = torch.randn(150, 1536) * torch.rand(150, 1) * 4, torch.randn(48)
+    x[3] = 0.5  # every activation 127 after quantization
+    x[4] = torch.where(torch.arange(1536) % 2 == 0, 1.0, -1.0)  # +-127
     assert ops.quant_amx() == (ops.isa() == "amx")
     previous = ops.set_quant_amx(False)
     try:
         assert not ops.quant_amx()
-        vnni = {k: packed.linear(x[:k].contiguous(), bias) for k in (5, 7, 8, 9, 16, 33, 64, 150)}
+        vnni = {k: packed.linear(x[:k].contiguous(), bias) for k in (5, 7, 8, 9, 15, 16, 17, 33, 64, 150)}
     finally:
         ops.set_quant_amx(previous)
     for k, expected in vnni.items():
-        assert torch.equal(packed.linear(x[:k].contiguous(), bias), expected), k
+        assert torch.equal(packed.linear(x[:k].contiguous(), bias), expected), (name, k)
 
 
 def test_a_long_pass_over_long_rows_runs_in_smaller_tiles_and_stays_bit_identical():

@@ -10,8 +10,8 @@
 // same float operations in the same order whatever the number of tokens in the call (batch invariance: a verify
 // pass of k tokens gives the logits of k single steps, bit for bit), and the VNNI and plain-AVX2 builds give the
 // same bits (the integer sums are the same numbers; the float part is the same 256-bit code in both). Where the CPU
-// has AMX-INT8, passes of 5 or more tokens over Q4_K take their integer sums from tile multiplies ("AMX tiles"
-// below): the same integers again.
+// has AMX-INT8, passes of several tokens over Q4_K and Q6_K take their integer sums from tile multiplies ("AMX
+// tiles" below): the same integers again.
 //
 // Block layouts (ggml's, little-endian; "d" fields are IEEE half floats):
 //   Q4_K, 256 weights in 144 bytes: d, dmin, scales[12] (8 six-bit scales and 8 six-bit mins), qs[128];
@@ -693,11 +693,18 @@ struct Q6Kx8 {
       for (int g = 0; g < G; ++g)
         offsets[g] = dot_s16(offsets[g], scale_pairs, broadcast4(x[g].sums16 + 2 * p));
     }
+    __m256i totals[G];
+    for (int g = 0; g < G; ++g) totals[g] = _mm256_sub_epi32(dots[g], _mm256_slli_epi32(offsets[g], 5));
+    finish_totals<G>(block, x, totals, acc);
+  }
+
+  // the float part: acc += d dx totals, totals[g] lane r = sum_i scale_ri (q_ri - 32) xq_i over the block
+  template <int G>
+  static void finish_totals(const uint8_t* block, const TokenSuper* x, const __m256i* totals, __m256* acc) {
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-    for (int g = 0; g < G; ++g) {
-      const __m256i total = _mm256_sub_epi32(dots[g], _mm256_slli_epi32(offsets[g], 5));
-      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
-    }
+    for (int g = 0; g < G; ++g)
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals[g]), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])),
+                               acc[g]);
   }
 };
 
@@ -904,21 +911,22 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
   });
 }
 
-// ------------------------------------------------------------------------------------------- AMX tiles (Q4_K)
-// Where the CPU has AMX-INT8 (Intel Xeon since Sapphire Rapids), a pass of 5 or more tokens over a Q4_K matrix
-// takes its sub-blocks' integer dot products from tile multiplies (`tdpbsud`: signed int8 A times unsigned B,
-// summed in int32 C). A tile multiply costs about the same whatever its shape (Xeon model 207, 2026-12-05: 15 ns
-// alone, 34-39 ns with its loads and store, for 1 to 16 rows and 16 to 64 bytes of K), so each one is made as
-// full as the sub-block scales allow: K = 64 weights (2 sub-blocks) by 16 weight rows (two interleaved groups of
-// 8) by 16 rows of A, where A's rows are (token, sub-block) pairs: a token's 64 activations with the other
-// sub-block's zeroed ("expanded" once per call, shared by every row pair). C's row (t, j) then holds token t's
-// sums over sub-block j of the 16 weight rows, which AVX-512 multiplies by the rows' sub-block scales exactly as
-// the VNNI path multiplies its `vpdpbusd` sums: the same integers, then the same float code (`finish`) per group
-// of 8 rows. So a token's result is the same bits with or without tiles, alone or with others. A block's nibbles
-// are unpacked once per pass into bytes laid out as B tiles. One-token steps keep the VNNI path.
-// Q6_K stays on VNNI: its 16-weight sub-blocks need twice the tile multiplies, and the same layout for it measured
-// no faster (2 threads, a cached 1536 x 8960 matrix, ms VNNI -> AMX: 8 tokens 1.07 -> 1.02, 16 1.73 -> 1.76, 64
-// 6.35 -> 7.47).
+// ------------------------------------------------------------------------------------------- AMX tiles
+// Where the CPU has AMX-INT8 (Intel Xeon since Sapphire Rapids), passes of several tokens over Q4_K and Q6_K take
+// their integer sums from tile multiplies (`tdpbsud`/`tdpbssd`: signed int8 A times unsigned or signed B, summed in
+// int32 C). A tile multiply costs about the same whatever its shape (Xeon model 207, 2026-12-05: 15 ns alone,
+// 34-39 ns with its loads and store, for 1 to 16 rows and 16 to 64 bytes of K), so each one is made as full as
+// the format allows, over 16 weight rows (two interleaved groups of 8) and K = 64 weights:
+// - Q4_K: A's rows are (token, sub-block) pairs: a token's 64 activations with the other sub-block's zeroed
+//   ("expanded" once per call, shared by every row pair). C's row (t, j) then holds token t's sums over sub-block
+//   j of the 16 weight rows, which AVX-512 multiplies by the rows' sub-block scales exactly as the VNNI path
+//   multiplies its `vpdpbusd` sums.
+// - Q6_K: its 16-weight sub-blocks would take 4 A rows per token, so the scales go into B instead: a block's
+//   weights are unpacked once per pass as v = scale * (q - 32) (int16, |v| <= 4096) split into a signed high byte
+//   and an unsigned low byte, v = 256 hi + lo, two B tiles; A's rows are 16 tokens' activations as they are, and
+//   C_hi, C_lo sum the block's 4 chunks. 256 C_hi + C_lo is the block's integer total of the VNNI path.
+// Either way the same integers, then the same float code (`finish`) per group of 8 rows: a token's result is the
+// same bits with or without tiles, alone or with others. One-token steps keep the VNNI path.
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512BW__)
 constexpr bool kAmxBuild = true;
 #else
@@ -936,15 +944,19 @@ bool amx_granted() {
 }
 
 // Passes of fewer tokens keep the VNNI path. Measured 2026-12-05 (Xeon model 207, one process with the switch,
-// alternated): a cached 8960 x 1536 matrix, one thread, VNNI -> AMX ms: 2 tokens 0.46 -> 0.59, 4 0.74 -> 0.67,
+// alternated): a cached 8960 x 1536 Q4_K matrix, one thread, VNNI -> AMX ms: 2 tokens 0.46 -> 0.59, 4 0.74 -> 0.67,
 // 8 1.64 -> 0.80, 16 2.87 -> 1.44; the 1.5B's whole pass after 64 tokens, 2 threads, 3 rounds: 4 tokens 79.2 ->
-// 81.6, 5 88.8 -> 83.8, 6 106.1 -> 87.6, 8 134.8 -> 113.3, 16 231.6 -> 221.9.
-constexpr int64_t kAmxMinTokens = 5;
+// 81.6, 5 88.8 -> 83.8, 6 106.1 -> 87.6, 8 134.8 -> 113.3, 16 231.6 -> 221.9. Q6_K's tiles cost about the same
+// for 1 to 16 tokens (the unpacking into high and low bytes dominates): the 1.5B's 29 Q6_K matrices (the head, 14
+// down and 14 v projections) in one process, each product alternated with the switch, 2 threads, VNNI -> AMX ms:
+// 5 tokens 22.9 -> 28.8, 6 24.3 -> 28.5, 8 33.2 -> 29.8, 9 40.2 -> 34.2, 12 46.7 -> 30.6, 16 59.4 -> 34.3.
+constexpr int64_t kAmxMinTokensQ4K = 5;
+constexpr int64_t kAmxMinTokensQ6K = 8;
 std::atomic<bool> amx_allowed{true};    // set_quant_amx: the VNNI path for every pass (A/B in one process, tests)
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512BW__)
-// Every tile 16 rows of 64 bytes: 0, 1 A (expanded activations), 2, 3 B (16 rows of K / 4: 4 consecutive weights
-// of each of 16 weight rows), 4-7 C (16 int32 per row of A).
+// Every tile 16 rows of 64 bytes (A: 16 rows of 64 int8; B: 16 rows of K / 4, 4 consecutive weights of each of 16
+// weight rows; C: 16 int32 per row of A).
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0;
   uint8_t reserved[14] = {};
@@ -963,80 +975,22 @@ inline __m128i join64(const uint8_t* first, const uint8_t* second) {  // 8 bytes
                             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(second)));
 }
 
-// A format for the tiles: kSubBytes weights per sub-block, `unpack` (a block of both groups -> B tiles: sub-block
-// s's kSubBytes / 4 rows of 64 bytes at 16 s * kSubBytes, byte 4r + i of its row k = weight 4k + i of row r, rows
-// 0-7 from the first group, 8-15 from the second; 4 consecutive 16-row tiles of K = 64) and `scales` (sub-block
-// s's scales of the 16 rows as int32).
-struct AmxQ4K {
-  using Format = Q4Kx8;
-  static constexpr int kSubBytes = 32;
-  static void unpack(const uint8_t* first, const uint8_t* second, uint8_t* tiles) {
-    const __m512i low = _mm512_set1_epi8(0x0F);
-    for (int j = 0; j < 4; ++j)
-      for (int k = 0; k < 8; ++k) {  // weights 64j + 32s + 4k + i: nibble s of byte 256j + 32k + 4r + i
-        const __m512i bytes = join256(first + 160 + 256 * j + 32 * k, second + 160 + 256 * j + 32 * k);
-        _mm512_store_si512(tiles + (2 * j) * 512 + 64 * k, _mm512_and_si512(bytes, low));
-        _mm512_store_si512(tiles + (2 * j + 1) * 512 + 64 * k, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low));
-      }
-  }
-  static __m512i scales(const uint8_t* first, const uint8_t* second, int s) {
-    return _mm512_cvtepu8_epi32(join64(first + 32 + 8 * s, second + 32 + 8 * s));
-  }
-};
-
-// The activations as A tiles: [token tile][K / 64][16 rows][64 bytes], row R t + j of a tile holding token
-// (tile's first) + t's 64 activations of that K / 64 chunk with all but sub-block j zeroed (R sub-blocks per 64);
-// rows past the last token are zero. Written into `out` (the calling thread's buffer: it only grows).
-template <int kSubBytes>
-void expand_activations(const QuantizedRows& x, std::vector<int8_t>& out) {
-  constexpr int R = 64 / kSubBytes, kTokensPerTile = 16 / R;
-  const int64_t chunks = x.K / 64, tiles = (x.T + kTokensPerTile - 1) / kTokensPerTile;
-  if (out.size() < static_cast<size_t>(tiles * chunks * 1024)) out.resize(tiles * chunks * 1024);
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t tile = begin; tile < end; ++tile)
-      for (int64_t c = 0; c < chunks; ++c)
-        for (int row = 0; row < 16; ++row) {
-          const int64_t t = tile * kTokensPerTile + row / R;
-          const __mmask64 part = ((~0ULL) >> (64 - kSubBytes)) << (kSubBytes * (row % R));
-          const __m512i v = t < x.T ? _mm512_maskz_loadu_epi8(part, x.row(t) + 64 * c) : _mm512_setzero_si512();
-          _mm512_storeu_si512(out.data() + ((tile * chunks + c) * 16 + row) * 64, v);
-        }
-  });
-}
-
-// One chunk of 64 weights for 16 rows of A: A tile `a` from `activations`, B tile `b` from `weights`, C tile `c`
-// stored at `sums` ([row of A][16 weight rows] int32). Tiles are named by literal numbers (GCC's tile intrinsics
-// paste them into the instruction text); callers take turns over them so that a chunk's loads and multiply need
-// not wait for the previous chunk's store.
-#define SPECDRAFT_AMX_CHUNK(a, b, c, activations, weights, sums) \
-  do {                                                           \
-    _tile_loadd(a, activations, 64);                             \
-    _tile_loadd(b, weights, 64);                                 \
-    _tile_zero(c);                                               \
-    _tile_dpbsud(c, a, b);                                       \
-    _tile_stored(c, sums, 64);                                   \
-  } while (0)
-
-constexpr size_t kKeptExpandedBytes = 8 << 20;  // a calling thread keeps its expanded activations up to this size
-
-template <typename A>
-void qlinear_x8_amx(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
-                    float* out) {
-  using F = typename A::Format;
-  constexpr int R = 64 / A::kSubBytes, S = 256 / A::kSubBytes, kTokensPerTile = 16 / R;
-  const int64_t blocks = K / F::kWeights, group_bytes = blocks * F::kBytes, T = x.T, chunks = K / 64;
-  thread_local std::vector<int8_t> buffer;  // the calling thread's (a lambda run by another thread would see its own)
-  expand_activations<A::kSubBytes>(x, buffer);
-  const int8_t* expanded = buffer.data();
-  // token tiles as the VNNI path takes them (prefill: tiles outermost), in whole tiles of A
+// The loops of a tile pass, either format: threads split pairs of row groups (a pair's arithmetic is the same
+// whoever computes it); token tiles as the VNNI path takes them (prefill: tiles outermost), in whole A tiles of
+// `Kernel::kTokensPerTile` tokens. `make_kernel()` builds a thread's kernel (its scratch), whose `block(block0,
+// block1, b, t0, tile, acc)` adds block b of both row groups to tokens t0 .. t0 + tile - 1.
+template <typename Kernel, typename MakeKernel>
+void amx_pass(const uint8_t* weight, int64_t N, int64_t K, int64_t T, const float* bias, float* out,
+              MakeKernel make_kernel) {
+  using F = typename Kernel::Format;
+  constexpr int64_t kTokensPerTile = Kernel::kTokensPerTile;
+  const int64_t blocks = K / F::kWeights, group_bytes = blocks * F::kBytes;
   const bool tiles_outer = T > kTilesOuterTokens;
   const int64_t tile_tokens =
       tiles_outer ? (tile_tokens_for(K) + kTokensPerTile - 1) / kTokensPerTile * kTokensPerTile : kTokenTile;
   const int64_t span = tiles_outer ? tile_tokens : T;
-  // Threads split pairs of row groups; a pair's arithmetic is the same whoever computes it.
   at::parallel_for(0, N / (2 * kRowGroup), 1, [&](int64_t begin, int64_t end) {
-    alignas(64) uint8_t tiles[4 * 1024];   // B tiles of a block: 4 chunks of 16 rows x 64 bytes
-    alignas(64) int32_t sums[4][16][16];  // C tiles: [chunk][row of A][weight row]
+    Kernel kernel = make_kernel();
     __m256 acc[2][kTokenTile];
     const TileConfig config;
     _tile_loadconfig(&config);
@@ -1055,29 +1009,7 @@ void qlinear_x8_amx(const uint8_t* weight, int64_t N, int64_t K, const Quantized
               _mm_prefetch(reinterpret_cast<const char*>(block0) + kPrefetchBytes + at, _MM_HINT_T0);
               _mm_prefetch(reinterpret_cast<const char*>(block1) + kPrefetchBytes + at, _MM_HINT_T0);
             }
-            A::unpack(block0, block1, tiles);
-            __m512i scale[S];
-            for (int s = 0; s < S; ++s) scale[s] = A::scales(block0, block1, s);
-            for (int64_t m0 = 0; m0 < tile; m0 += kTokensPerTile) {
-              const int8_t* a = expanded + ((t0 + m0) / kTokensPerTile * chunks + 4 * b) * 1024;
-              SPECDRAFT_AMX_CHUNK(0, 2, 4, a, tiles, sums[0][0]);
-              SPECDRAFT_AMX_CHUNK(1, 3, 5, a + 1024, tiles + 1024, sums[1][0]);
-              SPECDRAFT_AMX_CHUNK(0, 2, 6, a + 2048, tiles + 2048, sums[2][0]);
-              SPECDRAFT_AMX_CHUNK(1, 3, 7, a + 3072, tiles + 3072, sums[3][0]);
-              const int64_t m = std::min<int64_t>(kTokensPerTile, tile - m0);
-              for (int64_t i = 0; i < m; ++i) {
-                const int64_t t = m0 + i, row = t0 + t, at = F::kWeights * b;
-                __m512i dots = _mm512_setzero_si512();
-                for (int s = 0; s < S; ++s)  // sub-block s: chunk s / R, row R i + s % R of A
-                  dots = _mm512_add_epi32(dots, _mm512_mullo_epi32(_mm512_load_si512(sums[s / R][R * i + s % R]),
-                                                                   scale[s]));
-                const TokenSuper token = {x.row(row) + at, x.sums(row) + at / 16, x.sums32(row) + at / 32,
-                                          x.d.data() + row * x.blocks + at / F::kActBlock};
-                const __m256i rows0 = _mm512_castsi512_si256(dots), rows1 = _mm512_extracti64x4_epi64(dots, 1);
-                F::template finish<1>(block0, &token, &rows0, &acc[0][t]);
-                F::template finish<1>(block1, &token, &rows1, &acc[1][t]);
-              }
-            }
+            kernel.block(block0, block1, b, t0, tile, acc[0], acc[1]);
           }
           for (int half = 0; half < 2; ++half) {
             const int64_t group = 2 * pair + half;
@@ -1091,14 +1023,224 @@ void qlinear_x8_amx(const uint8_t* weight, int64_t N, int64_t K, const Quantized
     }
     _tile_release();
   });
-  if (buffer.size() > kKeptExpandedBytes) std::vector<int8_t>().swap(buffer);  // a long prefill's: not kept
 }
+
+// A token's view of block b for `finish`
+inline TokenSuper token_at(const QuantizedRows& x, int64_t row, int64_t b, int64_t block_weights, int64_t act_block) {
+  const int64_t at = block_weights * b;
+  return {x.row(row) + at, x.sums(row) + at / 16, x.sums32(row) + at / 32,
+          x.d.data() + row * x.blocks + at / act_block};
+}
+
+// Q4_K's activations as A tiles: [token tile][K / 64][16 rows][64 bytes], row 2t + j of a tile holding token
+// (tile's first) + t's 64 activations of that K / 64 chunk with all but sub-block j zeroed; rows past the last
+// token are zero. Written into `out` (the calling thread's buffer: it only grows).
+void expand_activations(const QuantizedRows& x, std::vector<int8_t>& out) {
+  const int64_t chunks = x.K / 64, tiles = (x.T + 7) / 8;
+  if (out.size() < static_cast<size_t>(tiles * chunks * 1024)) out.resize(tiles * chunks * 1024);
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile)
+      for (int64_t c = 0; c < chunks; ++c)
+        for (int row = 0; row < 16; ++row) {
+          const int64_t t = tile * 8 + row / 2;
+          const __mmask64 part = 0xFFFFFFFFULL << (32 * (row % 2));
+          const __m512i v = t < x.T ? _mm512_maskz_loadu_epi8(part, x.row(t) + 64 * c) : _mm512_setzero_si512();
+          _mm512_storeu_si512(out.data() + ((tile * chunks + c) * 16 + row) * 64, v);
+        }
+  });
+}
+
+// Q6_K's activations as A tiles: the rows as they are, followed by zero rows up to a multiple of 16 tokens where
+// T is not one (a copy in `out`, the calling thread's buffer).
+const int8_t* padded_activations(const QuantizedRows& x, std::vector<int8_t>& out) {
+  if (x.T % 16 == 0) return x.row(0);
+  const size_t bytes = static_cast<size_t>((x.T + 15) / 16 * 16 * x.K);
+  if (out.size() < bytes) out.resize(bytes);
+  std::memcpy(out.data(), x.row(0), x.T * x.K);
+  std::memset(out.data() + x.T * x.K, 0, bytes - x.T * x.K);
+  return out.data();
+}
+
+// One chunk of 64 weights for 16 rows of A: A tile `a` from `activations`, B tile `b` from `weights`, C tile `c`
+// stored at `sums` ([row of A][16 weight rows] int32). Tiles are named by literal numbers (GCC's tile intrinsics
+// paste them into the instruction text); callers take turns over them so that a chunk's loads and multiply need
+// not wait for the previous chunk's store.
+#define SPECDRAFT_AMX_CHUNK(a, b, c, activations, weights, sums) \
+  do {                                                           \
+    _tile_loadd(a, activations, 64);                             \
+    _tile_loadd(b, weights, 64);                                 \
+    _tile_zero(c);                                               \
+    _tile_dpbsud(c, a, b);                                       \
+    _tile_stored(c, sums, 64);                                   \
+  } while (0)
+
+// Q4_K: B tiles of a block (both groups): sub-block s's 8 rows of 64 bytes at 512 s, byte 4r + i of its row k =
+// weight 32 (s % 2) + 4k + i of chunk s / 2, weight row r (rows 0-7 from the first group, 8-15 from the second).
+struct AmxQ4K {
+  using Format = Q4Kx8;
+  static constexpr int64_t kTokensPerTile = 8;  // A rows: (token, sub-block) pairs
+  const QuantizedRows& x;
+  const int8_t* expanded;  // expand_activations
+  int64_t chunks;          // K / 64
+  alignas(64) uint8_t tiles[4 * 1024];   // B tiles of a block: 4 chunks of 16 rows x 64 bytes
+  alignas(64) int32_t sums[4][16][16];  // C tiles: [chunk][row of A][weight row]
+
+  static void unpack(const uint8_t* first, const uint8_t* second, uint8_t* out) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int j = 0; j < 4; ++j)
+      for (int k = 0; k < 8; ++k) {  // weights 64j + 32s + 4k + i: nibble s of byte 256j + 32k + 4r + i
+        const __m512i bytes = join256(first + 160 + 256 * j + 32 * k, second + 160 + 256 * j + 32 * k);
+        _mm512_store_si512(out + (2 * j) * 512 + 64 * k, _mm512_and_si512(bytes, low));
+        _mm512_store_si512(out + (2 * j + 1) * 512 + 64 * k, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low));
+      }
+  }
+
+  void block(const uint8_t* block0, const uint8_t* block1, int64_t b, int64_t t0, int64_t tile, __m256* acc0,
+             __m256* acc1) {
+    unpack(block0, block1, tiles);
+    __m512i scale[8];  // sub-block s's scales of the 16 rows as int32
+    for (int s = 0; s < 8; ++s) scale[s] = _mm512_cvtepu8_epi32(join64(block0 + 32 + 8 * s, block1 + 32 + 8 * s));
+    for (int64_t m0 = 0; m0 < tile; m0 += kTokensPerTile) {
+      const int8_t* a = expanded + ((t0 + m0) / kTokensPerTile * chunks + 4 * b) * 1024;
+      SPECDRAFT_AMX_CHUNK(0, 2, 4, a, tiles, sums[0][0]);
+      SPECDRAFT_AMX_CHUNK(1, 3, 5, a + 1024, tiles + 1024, sums[1][0]);
+      SPECDRAFT_AMX_CHUNK(0, 2, 6, a + 2048, tiles + 2048, sums[2][0]);
+      SPECDRAFT_AMX_CHUNK(1, 3, 7, a + 3072, tiles + 3072, sums[3][0]);
+      const int64_t m = std::min<int64_t>(kTokensPerTile, tile - m0);
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t t = m0 + i;
+        __m512i dots = _mm512_setzero_si512();
+        for (int s = 0; s < 8; ++s)  // sub-block s: chunk s / 2, row 2i + s % 2 of A
+          dots = _mm512_add_epi32(dots, _mm512_mullo_epi32(_mm512_load_si512(sums[s / 2][2 * i + s % 2]), scale[s]));
+        const TokenSuper token = token_at(x, t0 + t, b, Format::kWeights, Format::kActBlock);
+        const __m256i rows0 = _mm512_castsi512_si256(dots), rows1 = _mm512_extracti64x4_epi64(dots, 1);
+        Format::finish<1>(block0, &token, &rows0, &acc0[t]);
+        Format::finish<1>(block1, &token, &rows1, &acc1[t]);
+      }
+    }
+  }
+};
 #undef SPECDRAFT_AMX_CHUNK
+
+// Q6_K chunk: 64 weights of 16 tokens' activations (A tile `a`, rows `stride` bytes apart) times the high and the
+// low bytes of the weights (B tiles `bh`, `bl`), added to C tiles 5 (high) and 4 (low).
+#define SPECDRAFT_AMX_Q6K_CHUNK(a, bh, bl, activations, stride, high, low) \
+  do {                                                                    \
+    _tile_loadd(a, activations, stride);                                  \
+    _tile_loadd(bh, high, 64);                                            \
+    _tile_loadd(bl, low, 64);                                             \
+    _tile_dpbssd(5, a, bh);                                               \
+    _tile_dpbsud(4, a, bl);                                               \
+  } while (0)
+
+// Q6_K: B tiles of a block (both groups), high and low bytes each: chunk c's 16 rows of 64 bytes at 1024 c, byte
+// 4r + i of its row 8k' + m = weight 32k' + 4m + i of chunk c (weight 128h + 32k + 4m + i of the block, h = c / 2,
+// k = 2 (c % 2) + k'), weight row r; that weight's sub-block is 8h + 2k + m / 4.
+struct AmxQ6K {
+  using Format = Q6Kx8;
+  static constexpr int64_t kTokensPerTile = 16;  // A rows: tokens
+  const QuantizedRows& x;
+  const int8_t* activations;  // padded_activations
+  alignas(64) uint8_t high[4 * 1024], low[4 * 1024];
+  alignas(64) int32_t sums_high[16][16], sums_low[16][16];  // C tiles: [token][weight row]
+
+  static void unpack(const uint8_t* first, const uint8_t* second, uint8_t* high_out, uint8_t* low_out) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F), top_bits = _mm512_set1_epi8(0x30);
+    const __m512i byte_mask = _mm512_set1_epi32(0xFF), word_mask = _mm512_set1_epi32(0xFFFF);
+    constexpr __mmask64 kOddBytes = 0xAAAAAAAAAAAAAAAAULL;
+    for (int h = 0; h < 2; ++h)
+      for (int quarter = 0; quarter < 2; ++quarter) {  // m / 4: sub-blocks 8h + 2k + quarter, k = 0..3
+        // per sub-block, int16 lanes for vpmaddubsw: scale in the even bytes (times q of the even bytes), in the
+        // odd bytes, and 32 scale in both words of row r's int32 lane
+        __m512i even[4], odd[4], offset[4];
+        for (int k = 0; k < 4; ++k) {
+          const int s = 8 * h + 2 * k + quarter;
+          const __m512i scale = _mm512_cvtepi8_epi32(join64(first + 16 + 8 * s, second + 16 + 8 * s));
+          const __m512i byte = _mm512_and_si512(scale, byte_mask);
+          even[k] = _mm512_or_si512(byte, _mm512_slli_epi32(byte, 16));
+          odd[k] = _mm512_slli_epi16(even[k], 8);
+          const __m512i word = _mm512_and_si512(_mm512_slli_epi32(scale, 5), word_mask);
+          offset[k] = _mm512_or_si512(word, _mm512_slli_epi32(word, 16));
+        }
+        for (int m = 4 * quarter; m < 4 * quarter + 4; ++m) {
+          const int64_t at = 144 + 96 * (8 * h + m);
+          const __m512i l0 = join256(first + at, second + at), l1 = join256(first + at + 32, second + at + 32);
+          const __m512i hb = join256(first + at + 64, second + at + 64);
+          for (int k = 0; k < 4; ++k) {
+            const __m512i l = k % 2 ? l1 : l0;
+            const __m512i bits = _mm512_and_si512(k < 2 ? l : _mm512_srli_epi16(l, 4), nibble);
+            const __m512i top = k == 0 ? _mm512_slli_epi16(hb, 4) : k == 1 ? _mm512_slli_epi16(hb, 2)
+                                : k == 2 ? hb : _mm512_srli_epi16(hb, 2);
+            const __m512i q = _mm512_or_si512(bits, _mm512_and_si512(top, top_bits));  // q + 32, 0..63
+            // scale (q - 32) of the even and the odd bytes, int16
+            const __m512i v_even = _mm512_sub_epi16(_mm512_maddubs_epi16(q, even[k]), offset[k]);
+            const __m512i v_odd = _mm512_sub_epi16(_mm512_maddubs_epi16(q, odd[k]), offset[k]);
+            const int64_t row = 1024 * (2 * h + k / 2) + 64 * (8 * (k % 2) + m);
+            _mm512_store_si512(high_out + row, _mm512_mask_mov_epi8(_mm512_srli_epi16(v_even, 8), kOddBytes, v_odd));
+            _mm512_store_si512(low_out + row, _mm512_mask_mov_epi8(v_even, kOddBytes, _mm512_slli_epi16(v_odd, 8)));
+          }
+        }
+      }
+  }
+
+  void block(const uint8_t* block0, const uint8_t* block1, int64_t b, int64_t t0, int64_t tile, __m256* acc0,
+             __m256* acc1) {
+    unpack(block0, block1, high, low);
+    const int64_t stride = x.K;
+    for (int64_t m0 = 0; m0 < tile; m0 += kTokensPerTile) {
+      const int8_t* a = activations + (t0 + m0) * stride + Format::kWeights * b;
+      _tile_zero(4);
+      _tile_zero(5);
+      SPECDRAFT_AMX_Q6K_CHUNK(0, 2, 3, a, stride, high, low);
+      SPECDRAFT_AMX_Q6K_CHUNK(1, 6, 7, a + 64, stride, high + 1024, low + 1024);
+      SPECDRAFT_AMX_Q6K_CHUNK(0, 2, 3, a + 128, stride, high + 2048, low + 2048);
+      SPECDRAFT_AMX_Q6K_CHUNK(1, 6, 7, a + 192, stride, high + 3072, low + 3072);
+      _tile_stored(5, sums_high[0], 64);
+      _tile_stored(4, sums_low[0], 64);
+      const int64_t m = std::min<int64_t>(kTokensPerTile, tile - m0);
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t t = m0 + i;
+        const __m512i totals = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(sums_high[i]), 8),
+                                                _mm512_load_si512(sums_low[i]));
+        const TokenSuper token = token_at(x, t0 + t, b, Format::kWeights, Format::kActBlock);
+        const __m256i rows0 = _mm512_castsi512_si256(totals), rows1 = _mm512_extracti64x4_epi64(totals, 1);
+        Format::finish_totals<1>(block0, &token, &rows0, &acc0[t]);
+        Format::finish_totals<1>(block1, &token, &rows1, &acc1[t]);
+      }
+    }
+  }
+};
+#undef SPECDRAFT_AMX_Q6K_CHUNK
+
+constexpr size_t kKeptActivationBytes = 8 << 20;  // a calling thread keeps its A-tile buffer up to this size
+
+// The calling thread's buffer for A tiles (a lambda run by another thread would see its own).
+std::vector<int8_t>& activation_buffer() {
+  thread_local std::vector<int8_t> buffer;
+  return buffer;
+}
+
+void qlinear_q4k_amx(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
+                     float* out) {
+  std::vector<int8_t>& buffer = activation_buffer();
+  expand_activations(x, buffer);
+  const int8_t* expanded = buffer.data();
+  amx_pass<AmxQ4K>(weight, N, K, x.T, bias, out, [&] { return AmxQ4K{x, expanded, K / 64}; });
+  if (buffer.size() > kKeptActivationBytes) std::vector<int8_t>().swap(buffer);  // a long prefill's: not kept
+}
+
+void qlinear_q6k_amx(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
+                     float* out) {
+  std::vector<int8_t>& buffer = activation_buffer();
+  const int8_t* activations = padded_activations(x, buffer);
+  amx_pass<AmxQ6K>(weight, N, K, x.T, bias, out, [&] { return AmxQ6K{x, activations}; });
+  if (buffer.size() > kKeptActivationBytes) std::vector<int8_t>().swap(buffer);
+}
 #endif
 
-// Whether a pass of T tokens over an N-row Q4_K matrix goes to the tiles.
-bool use_amx(int64_t T, int64_t N) {
-  return kAmxBuild && T >= kAmxMinTokens && N % (2 * kRowGroup) == 0 && amx_allowed && amx_granted();
+// Whether a pass of T tokens over an N-row matrix goes to the tiles (passes of at least `min_tokens`).
+bool use_amx(int64_t T, int64_t N, int64_t min_tokens) {
+  return kAmxBuild && T >= min_tokens && N % (2 * kRowGroup) == 0 && amx_allowed && amx_granted();
 }
 
 // A 32-weight format: passes of several tokens over rows of a multiple of 128 weights take 4 blocks at a time
@@ -1353,13 +1495,17 @@ torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c1
   switch (type) {
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512BW__)
     case kQ4_K:
-      if (use_amx(T, N)) qlinear_x8_amx<AmxQ4K>(w, N, K, rows, bias_ptr, o);
+      if (use_amx(T, N, kAmxMinTokensQ4K)) qlinear_q4k_amx(w, N, K, rows, bias_ptr, o);
       else qlinear_x8_impl<Q4Kx8>(w, N, K, rows, bias_ptr, o);
+      break;
+    case kQ6_K:
+      if (use_amx(T, N, kAmxMinTokensQ6K)) qlinear_q6k_amx(w, N, K, rows, bias_ptr, o);
+      else qlinear_x8_impl<Q6Kx8>(w, N, K, rows, bias_ptr, o);
       break;
 #else
     case kQ4_K: qlinear_x8_impl<Q4Kx8>(w, N, K, rows, bias_ptr, o); break;
-#endif
     case kQ6_K: qlinear_x8_impl<Q6Kx8>(w, N, K, rows, bias_ptr, o); break;
+#endif
     case kQ8_0: qlinear_x8_small_blocks<Q80x8>(w, N, K, rows, bias_ptr, o); break;
     case kQ5_0: qlinear_x8_small_blocks<Q50x8>(w, N, K, rows, bias_ptr, o); break;
   }
@@ -1379,7 +1525,7 @@ std::vector<torch::Tensor> quantize_activations(torch::Tensor x, int64_t block) 
 
 bool quant_vnni() { return kVnni; }
 
-// Whether passes of 5 or more tokens over Q4_K matrices use AMX tiles (an amx build, the OS lets it, allowed).
+// Whether passes of several tokens over Q4_K and Q6_K matrices use AMX tiles (an amx build, the OS lets it, allowed).
 bool quant_amx() { return amx_granted() && amx_allowed; }
 
 // Allow or forbid the tiles (the results are the same bits either way); returns the previous setting.
