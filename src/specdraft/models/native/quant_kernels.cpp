@@ -917,14 +917,15 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
 // int32 C). A tile multiply costs about the same whatever its shape (Xeon model 207, 2026-12-05: 15 ns alone,
 // 34-39 ns with its loads and store, for 1 to 16 rows and 16 to 64 bytes of K), so each one is made as full as
 // the format allows, over 16 weight rows (two interleaved groups of 8) and K = 64 weights:
-// - Q4_K: A's rows are (token, sub-block) pairs: a token's 64 activations with the other sub-block's zeroed
-//   ("expanded" once per call, shared by every row pair). C's row (t, j) then holds token t's sums over sub-block
-//   j of the 16 weight rows, which AVX-512 multiplies by the rows' sub-block scales exactly as the VNNI path
-//   multiplies its `vpdpbusd` sums.
+// - Q4_K (passes of 5 to 31 tokens): A's rows are (token, sub-block) pairs: a token's 64 activations with the
+//   other sub-block's zeroed ("expanded" once per call, shared by every row pair). C's row (t, j) then holds token
+//   t's sums over sub-block j of the 16 weight rows, which AVX-512 multiplies by the rows' sub-block scales exactly
+//   as the VNNI path multiplies its `vpdpbusd` sums.
 // - Q6_K: its 16-weight sub-blocks would take 4 A rows per token, so the scales go into B instead: a block's
 //   weights are unpacked once per pass as v = scale * (q - 32) (int16, |v| <= 4096) split into a signed high byte
 //   and an unsigned low byte, v = 256 hi + lo, two B tiles; A's rows are 16 tokens' activations as they are, and
-//   C_hi, C_lo sum the block's 4 chunks. 256 C_hi + C_lo is the block's integer total of the VNNI path.
+//   C_hi, C_lo sum the block's 4 chunks. 256 C_hi + C_lo is the block's integer total of the VNNI path. Q4_K
+//   passes of 32 or more tokens take the same layout (v = scale * q, 0..945).
 // Either way the same integers, then the same float code (`finish`) per group of 8 rows: a token's result is the
 // same bits with or without tiles, alone or with others. One-token steps keep the VNNI path.
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512BW__)
@@ -952,6 +953,11 @@ bool amx_granted() {
 // 5 tokens 22.9 -> 28.8, 6 24.3 -> 28.5, 8 33.2 -> 29.8, 9 40.2 -> 34.2, 12 46.7 -> 30.6, 16 59.4 -> 34.3.
 constexpr int64_t kAmxMinTokensQ4K = 5;
 constexpr int64_t kAmxMinTokensQ6K = 8;
+// Q4_K passes of 32 or more tokens (prefill; a full server batch) put the scales into B as Q6_K does: its unpacking
+// costs more than it saves below that. The 1.5B's 168 Q4_K matrices, 2 threads, alternated in one process, ms
+// (sub-block rows -> scales in B): 16 tokens 148.6 -> 148.4, 24 201 -> 206, 32 254 -> 190, 64 485 -> 394; its
+// prefill of 426 tokens 111-121 -> 125-126 tok/s, of 64 tokens 122 -> 144.
+constexpr int64_t kAmxScaledQ4KTokens = 32;
 std::atomic<bool> amx_allowed{true};    // set_quant_amx: the VNNI path for every pass (A/B in one process, tests)
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512BW__)
@@ -1122,44 +1128,92 @@ struct AmxQ4K {
 };
 #undef SPECDRAFT_AMX_CHUNK
 
-// Q6_K chunk: 64 weights of 16 tokens' activations (A tile `a`, rows `stride` bytes apart) times the high and the
-// low bytes of the weights (B tiles `bh`, `bl`), added to C tiles 5 (high) and 4 (low).
-#define SPECDRAFT_AMX_Q6K_CHUNK(a, bh, bl, activations, stride, high, low) \
-  do {                                                                    \
-    _tile_loadd(a, activations, stride);                                  \
-    _tile_loadd(bh, high, 64);                                            \
-    _tile_loadd(bl, low, 64);                                             \
-    _tile_dpbssd(5, a, bh);                                               \
-    _tile_dpbsud(4, a, bl);                                               \
+// A chunk with the scales in B: 64 weights of 16 tokens' activations (A tile `a`, rows `stride` bytes apart) times
+// the high and the low bytes of the weights (B tiles `bh`, `bl`), added to C tiles 5 (high: `high_op`, signed or
+// unsigned B) and 4 (low).
+#define SPECDRAFT_AMX_SCALED_CHUNK(high_op, a, bh, bl, activations, stride, high, low) \
+  do {                                                                                \
+    _tile_loadd(a, activations, stride);                                              \
+    _tile_loadd(bh, high, 64);                                                        \
+    _tile_loadd(bl, low, 64);                                                         \
+    high_op(5, a, bh);                                                                \
+    _tile_dpbsud(4, a, bl);                                                           \
+  } while (0)
+#define SPECDRAFT_AMX_SCALED_BLOCK(high_op, a, stride, high, low)                                  \
+  do {                                                                                            \
+    _tile_zero(4);                                                                                \
+    _tile_zero(5);                                                                                \
+    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 0, 2, 3, a, stride, high, low);                           \
+    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 1, 6, 7, a + 64, stride, high + 1024, low + 1024);        \
+    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 0, 2, 3, a + 128, stride, high + 2048, low + 2048);       \
+    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 1, 6, 7, a + 192, stride, high + 3072, low + 3072);       \
   } while (0)
 
-// Q6_K: B tiles of a block (both groups), high and low bytes each: chunk c's 16 rows of 64 bytes at 1024 c, byte
-// 4r + i of its row 8k' + m = weight 32k' + 4m + i of chunk c (weight 128h + 32k + 4m + i of the block, h = c / 2,
-// k = 2 (c % 2) + k'), weight row r; that weight's sub-block is 8h + 2k + m / 4.
-struct AmxQ6K {
-  using Format = Q6Kx8;
-  static constexpr int64_t kTokensPerTile = 16;  // A rows: tokens
-  const QuantizedRows& x;
-  const int8_t* activations;  // padded_activations
-  alignas(64) uint8_t high[4 * 1024], low[4 * 1024];
-  alignas(64) int32_t sums_high[16][16], sums_low[16][16];  // C tiles: [token][weight row]
+// Weights as int16 lanes times a per-row scale, split into high and low bytes: q holds row r's 4 weights in bytes
+// 4r .. 4r + 3 (unsigned, below 64), `even` / `odd` its scale in the even / odd bytes of each int16 lane of row
+// r's int32 lane, `offset` (kOffset) what to subtract from each product (int16); v = scale q - offset = 256 high
+// + low.
+template <bool kOffset>
+inline void scale_split(__m512i q, __m512i even, __m512i odd, __m512i offset, uint8_t* high, uint8_t* low) {
+  constexpr __mmask64 kOddBytes = 0xAAAAAAAAAAAAAAAAULL;
+  __m512i v_even = _mm512_maddubs_epi16(q, even), v_odd = _mm512_maddubs_epi16(q, odd);
+  if constexpr (kOffset) v_even = _mm512_sub_epi16(v_even, offset), v_odd = _mm512_sub_epi16(v_odd, offset);
+  _mm512_store_si512(high, _mm512_mask_mov_epi8(_mm512_srli_epi16(v_even, 8), kOddBytes, v_odd));
+  _mm512_store_si512(low, _mm512_mask_mov_epi8(v_even, kOddBytes, _mm512_slli_epi16(v_odd, 8)));
+}
 
-  static void unpack(const uint8_t* first, const uint8_t* second, uint8_t* high_out, uint8_t* low_out) {
+// 16 rows' scales (int32 lanes, any sign, |scale| < 128) as scale_split's `even` and `odd`
+inline void scale_bytes(__m512i scale, __m512i& even, __m512i& odd) {
+  const __m512i byte = _mm512_and_si512(scale, _mm512_set1_epi32(0xFF));
+  even = _mm512_or_si512(byte, _mm512_slli_epi32(byte, 16));
+  odd = _mm512_slli_epi16(even, 8);
+}
+
+// Q4_K with the scales in B (passes of kAmxScaledQ4KTokens or more): v = scale * q, 0..945, high byte 0..3; 256
+// C_hi + C_lo is the VNNI path's `dots` (before the mins, which `finish` adds as there). B tiles: chunk j's 16 rows
+// of 64 bytes at 1024 j, row k (low nibbles, sub-block 2j) and 8 + k (high nibbles, sub-block 2j + 1): byte 4r + i
+// = weight 64j + 32s + 4k + i of row r.
+struct AmxQ4KScaled {
+  using Format = Q4Kx8;
+  static constexpr bool kSignedHigh = false;
+  static void unpack(const uint8_t* first, const uint8_t* second, uint8_t* high, uint8_t* low) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F), none = _mm512_setzero_si512();
+    for (int j = 0; j < 4; ++j) {
+      __m512i even[2], odd[2];
+      for (int s = 0; s < 2; ++s)
+        scale_bytes(_mm512_cvtepu8_epi32(join64(first + 32 + 8 * (2 * j + s), second + 32 + 8 * (2 * j + s))),
+                    even[s], odd[s]);
+      for (int k = 0; k < 8; ++k) {
+        const __m512i bytes = join256(first + 160 + 256 * j + 32 * k, second + 160 + 256 * j + 32 * k);
+        const int64_t row = 1024 * j + 64 * k;
+        scale_split<false>(_mm512_and_si512(bytes, nibble), even[0], odd[0], none, high + row, low + row);
+        scale_split<false>(_mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble), even[1], odd[1], none,
+                           high + row + 512, low + row + 512);
+      }
+    }
+  }
+  static void finish(const uint8_t* block, const TokenSuper* token, const __m256i* dots, __m256* acc) {
+    Format::finish<1>(block, token, dots, acc);
+  }
+};
+
+// Q6_K: v = scale * (q - 32), |v| <= 4096, high byte signed; 256 C_hi + C_lo is the block's integer total of the
+// VNNI path. B tiles: chunk c's 16 rows of 64 bytes at 1024 c, row 8k' + m: byte 4r + i = weight 32k' + 4m + i of
+// chunk c (weight 128h + 32k + 4m + i of the block, h = c / 2, k = 2 (c % 2) + k') of row r, whose sub-block is
+// 8h + 2k + m / 4.
+struct AmxQ6KScaled {
+  using Format = Q6Kx8;
+  static constexpr bool kSignedHigh = true;
+  static void unpack(const uint8_t* first, const uint8_t* second, uint8_t* high, uint8_t* low) {
     const __m512i nibble = _mm512_set1_epi8(0x0F), top_bits = _mm512_set1_epi8(0x30);
-    const __m512i byte_mask = _mm512_set1_epi32(0xFF), word_mask = _mm512_set1_epi32(0xFFFF);
-    constexpr __mmask64 kOddBytes = 0xAAAAAAAAAAAAAAAAULL;
     for (int h = 0; h < 2; ++h)
       for (int quarter = 0; quarter < 2; ++quarter) {  // m / 4: sub-blocks 8h + 2k + quarter, k = 0..3
-        // per sub-block, int16 lanes for vpmaddubsw: scale in the even bytes (times q of the even bytes), in the
-        // odd bytes, and 32 scale in both words of row r's int32 lane
-        __m512i even[4], odd[4], offset[4];
+        __m512i even[4], odd[4], offset[4];  // offset: 32 scale in both int16 lanes of row r's int32 lane
         for (int k = 0; k < 4; ++k) {
           const int s = 8 * h + 2 * k + quarter;
           const __m512i scale = _mm512_cvtepi8_epi32(join64(first + 16 + 8 * s, second + 16 + 8 * s));
-          const __m512i byte = _mm512_and_si512(scale, byte_mask);
-          even[k] = _mm512_or_si512(byte, _mm512_slli_epi32(byte, 16));
-          odd[k] = _mm512_slli_epi16(even[k], 8);
-          const __m512i word = _mm512_and_si512(_mm512_slli_epi32(scale, 5), word_mask);
+          scale_bytes(scale, even[k], odd[k]);
+          const __m512i word = _mm512_and_si512(_mm512_slli_epi32(scale, 5), _mm512_set1_epi32(0xFFFF));
           offset[k] = _mm512_or_si512(word, _mm512_slli_epi32(word, 16));
         }
         for (int m = 4 * quarter; m < 4 * quarter + 4; ++m) {
@@ -1172,29 +1226,36 @@ struct AmxQ6K {
             const __m512i top = k == 0 ? _mm512_slli_epi16(hb, 4) : k == 1 ? _mm512_slli_epi16(hb, 2)
                                 : k == 2 ? hb : _mm512_srli_epi16(hb, 2);
             const __m512i q = _mm512_or_si512(bits, _mm512_and_si512(top, top_bits));  // q + 32, 0..63
-            // scale (q - 32) of the even and the odd bytes, int16
-            const __m512i v_even = _mm512_sub_epi16(_mm512_maddubs_epi16(q, even[k]), offset[k]);
-            const __m512i v_odd = _mm512_sub_epi16(_mm512_maddubs_epi16(q, odd[k]), offset[k]);
             const int64_t row = 1024 * (2 * h + k / 2) + 64 * (8 * (k % 2) + m);
-            _mm512_store_si512(high_out + row, _mm512_mask_mov_epi8(_mm512_srli_epi16(v_even, 8), kOddBytes, v_odd));
-            _mm512_store_si512(low_out + row, _mm512_mask_mov_epi8(v_even, kOddBytes, _mm512_slli_epi16(v_odd, 8)));
+            scale_split<true>(q, even[k], odd[k], offset[k], high + row, low + row);
           }
         }
       }
   }
+  static void finish(const uint8_t* block, const TokenSuper* token, const __m256i* totals, __m256* acc) {
+    Format::finish_totals<1>(block, token, totals, acc);
+  }
+};
+
+// A pass with the scales in B: each block unpacked once into high and low B tiles, then per 16 tokens 8 tile
+// multiplies (4 chunks, high and low), and per token 256 C_hi + C_lo to the format's `finish`.
+template <typename S>
+struct AmxScaled {
+  using Format = typename S::Format;
+  static constexpr int64_t kTokensPerTile = 16;  // A rows: tokens
+  const QuantizedRows& x;
+  const int8_t* activations;  // padded_activations
+  alignas(64) uint8_t high[4 * 1024], low[4 * 1024];
+  alignas(64) int32_t sums_high[16][16], sums_low[16][16];  // C tiles: [token][weight row]
 
   void block(const uint8_t* block0, const uint8_t* block1, int64_t b, int64_t t0, int64_t tile, __m256* acc0,
              __m256* acc1) {
-    unpack(block0, block1, high, low);
+    S::unpack(block0, block1, high, low);
     const int64_t stride = x.K;
     for (int64_t m0 = 0; m0 < tile; m0 += kTokensPerTile) {
       const int8_t* a = activations + (t0 + m0) * stride + Format::kWeights * b;
-      _tile_zero(4);
-      _tile_zero(5);
-      SPECDRAFT_AMX_Q6K_CHUNK(0, 2, 3, a, stride, high, low);
-      SPECDRAFT_AMX_Q6K_CHUNK(1, 6, 7, a + 64, stride, high + 1024, low + 1024);
-      SPECDRAFT_AMX_Q6K_CHUNK(0, 2, 3, a + 128, stride, high + 2048, low + 2048);
-      SPECDRAFT_AMX_Q6K_CHUNK(1, 6, 7, a + 192, stride, high + 3072, low + 3072);
+      if constexpr (S::kSignedHigh) SPECDRAFT_AMX_SCALED_BLOCK(_tile_dpbssd, a, stride, high, low);
+      else SPECDRAFT_AMX_SCALED_BLOCK(_tile_dpbsud, a, stride, high, low);
       _tile_stored(5, sums_high[0], 64);
       _tile_stored(4, sums_low[0], 64);
       const int64_t m = std::min<int64_t>(kTokensPerTile, tile - m0);
@@ -1204,13 +1265,14 @@ struct AmxQ6K {
                                                 _mm512_load_si512(sums_low[i]));
         const TokenSuper token = token_at(x, t0 + t, b, Format::kWeights, Format::kActBlock);
         const __m256i rows0 = _mm512_castsi512_si256(totals), rows1 = _mm512_extracti64x4_epi64(totals, 1);
-        Format::finish_totals<1>(block0, &token, &rows0, &acc0[t]);
-        Format::finish_totals<1>(block1, &token, &rows1, &acc1[t]);
+        S::finish(block0, &token, &rows0, &acc0[t]);
+        S::finish(block1, &token, &rows1, &acc1[t]);
       }
     }
   }
 };
-#undef SPECDRAFT_AMX_Q6K_CHUNK
+#undef SPECDRAFT_AMX_SCALED_BLOCK
+#undef SPECDRAFT_AMX_SCALED_CHUNK
 
 constexpr size_t kKeptActivationBytes = 8 << 20;  // a calling thread keeps its A-tile buffer up to this size
 
@@ -1229,11 +1291,12 @@ void qlinear_q4k_amx(const uint8_t* weight, int64_t N, int64_t K, const Quantize
   if (buffer.size() > kKeptActivationBytes) std::vector<int8_t>().swap(buffer);  // a long prefill's: not kept
 }
 
-void qlinear_q6k_amx(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
-                     float* out) {
+template <typename S>
+void qlinear_scaled_amx(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
+                        float* out) {
   std::vector<int8_t>& buffer = activation_buffer();
   const int8_t* activations = padded_activations(x, buffer);
-  amx_pass<AmxQ6K>(weight, N, K, x.T, bias, out, [&] { return AmxQ6K{x, activations}; });
+  amx_pass<AmxScaled<S>>(weight, N, K, x.T, bias, out, [&] { return AmxScaled<S>{x, activations}; });
   if (buffer.size() > kKeptActivationBytes) std::vector<int8_t>().swap(buffer);
 }
 #endif
@@ -1495,11 +1558,12 @@ torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c1
   switch (type) {
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512BW__)
     case kQ4_K:
-      if (use_amx(T, N, kAmxMinTokensQ4K)) qlinear_q4k_amx(w, N, K, rows, bias_ptr, o);
+      if (use_amx(T, N, kAmxScaledQ4KTokens)) qlinear_scaled_amx<AmxQ4KScaled>(w, N, K, rows, bias_ptr, o);
+      else if (use_amx(T, N, kAmxMinTokensQ4K)) qlinear_q4k_amx(w, N, K, rows, bias_ptr, o);
       else qlinear_x8_impl<Q4Kx8>(w, N, K, rows, bias_ptr, o);
       break;
     case kQ6_K:
-      if (use_amx(T, N, kAmxMinTokensQ6K)) qlinear_q6k_amx(w, N, K, rows, bias_ptr, o);
+      if (use_amx(T, N, kAmxMinTokensQ6K)) qlinear_scaled_amx<AmxQ6KScaled>(w, N, K, rows, bias_ptr, o);
       else qlinear_x8_impl<Q6Kx8>(w, N, K, rows, bias_ptr, o);
       break;
 #else
