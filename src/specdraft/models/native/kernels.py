@@ -26,7 +26,7 @@ _BF16_NEEDS = {"avx512_bf16"}
 # build runs on a CPU that has it; the sums are the same integers either way, so the results are the same bits.
 _VNNI_FLAGS = ["-mavx512vnni"]
 _VNNI_NEEDS = {"avx512_vnni"}
-# Where the CPU has AMX-INT8 (Intel Xeon since Sapphire Rapids), passes of 5 or more tokens over Q4_K
+# Where the CPU has AMX-INT8 (Intel Xeon since Sapphire Rapids), passes of several tokens over Q4_K and Q6_K
 # matrices take their integer sums from tile multiplies (quant_kernels.cpp): the same integers, the same bits.
 _AMX_FLAGS = ["-mamx-tile", "-mamx-int8"]
 _AMX_NEEDS = {"amx_tile", "amx_int8", "avx512_vnni"}
