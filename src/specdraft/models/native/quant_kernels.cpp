@@ -929,10 +929,11 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
 // Either way the same integers, then the same float code (`finish`) per group of 8 rows: a token's result is the
 // same bits with or without tiles, alone or with others. One-token steps keep the VNNI path.
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512BW__)
-constexpr bool kAmxBuild = true;
+#define SPECDRAFT_AMX 1  // this build has the tile instructions (and AVX-512 BW for the vector work around them)
 #else
-constexpr bool kAmxBuild = false;
+#define SPECDRAFT_AMX 0
 #endif
+constexpr bool kAmxBuild = SPECDRAFT_AMX;
 
 // Whether this process may use the tiles: Linux hands out their 8 KiB of state on request (arch_prctl).
 bool amx_granted() {
@@ -960,7 +961,7 @@ constexpr int64_t kAmxMinTokensQ6K = 8;
 constexpr int64_t kAmxScaledQ4KTokens = 32;
 std::atomic<bool> amx_allowed{true};    // set_quant_amx: the VNNI path for every pass (A/B in one process, tests)
 
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512BW__)
+#if SPECDRAFT_AMX
 // Every tile 16 rows of 64 bytes (A: 16 rows of 64 int8; B: 16 rows of K / 4, 4 consecutive weights of each of 16
 // weight rows; C: 16 int32 per row of A).
 struct alignas(64) TileConfig {
@@ -1087,7 +1088,6 @@ struct AmxQ4K {
   static constexpr int64_t kTokensPerTile = 8;  // A rows: (token, sub-block) pairs
   const QuantizedRows& x;
   const int8_t* expanded;  // expand_activations
-  int64_t chunks;          // K / 64
   alignas(64) uint8_t tiles[4 * 1024];   // B tiles of a block: 4 chunks of 16 rows x 64 bytes
   alignas(64) int32_t sums[4][16][16];  // C tiles: [chunk][row of A][weight row]
 
@@ -1107,7 +1107,7 @@ struct AmxQ4K {
     __m512i scale[8];  // sub-block s's scales of the 16 rows as int32
     for (int s = 0; s < 8; ++s) scale[s] = _mm512_cvtepu8_epi32(join64(block0 + 32 + 8 * s, block1 + 32 + 8 * s));
     for (int64_t m0 = 0; m0 < tile; m0 += kTokensPerTile) {
-      const int8_t* a = expanded + ((t0 + m0) / kTokensPerTile * chunks + 4 * b) * 1024;
+      const int8_t* a = expanded + ((t0 + m0) / kTokensPerTile * (x.K / 64) + 4 * b) * 1024;
       SPECDRAFT_AMX_CHUNK(0, 2, 4, a, tiles, sums[0][0]);
       SPECDRAFT_AMX_CHUNK(1, 3, 5, a + 1024, tiles + 1024, sums[1][0]);
       SPECDRAFT_AMX_CHUNK(0, 2, 6, a + 2048, tiles + 2048, sums[2][0]);
@@ -1287,7 +1287,7 @@ void qlinear_q4k_amx(const uint8_t* weight, int64_t N, int64_t K, const Quantize
   std::vector<int8_t>& buffer = activation_buffer();
   expand_activations(x, buffer);
   const int8_t* expanded = buffer.data();
-  amx_pass<AmxQ4K>(weight, N, K, x.T, bias, out, [&] { return AmxQ4K{x, expanded, K / 64}; });
+  amx_pass<AmxQ4K>(weight, N, K, x.T, bias, out, [&] { return AmxQ4K{x, expanded}; });
   if (buffer.size() > kKeptActivationBytes) std::vector<int8_t>().swap(buffer);  // a long prefill's: not kept
 }
 
@@ -1556,7 +1556,7 @@ torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c1
   const uint8_t* w = packed.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   switch (type) {
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512BW__)
+#if SPECDRAFT_AMX
     case kQ4_K:
       if (use_amx(T, N, kAmxScaledQ4KTokens)) qlinear_scaled_amx<AmxQ4KScaled>(w, N, K, rows, bias_ptr, o);
       else if (use_amx(T, N, kAmxMinTokensQ4K)) qlinear_q4k_amx(w, N, K, rows, bias_ptr, o);
