@@ -923,11 +923,12 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
 //   as the VNNI path multiplies its `vpdpbusd` sums.
 // - Q6_K: its 16-weight sub-blocks would take 4 A rows per token, so the scales go into B instead: a block's
 //   weights are unpacked once per pass as v = scale * (q - 32) (int16, |v| <= 4096) split into a signed high byte
-//   and an unsigned low byte, v = 256 hi + lo, two B tiles; A's rows are 16 tokens' activations as they are, and
-//   C_hi, C_lo sum the block's 4 chunks. 256 C_hi + C_lo is the block's integer total of the VNNI path. Q4_K
-//   passes of 32 or more tokens take the same layout (v = scale * q, 0..945).
-// Either way the same integers, then the same float code (`finish`) per group of 8 rows: a token's result is the
-// same bits with or without tiles, alone or with others. One-token steps keep the VNNI path.
+//   and an unsigned low byte, v = 256 hi + lo, two B tiles; A's rows are 16 tokens' activations (copied once per
+//   call into tiles of 1 KiB), and C_hi, C_lo sum the block's 4 chunks. 256 C_hi + C_lo is the block's integer
+//   total of the VNNI path. Q4_K passes of 32 or more tokens take the same layout (v = scale * q, 0..945).
+// Either way the same integers, then the float operations of the VNNI path's `finish` on 16 lanes (both row groups
+// of a pair) in the same order: a token's result is the same bits with or without tiles, alone or with others.
+// One-token steps keep the VNNI path.
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512BW__)
 #define SPECDRAFT_AMX 1  // this build has the tile instructions (and AVX-512 BW for the vector work around them)
 #else
@@ -985,7 +986,8 @@ inline __m128i join64(const uint8_t* first, const uint8_t* second) {  // 8 bytes
 // The loops of a tile pass, either format: threads split pairs of row groups (a pair's arithmetic is the same
 // whoever computes it); token tiles as the VNNI path takes them (prefill: tiles outermost), in whole A tiles of
 // `Kernel::kTokensPerTile` tokens. `make_kernel()` builds a thread's kernel (its scratch), whose `block(block0,
-// block1, b, t0, tile, acc)` adds block b of both row groups to tokens t0 .. t0 + tile - 1.
+// block1, b, t0, tile, acc)` adds block b of both row groups to tokens t0 .. t0 + tile - 1 (acc[t]: token t0 + t's
+// 16 rows, the first group's in lanes 0-7).
 template <typename Kernel, typename MakeKernel>
 void amx_pass(const uint8_t* weight, int64_t N, int64_t K, int64_t T, const float* bias, float* out,
               MakeKernel make_kernel) {
@@ -998,7 +1000,7 @@ void amx_pass(const uint8_t* weight, int64_t N, int64_t K, int64_t T, const floa
   const int64_t span = tiles_outer ? tile_tokens : T;
   at::parallel_for(0, N / (2 * kRowGroup), 1, [&](int64_t begin, int64_t end) {
     Kernel kernel = make_kernel();
-    __m256 acc[2][kTokenTile];
+    __m512 acc[kTokenTile];
     const TileConfig config;
     _tile_loadconfig(&config);
     for (int64_t span_start = 0; span_start < T; span_start += span) {
@@ -1008,7 +1010,7 @@ void amx_pass(const uint8_t* weight, int64_t N, int64_t K, int64_t T, const floa
         const uint8_t* second = first + group_bytes;
         for (int64_t t0 = span_start; t0 < span_end; t0 += tile_tokens) {
           const int64_t tile = std::min(tile_tokens, span_end - t0);
-          for (int64_t t = 0; t < tile; ++t) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+          for (int64_t t = 0; t < tile; ++t) acc[t] = _mm512_setzero_ps();
           for (int64_t b = 0; b < blocks; ++b) {
             const uint8_t* block0 = first + b * F::kBytes;
             const uint8_t* block1 = second + b * F::kBytes;
@@ -1016,15 +1018,12 @@ void amx_pass(const uint8_t* weight, int64_t N, int64_t K, int64_t T, const floa
               _mm_prefetch(reinterpret_cast<const char*>(block0) + kPrefetchBytes + at, _MM_HINT_T0);
               _mm_prefetch(reinterpret_cast<const char*>(block1) + kPrefetchBytes + at, _MM_HINT_T0);
             }
-            kernel.block(block0, block1, b, t0, tile, acc[0], acc[1]);
+            kernel.block(block0, block1, b, t0, tile, acc);
           }
-          for (int half = 0; half < 2; ++half) {
-            const int64_t group = 2 * pair + half;
-            const __m256 bias8 = bias ? _mm256_loadu_ps(bias + group * kRowGroup) : _mm256_setzero_ps();
-            for (int64_t t = 0; t < tile; ++t)
-              _mm256_storeu_ps(out + (t0 + t) * N + group * kRowGroup,
-                               bias ? _mm256_add_ps(acc[half][t], bias8) : acc[half][t]);
-          }
+          const int64_t first_row = 2 * pair * kRowGroup;
+          const __m512 bias16 = bias ? _mm512_loadu_ps(bias + first_row) : _mm512_setzero_ps();
+          for (int64_t t = 0; t < tile; ++t)
+            _mm512_storeu_ps(out + (t0 + t) * N + first_row, bias ? _mm512_add_ps(acc[t], bias16) : acc[t]);
         }
       }
     }
@@ -1057,16 +1056,70 @@ void expand_activations(const QuantizedRows& x, std::vector<int8_t>& out) {
   });
 }
 
-// Q6_K's activations as A tiles: the rows as they are, followed by zero rows up to a multiple of 16 tokens where
-// T is not one (a copy in `out`, the calling thread's buffer).
-const int8_t* padded_activations(const QuantizedRows& x, std::vector<int8_t>& out) {
-  if (x.T % 16 == 0) return x.row(0);
-  const size_t bytes = static_cast<size_t>((x.T + 15) / 16 * 16 * x.K);
-  if (out.size() < bytes) out.resize(bytes);
-  std::memcpy(out.data(), x.row(0), x.T * x.K);
-  std::memset(out.data() + x.T * x.K, 0, bytes - x.T * x.K);
+// The activations as A tiles of 16 tokens: [token tile][K / 64][16 rows][64 bytes], row t of a tile holding token
+// (tile's first) + t's 64 activations of that K / 64 chunk; rows past the last token are zero. One tile's loads then
+// read 1 KiB in a row, not 16 rows K bytes apart. Written into `out` (the calling thread's buffer: it only grows).
+const int8_t* tiled_activations(const QuantizedRows& x, std::vector<int8_t>& out) {
+  const int64_t chunks = x.K / 64, tiles = (x.T + 15) / 16;
+  if (out.size() < static_cast<size_t>(tiles * chunks * 1024)) out.resize(tiles * chunks * 1024);
+  for (int64_t tile = 0; tile < tiles; ++tile)
+    for (int row = 0; row < 16; ++row) {
+      const int64_t t = tile * 16 + row;
+      int8_t* to = out.data() + tile * chunks * 1024 + 64 * row;
+      for (int64_t c = 0; c < chunks; ++c)
+        _mm512_storeu_si512(to + 1024 * c, t < x.T ? _mm512_loadu_si512(x.row(t) + 64 * c) : _mm512_setzero_si512());
+    }
   return out.data();
 }
+
+inline __m256i join128(const uint8_t* first, const uint8_t* second) {  // 16 bytes of each
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(first))),
+                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(second)), 1);
+}
+
+inline __m512i dot_s16_x16(__m512i acc, __m512i a, __m512i b) {  // int16 pairs into int32 lanes, as dot_s16
+#if defined(__AVX512VNNI__)
+  return _mm512_dpwssd_epi32(acc, a, b);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
+}
+
+// The formats' float tails (`Q4Kx8::finish`, `Q6Kx8::finish_totals`) for both row groups of a pair at once: 16
+// lanes, lane r the pair's row r (the first group's rows 0-7). Each lane does the operations of the 8-lane code in
+// the same order, so a token's result is the same bits; what depends only on the block (scales, mins) is read
+// once per block instead of once per token.
+struct Q4KFinish16 {
+  __m512i min_pairs[4];  // int16 lanes (2r, 2r + 1): mins of sub-blocks 2p and 2p + 1 of row r
+  __m512 d, dmin;
+  Q4KFinish16(const uint8_t* block0, const uint8_t* block1) {
+    for (int p = 0; p < 4; ++p)
+      min_pairs[p] = _mm512_cvtepu8_epi16(join128(block0 + 96 + 16 * p, block1 + 96 + 16 * p));
+    d = _mm512_cvtph_ps(join128(block0, block1));
+    dmin = _mm512_cvtph_ps(join128(block0 + 16, block1 + 16));
+  }
+  // acc += d dx dots - dmin dx mins
+  void add(const TokenSuper& x, __m512i dots, __m512& acc) const {
+    __m512i mins = _mm512_setzero_si512();
+    for (int p = 0; p < 4; ++p) {
+      int32_t pair;
+      std::memcpy(&pair, x.sums32 + 2 * p, 4);
+      mins = dot_s16_x16(mins, min_pairs[p], _mm512_set1_epi32(pair));
+    }
+    const __m512 dx = _mm512_set1_ps(x.scales[0]);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_mul_ps(d, dx), acc);
+    acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dmin, dx), acc);
+  }
+};
+
+struct Q6KFinish16 {
+  __m512 d;
+  Q6KFinish16(const uint8_t* block0, const uint8_t* block1) : d(_mm512_cvtph_ps(join128(block0, block1))) {}
+  // acc += d dx totals
+  void add(const TokenSuper& x, __m512i totals, __m512& acc) const {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(totals), _mm512_mul_ps(d, _mm512_set1_ps(x.scales[0])), acc);
+  }
+};
 
 // One chunk of 64 weights for 16 rows of A: A tile `a` from `activations`, B tile `b` from `weights`, C tile `c`
 // stored at `sums` ([row of A][16 weight rows] int32). Tiles are named by literal numbers (GCC's tile intrinsics
@@ -1101,9 +1154,9 @@ struct AmxQ4K {
       }
   }
 
-  void block(const uint8_t* block0, const uint8_t* block1, int64_t b, int64_t t0, int64_t tile, __m256* acc0,
-             __m256* acc1) {
+  void block(const uint8_t* block0, const uint8_t* block1, int64_t b, int64_t t0, int64_t tile, __m512* acc) {
     unpack(block0, block1, tiles);
+    const Q4KFinish16 finish(block0, block1);
     __m512i scale[8];  // sub-block s's scales of the 16 rows as int32
     for (int s = 0; s < 8; ++s) scale[s] = _mm512_cvtepu8_epi32(join64(block0 + 32 + 8 * s, block1 + 32 + 8 * s));
     for (int64_t m0 = 0; m0 < tile; m0 += kTokensPerTile) {
@@ -1118,10 +1171,7 @@ struct AmxQ4K {
         __m512i dots = _mm512_setzero_si512();
         for (int s = 0; s < 8; ++s)  // sub-block s: chunk s / 2, row 2i + s % 2 of A
           dots = _mm512_add_epi32(dots, _mm512_mullo_epi32(_mm512_load_si512(sums[s / 2][2 * i + s % 2]), scale[s]));
-        const TokenSuper token = token_at(x, t0 + t, b, Format::kWeights, Format::kActBlock);
-        const __m256i rows0 = _mm512_castsi512_si256(dots), rows1 = _mm512_extracti64x4_epi64(dots, 1);
-        Format::finish<1>(block0, &token, &rows0, &acc0[t]);
-        Format::finish<1>(block1, &token, &rows1, &acc1[t]);
+        finish.add(token_at(x, t0 + t, b, Format::kWeights, Format::kActBlock), dots, acc[t]);
       }
     }
   }
@@ -1139,14 +1189,14 @@ struct AmxQ4K {
     high_op(5, a, bh);                                                                \
     _tile_dpbsud(4, a, bl);                                                           \
   } while (0)
-#define SPECDRAFT_AMX_SCALED_BLOCK(high_op, a, stride, high, low)                                  \
-  do {                                                                                            \
-    _tile_zero(4);                                                                                \
-    _tile_zero(5);                                                                                \
-    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 0, 2, 3, a, stride, high, low);                           \
-    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 1, 6, 7, a + 64, stride, high + 1024, low + 1024);        \
-    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 0, 2, 3, a + 128, stride, high + 2048, low + 2048);       \
-    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 1, 6, 7, a + 192, stride, high + 3072, low + 3072);       \
+#define SPECDRAFT_AMX_SCALED_BLOCK(high_op, a, high, low)                                    \
+  do {                                                                                      \
+    _tile_zero(4);                                                                          \
+    _tile_zero(5);                                                                          \
+    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 0, 2, 3, a, 64, high, low);                         \
+    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 1, 6, 7, a + 1024, 64, high + 1024, low + 1024);    \
+    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 0, 2, 3, a + 2048, 64, high + 2048, low + 2048);    \
+    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 1, 6, 7, a + 3072, 64, high + 3072, low + 3072);    \
   } while (0)
 
 // Weights as int16 lanes times a per-row scale, split into high and low bytes: q holds row r's 4 weights in bytes
@@ -1192,9 +1242,7 @@ struct AmxQ4KScaled {
       }
     }
   }
-  static void finish(const uint8_t* block, const TokenSuper* token, const __m256i* dots, __m256* acc) {
-    Format::finish<1>(block, token, dots, acc);
-  }
+  using Finish = Q4KFinish16;
 };
 
 // Q6_K: v = scale * (q - 32), |v| <= 4096, high byte signed; 256 C_hi + C_lo is the block's integer total of the
@@ -1232,9 +1280,7 @@ struct AmxQ6KScaled {
         }
       }
   }
-  static void finish(const uint8_t* block, const TokenSuper* token, const __m256i* totals, __m256* acc) {
-    Format::finish_totals<1>(block, token, totals, acc);
-  }
+  using Finish = Q6KFinish16;
 };
 
 // A pass with the scales in B: each block unpacked once into high and low B tiles, then per 16 tokens 8 tile
@@ -1244,18 +1290,17 @@ struct AmxScaled {
   using Format = typename S::Format;
   static constexpr int64_t kTokensPerTile = 16;  // A rows: tokens
   const QuantizedRows& x;
-  const int8_t* activations;  // padded_activations
+  const int8_t* activations;  // tiled_activations
   alignas(64) uint8_t high[4 * 1024], low[4 * 1024];
   alignas(64) int32_t sums_high[16][16], sums_low[16][16];  // C tiles: [token][weight row]
 
-  void block(const uint8_t* block0, const uint8_t* block1, int64_t b, int64_t t0, int64_t tile, __m256* acc0,
-             __m256* acc1) {
+  void block(const uint8_t* block0, const uint8_t* block1, int64_t b, int64_t t0, int64_t tile, __m512* acc) {
     S::unpack(block0, block1, high, low);
-    const int64_t stride = x.K;
+    const typename S::Finish finish(block0, block1);
     for (int64_t m0 = 0; m0 < tile; m0 += kTokensPerTile) {
-      const int8_t* a = activations + (t0 + m0) * stride + Format::kWeights * b;
-      if constexpr (S::kSignedHigh) SPECDRAFT_AMX_SCALED_BLOCK(_tile_dpbssd, a, stride, high, low);
-      else SPECDRAFT_AMX_SCALED_BLOCK(_tile_dpbsud, a, stride, high, low);
+      const int8_t* a = activations + ((t0 + m0) / kTokensPerTile * (x.K / 64) + 4 * b) * 1024;
+      if constexpr (S::kSignedHigh) SPECDRAFT_AMX_SCALED_BLOCK(_tile_dpbssd, a, high, low);
+      else SPECDRAFT_AMX_SCALED_BLOCK(_tile_dpbsud, a, high, low);
       _tile_stored(5, sums_high[0], 64);
       _tile_stored(4, sums_low[0], 64);
       const int64_t m = std::min<int64_t>(kTokensPerTile, tile - m0);
@@ -1263,10 +1308,7 @@ struct AmxScaled {
         const int64_t t = m0 + i;
         const __m512i totals = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(sums_high[i]), 8),
                                                 _mm512_load_si512(sums_low[i]));
-        const TokenSuper token = token_at(x, t0 + t, b, Format::kWeights, Format::kActBlock);
-        const __m256i rows0 = _mm512_castsi512_si256(totals), rows1 = _mm512_extracti64x4_epi64(totals, 1);
-        S::finish(block0, &token, &rows0, &acc0[t]);
-        S::finish(block1, &token, &rows1, &acc1[t]);
+        finish.add(token_at(x, t0 + t, b, Format::kWeights, Format::kActBlock), totals, acc[t]);
       }
     }
   }
@@ -1295,7 +1337,7 @@ template <typename S>
 void qlinear_scaled_amx(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
                         float* out) {
   std::vector<int8_t>& buffer = activation_buffer();
-  const int8_t* activations = padded_activations(x, buffer);
+  const int8_t* activations = tiled_activations(x, buffer);
   amx_pass<AmxScaled<S>>(weight, N, K, x.T, bias, out, [&] { return AmxScaled<S>{x, activations}; });
   if (buffer.size() > kKeptActivationBytes) std::vector<int8_t>().swap(buffer);
 }
