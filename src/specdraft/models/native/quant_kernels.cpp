@@ -353,6 +353,43 @@ constexpr int64_t kTokenTile = 64;  // tokens whose accumulators a row keeps at 
 constexpr int kGroup = 4;           // tokens that share one unpacking of a weight block (a format may set more)
 constexpr int64_t kPrefetchBytes = 4096;  // how far ahead a pass asks for its weights
 
+// Threads take the units of a product (rows, row groups or pairs of them) in chunks from a shared counter, not a
+// half each: on a shared host one core is at times slowed by a neighbour (Xeon model 207, 2026-12-06: a tile
+// multiply took 6.5 ns on one vCPU and 14 on the other in the same minute, docs/performance.md), and a pass that
+// waits for the slower half runs at its speed. The chunks are guided: half of what is left per thread, never below
+// kLeastChunkBytes of weights (a new chunk is a new stream for the prefetchers). A unit's arithmetic is the same
+// whoever computes it, so the results do not change. Measured there (the 1.5B's 197 matrices in a row, 2 threads,
+// each round alternated with halves, 20 rounds; ratio per round, median): 1 token 1.02-1.06x, 4 1.05x, 8
+// 1.03-1.13x, 16 1.16x faster, best rounds alike. `thread_body(queue)` runs once on each thread and calls
+// `queue.take` until it returns false.
+constexpr int64_t kLeastChunkBytes = 128 * 1024;  // the smallest chunk a thread takes (where a product has more)
+struct ChunkQueue {
+  std::atomic<int64_t> next{0};
+  int64_t units = 0, least = 1, threads = 1;
+  // guided: a share of what is left (large chunks first, small ones at the end, where the threads meet)
+  bool take(int64_t& begin, int64_t& end) {
+    begin = next.load(std::memory_order_relaxed);
+    do {
+      if (begin >= units) return false;
+      end = std::min(units, begin + std::max(least, (units - begin) / (2 * threads)));
+    } while (!next.compare_exchange_weak(begin, end, std::memory_order_relaxed));
+    return true;
+  }
+};
+
+// units of `unit_bytes` weights each
+template <typename ThreadBody>
+void parallel_chunks(int64_t units, int64_t unit_bytes, const ThreadBody& thread_body) {
+  ChunkQueue queue;
+  queue.units = units, queue.threads = at::get_num_threads();
+  queue.least = std::max<int64_t>(1, std::min(kLeastChunkBytes / std::max<int64_t>(unit_bytes, 1),
+                                               (units + 4 * queue.threads - 1) / (4 * queue.threads)));
+  const int64_t workers = std::min(queue.threads, (units + queue.least - 1) / queue.least);
+  at::parallel_for(0, workers, 1, [&](int64_t first, int64_t last) {
+    for (int64_t w = first; w < last; ++w) thread_body(queue);
+  });
+}
+
 // The weight stream kPrefetchBytes past a block (past a row's end: the next row's, contiguous), 3 cache lines: a
 // block is at most 210 bytes. A step is bound by reading the weights, and the hardware prefetcher alone leaves the
 // memory bus idle (measured on the 1.5B target, Xeon, 2 threads: a decode step 92 -> 70 ms; Zen 3, 2 threads,
@@ -385,35 +422,36 @@ void qlinear_impl(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRo
   const int64_t T = x.T;
   std::vector<TokenRow> token_rows(T);
   for (int64_t t = 0; t < T; ++t) token_rows[t] = {x.row(t), x.sums(t), x.d.data() + t * x.blocks};
-  // Threads split the weight rows; a row's arithmetic is the same whoever computes it.
-  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+  // Threads take the rows in chunks (`parallel_chunks`); a row's arithmetic is the same whoever computes it.
+  parallel_chunks(N, row_bytes, [&](ChunkQueue& queue) {
     __m256 acc[kTokenTile];
-    for (int64_t n = begin; n < end; ++n) {
-      const uint8_t* row = weight + n * row_bytes;
-      for (int64_t t0 = 0; t0 < T; t0 += kTokenTile) {
-        const int64_t tile = std::min(kTokenTile, T - t0);
-        const TokenRow* rows = token_rows.data() + t0;
-        for (int64_t t = 0; t < tile; ++t) acc[t] = _mm256_setzero_ps();
-        for (int64_t b = 0; b < blocks; ++b) {
-          const uint8_t* block = row + b * F::kBytes;
-          prefetch_ahead(block);
-          const int64_t offset = b * F::kWeights;
-          int64_t t = 0;
-          for (; t + kGroup <= tile; t += kGroup) dot_tokens<F, kGroup>(block, rows + t, offset, acc + t);
-          switch (tile - t) {
-            case 1: dot_tokens<F, 1>(block, rows + t, offset, acc + t); break;
-            case 2: dot_tokens<F, 2>(block, rows + t, offset, acc + t); break;
-            case 3: dot_tokens<F, 3>(block, rows + t, offset, acc + t); break;
-            default: break;
+    for (int64_t begin, end; queue.take(begin, end);)
+      for (int64_t n = begin; n < end; ++n) {
+        const uint8_t* row = weight + n * row_bytes;
+        for (int64_t t0 = 0; t0 < T; t0 += kTokenTile) {
+          const int64_t tile = std::min(kTokenTile, T - t0);
+          const TokenRow* rows = token_rows.data() + t0;
+          for (int64_t t = 0; t < tile; ++t) acc[t] = _mm256_setzero_ps();
+          for (int64_t b = 0; b < blocks; ++b) {
+            const uint8_t* block = row + b * F::kBytes;
+            prefetch_ahead(block);
+            const int64_t offset = b * F::kWeights;
+            int64_t t = 0;
+            for (; t + kGroup <= tile; t += kGroup) dot_tokens<F, kGroup>(block, rows + t, offset, acc + t);
+            switch (tile - t) {
+              case 1: dot_tokens<F, 1>(block, rows + t, offset, acc + t); break;
+              case 2: dot_tokens<F, 2>(block, rows + t, offset, acc + t); break;
+              case 3: dot_tokens<F, 3>(block, rows + t, offset, acc + t); break;
+              default: break;
+            }
+          }
+          for (int64_t t = 0; t < tile; ++t) {
+            float v = hsum_f32(acc[t]);
+            if (bias) v += bias[n];
+            out[(t0 + t) * N + n] = v;
           }
         }
-        for (int64_t t = 0; t < tile; ++t) {
-          float v = hsum_f32(acc[t]);
-          if (bias) v += bias[n];
-          out[(t0 + t) * N + n] = v;
-        }
       }
-    }
   });
 }
 
@@ -876,13 +914,16 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
   const bool tiles_outer = T > kTilesOuterTokens;
   const int64_t tile_tokens = tiles_outer ? tile_tokens_for(K) : kTokenTile;
   const int64_t span = tiles_outer ? tile_tokens : T;  // tokens that meet each row group of the thread in turn
-  // Threads split the groups of rows; a group's arithmetic is the same whoever computes it.
-  at::parallel_for(0, N / kRowGroup, 1, [&](int64_t begin, int64_t end) {
+  // Threads take the (span, group) units in chunks (`parallel_chunks`); a group's arithmetic is the same whoever
+  // computes it.
+  const int64_t groups = N / kRowGroup, spans = (T + span - 1) / span;
+  parallel_chunks(spans * groups, group_bytes, [&](ChunkQueue& queue) {
     __m256 acc[kTokenTile];
     TokenSuper tokens[kTokenTile];
-    for (int64_t span_start = 0; span_start < T; span_start += span) {
-      const int64_t span_end = std::min(T, span_start + span);
-      for (int64_t group = begin; group < end; ++group) {
+    for (int64_t begin, end; queue.take(begin, end);)
+      for (int64_t unit = begin; unit < end; ++unit) {
+        const int64_t span_start = unit / groups * span, group = unit % groups;
+        const int64_t span_end = std::min(T, span_start + span);
         const uint8_t* columns = weight + group * group_bytes;
         for (int64_t t0 = span_start; t0 < span_end; t0 += tile_tokens) {
           const int64_t tile = std::min(tile_tokens, span_end - t0);
@@ -907,7 +948,6 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
             _mm256_storeu_ps(out + (t0 + t) * N + group * kRowGroup, bias ? _mm256_add_ps(acc[t], bias8) : acc[t]);
         }
       }
-    }
   });
 }
 
@@ -983,11 +1023,11 @@ inline __m128i join64(const uint8_t* first, const uint8_t* second) {  // 8 bytes
                             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(second)));
 }
 
-// The loops of a tile pass, either format: threads split pairs of row groups (a pair's arithmetic is the same
-// whoever computes it); token tiles as the VNNI path takes them (prefill: tiles outermost), in whole A tiles of
-// `Kernel::kTokensPerTile` tokens. `make_kernel()` builds a thread's kernel (its scratch), whose `block(block0,
-// block1, b, t0, tile, acc)` adds block b of both row groups to tokens t0 .. t0 + tile - 1 (acc[t]: token t0 + t's
-// 16 rows, the first group's in lanes 0-7).
+// The loops of a tile pass, either format: threads take pairs of row groups in chunks (`parallel_chunks`); token
+// tiles as the VNNI path takes them (prefill: tiles outermost), in whole A tiles of `Kernel::kTokensPerTile`
+// tokens. `make_kernel()` builds a thread's kernel (its scratch), whose `block(block0, block1, b, t0, tile, acc)`
+// adds block b of both row groups to tokens t0 .. t0 + tile - 1 (acc[t]: token t0 + t's 16 rows, the first
+// group's in lanes 0-7).
 template <typename Kernel, typename MakeKernel>
 void amx_pass(const uint8_t* weight, int64_t N, int64_t K, int64_t T, const float* bias, float* out,
               MakeKernel make_kernel) {
@@ -998,14 +1038,16 @@ void amx_pass(const uint8_t* weight, int64_t N, int64_t K, int64_t T, const floa
   const int64_t tile_tokens =
       tiles_outer ? (tile_tokens_for(K) + kTokensPerTile - 1) / kTokensPerTile * kTokensPerTile : kTokenTile;
   const int64_t span = tiles_outer ? tile_tokens : T;
-  at::parallel_for(0, N / (2 * kRowGroup), 1, [&](int64_t begin, int64_t end) {
+  const int64_t pairs = N / (2 * kRowGroup), spans = (T + span - 1) / span;
+  parallel_chunks(spans * pairs, 2 * group_bytes, [&](ChunkQueue& queue) {
     Kernel kernel = make_kernel();
     __m512 acc[kTokenTile];
     const TileConfig config;
     _tile_loadconfig(&config);
-    for (int64_t span_start = 0; span_start < T; span_start += span) {
-      const int64_t span_end = std::min(T, span_start + span);
-      for (int64_t pair = begin; pair < end; ++pair) {
+    for (int64_t begin, end; queue.take(begin, end);)
+      for (int64_t unit = begin; unit < end; ++unit) {
+        const int64_t span_start = unit / pairs * span, pair = unit % pairs;
+        const int64_t span_end = std::min(T, span_start + span);
         const uint8_t* first = weight + 2 * pair * group_bytes;
         const uint8_t* second = first + group_bytes;
         for (int64_t t0 = span_start; t0 < span_end; t0 += tile_tokens) {
@@ -1026,7 +1068,6 @@ void amx_pass(const uint8_t* weight, int64_t N, int64_t K, int64_t T, const floa
             _mm512_storeu_ps(out + (t0 + t) * N + first_row, bias ? _mm512_add_ps(acc[t], bias16) : acc[t]);
         }
       }
-    }
     _tile_release();
   });
 }
