@@ -328,6 +328,26 @@ def test_amx_tiles_on_and_off_give_the_same_bits(name):
         assert torch.equal(packed.linear(x[:k].contiguous(), bias), expected), (name, k)
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
+def test_one_or_two_threads_give_the_same_bits(name):
+    """Threads take a product's rows in chunks from a shared counter (`parallel_chunks`), so which thread computes
+    a row changes from call to call; a row's result must not: one thread and two agree bit for bit, for one-token
+    steps, passes on the tiles and prefill-length passes (token tiles outermost), interleaved or not."""
+    weight = random_blocks(name, 512, 1536, seed=23)
+    packed = weight.interleave()
+    x, bias = torch.randn(150, 1536), torch.randn(512)
+    threads = torch.get_num_threads()
+    results = {}
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            results[n] = [w.linear(x[:k].contiguous(), bias) for w in (weight, packed) for k in (1, 8, 40, 150)]
+    finally:
+        torch.set_num_threads(threads)
+    for one, two in zip(results[1], results[2]):
+        assert torch.equal(one, two), name
+
+
 def test_a_long_pass_over_long_rows_runs_in_smaller_tiles_and_stays_bit_identical():
     """Rows of 10240 weights: a pass of more than 128 tokens (prefill) goes in tiles of 16 (their int8 activations
     fit the kernel's L2 budget) that meet every row group in turn, the last tile short; a shorter pass in tiles of
