@@ -5,6 +5,10 @@ speculative against autoregressive, from one server (each request names its meth
     python scripts/load_server.py --serve "--target DIR --draft DIR --port 8011" ...   # starts the server too
     python scripts/load_server.py ... --peer-slots 16   # and llama.cpp's llama-server (-np 16), same GGUF, same load
 
+With --peer-slots both servers stay up for the whole run and each concurrency level runs every method of ours and
+llama.cpp's in turn (the order rotates each round; --rounds repeats the levels), so that a host whose speed drifts
+within the hour moves them alike; an idle server waits without using a core.
+
 Every request is a streamed chat completion (greedy by default) so the client sees the time to the first
 token; the last chunk carries the usage and the server's acceptance statistics. A level sends
 max(--requests, concurrency) requests with at most `concurrency` in flight. Under greedy decoding the script
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -165,15 +170,18 @@ async def run_level(url: str, model: str, method: str, concurrency: int, n_reque
 
 
 def markdown(levels: list[dict]) -> str:
-    """One row per (method, concurrency); "× c=1": tokens/s over the same method's at concurrency 1."""
-    lines = ["| method | concurrency | requests | ok | 429 | tokens/s | × c=1 | req/s | latency p50 / p90 / p99 (s) "
-             "| TTFT p50 / p99 (s) | τ | acceptance |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"]
-    single = {r["method"]: r["tokens_per_s"] for r in levels if r["concurrency"] == 1}
+    """One row per (round, concurrency, method); "× c=1": tokens/s over the same method's at concurrency 1 in the
+    same round."""
+    lines = ["| round | method | concurrency | requests | ok | 429 | tokens/s | × c=1 | req/s | latency p50 / p90 / p99 "
+             "(s) | TTFT p50 / p99 (s) | τ | acceptance |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"]
+    single = {(r.get("round", 1), r["method"]): r["tokens_per_s"] for r in levels if r["concurrency"] == 1}
     for r in levels:
-        ratio = f"{r['tokens_per_s'] / single[r['method']]:.2f}" if single.get(r["method"]) else "-"
+        one = single.get((r.get("round", 1), r["method"]))
+        ratio = f"{r['tokens_per_s'] / one:.2f}" if one else "-"
         speculative = r["method"] not in ("ar", PEER)
-        lines.append(f"| {r['method']} | {r['concurrency']} | {r['requests']} | {r['ok']} | {r['rejected_429']} "
+        lines.append(f"| {r.get('round', 1)} | {r['method']} | {r['concurrency']} | {r['requests']} | {r['ok']} "
+                     f"| {r['rejected_429']} "
                      f"| {r['tokens_per_s']:.2f} | {ratio} | {r['requests_per_s']:.3f} | {r['latency_p50_s']:.2f} / "
                      f"{r['latency_p90_s']:.2f} / {r['latency_p99_s']:.2f} | {r['ttft_p50_s']:.2f} / "
                      f"{r['ttft_p99_s']:.2f} | " + (f"{r['tau']:.2f}" if r["method"] != PEER else "-") + " | "
@@ -216,34 +224,27 @@ def wait_healthy(url: str, process: subprocess.Popen | None, timeout: float) -> 
         time.sleep(0.5)
 
 
-def peer_levels(args, target: str, concurrencies: list[int]) -> list[dict]:
-    """The same levels against llama-server with `--peer-slots` slots (continuous batching is its default), the
-    chat template its GGUF carries (--jinja: as transformers renders it)."""
+def stop_server(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGTERM)
+    process.wait(120)
+
+
+def peer_server(args, target: str):
+    """llama-server with `--peer-slots` slots (continuous batching is its default) on the target's GGUF and the chat
+    template it carries (--jinja: as transformers renders it), not started; None where the peer is not built."""
     from specdraft.bench.peers import LlamaServer, ServerSpec, existing_gguf, is_built, peer_binary
     from specdraft.models.fetch import cache_root
 
     cache = cache_root(None)
     if not is_built(cache):
         print("llama.cpp's server is not built (`make peers`): its levels are left out", file=sys.stderr)
-        return []
+        return None
     spec = ServerSpec(binary=peer_binary(cache, "llama-server"), model=existing_gguf(target, cache),
                       threads=args.threads, context=512 * args.peer_slots, slots=args.peer_slots, jinja=True,
                       # an HTTP thread per client (its default, a few, drops the connections it cannot take)
                       extra=("--threads-http", str(args.peer_slots + 2)))
     print("starting:", " ".join(spec.command(0)), file=sys.stderr, flush=True)
-    levels = []
-    with LlamaServer(spec) as server:
-        try:
-            top = max(concurrencies)
-            asyncio.run(run_level(server.url, "peer", PEER, top, top, 4, args))  # warm-up, as ours
-            for concurrency in concurrencies:
-                level = asyncio.run(run_level(server.url, "peer", PEER, concurrency, max(args.requests, concurrency),
-                                              args.max_tokens, args))
-                levels.append(level)
-                print(markdown([level]).splitlines()[-1], file=sys.stderr, flush=True)
-        except Exception as exc:
-            raise RuntimeError(f"{type(exc).__name__}: {exc}; llama-server's log ends:\n{server.log_tail(20)}") from exc
-    return levels
+    return LlamaServer(spec)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one request may take")
     parser.add_argument("--out", default=None, help="write every level and sample as JSON here")
     parser.add_argument("--peer-slots", type=int, default=0, help="also load llama.cpp's llama-server (`make "
-                        "peers`) with this many slots (-np) on the target's GGUF, after our server stops")
+                        "peers`) with this many slots (-np) on the target's GGUF, beside ours: each level runs both")
+    parser.add_argument("--rounds", type=int, default=1, help="run every level this many times, in turns")
     parser.add_argument("--target", default=None, help="the packaged model (or .gguf) the peer loads (default: the "
                         "one our server names in /health)")
     parser.add_argument("--threads", type=int, default=2, help="the peer's threads")
@@ -276,30 +278,48 @@ def main(argv: list[str] | None = None) -> int:
         command = [sys.executable, "-m", "specdraft.cli", "serve", *shlex.split(args.serve)]
         print("starting:", shlex.join(command), file=sys.stderr, flush=True)
         process = subprocess.Popen(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
+    with contextlib.ExitStack() as servers:
+        if process is not None:
+            servers.callback(stop_server, process)
         health = wait_healthy(args.url, process, timeout=600)
         model = health["model"]
         print(f"server: {json.dumps(health)}", file=sys.stderr, flush=True)
+        # (url, model name, method) of every method measured: ours, then llama.cpp's server beside ours
+        targets = [(args.url, model, method) for method in methods]
+        peer = peer_server(args, model if args.target is None else args.target) if args.peer_slots else None
+        if peer is not None:
+            try:
+                servers.enter_context(peer)
+                targets.append((peer.url, "peer", PEER))
+            except Exception as exc:  # ours are measured: report them, and why the peer's are missing
+                print(f"llama.cpp's levels are left out: {exc}", file=sys.stderr)
+
+        def measure(target: tuple[str, str, str], concurrency: int, n_requests: int, max_tokens: int) -> dict | None:
+            """A level against one target; a failing peer leaves the run (its log's end printed), ours stop it."""
+            try:
+                return asyncio.run(run_level(*target, concurrency, n_requests, max_tokens, args))
+            except Exception as exc:
+                if target[2] != PEER:
+                    raise
+                print(f"llama.cpp's levels stop here: {type(exc).__name__}: {exc}; llama-server's log ends:\n"
+                      f"{peer.log_tail(20)}", file=sys.stderr)
+                targets.remove(target)
+                return None
+
+        top = max(levels_c)
         # warm-up at the highest concurrency: first-call costs (an engine per method, a drafter per request in
-        # flight, 0.3 s each for the 0.5B draft) are not the server's steady state
-        for method in methods:
-            asyncio.run(run_level(args.url, model, method, max(levels_c), max(levels_c), 4, args))
-        levels = []
-        for method in methods:
+        # flight, 0.3 s each for the 0.5B draft) are not the servers' steady state
+        for target in list(targets):
+            measure(target, top, top, 4)
+        for round_index in range(args.rounds):
+            turn = round_index % len(targets)
             for concurrency in levels_c:
-                level = asyncio.run(run_level(args.url, model, method, concurrency,
-                                              max(args.requests, concurrency), args.max_tokens, args))
-                levels.append(level)
-                print(markdown([level]).splitlines()[-1], file=sys.stderr, flush=True)
-    finally:
-        if process is not None:
-            process.send_signal(signal.SIGTERM)
-            process.wait(120)
-    if args.peer_slots:
-        try:
-            levels += peer_levels(args, health["model"] if args.target is None else args.target, levels_c)
-        except Exception as exc:  # ours are measured: report them, and why the peer's are missing
-            print(f"llama.cpp's levels are left out: {exc}", file=sys.stderr)
+                for target in targets[turn:] + targets[:turn]:
+                    level = measure(target, concurrency, max(args.requests, concurrency), args.max_tokens)
+                    if level is not None:
+                        level["round"] = round_index + 1
+                        levels.append(level)
+                        print(markdown([level]).splitlines()[-1], file=sys.stderr, flush=True)
     print(markdown(levels))
     if args.temperature == 0 and args.repeated_prompts:
         print("\n" + lossless_check(levels))
