@@ -226,7 +226,11 @@ def wait_healthy(url: str, process: subprocess.Popen | None, timeout: float) -> 
 
 def stop_server(process: subprocess.Popen) -> None:
     process.send_signal(signal.SIGTERM)
-    process.wait(120)
+    try:
+        process.wait(120)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def peer_server(args, target: str):
@@ -245,6 +249,16 @@ def peer_server(args, target: str):
                       extra=("--threads-http", str(args.peer_slots + 2)))
     print("starting:", " ".join(spec.command(0)), file=sys.stderr, flush=True)
     return LlamaServer(spec)
+
+
+def report(levels: list[dict], health: dict, args) -> None:
+    print(markdown(levels))
+    if args.temperature == 0 and args.repeated_prompts:
+        print("\n" + lossless_check(levels))
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "server": health, "levels": levels}, f, indent=1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,11 +300,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"server: {json.dumps(health)}", file=sys.stderr, flush=True)
         # (url, model name, method) of every method measured: ours, then llama.cpp's server beside ours
         targets = [(args.url, model, method) for method in methods]
-        peer = peer_server(args, model if args.target is None else args.target) if args.peer_slots else None
-        if peer is not None:
+        peer = None
+        if args.peer_slots:
             try:
-                servers.enter_context(peer)
-                targets.append((peer.url, "peer", PEER))
+                peer = peer_server(args, model if args.target is None else args.target)
+                if peer is not None:
+                    servers.enter_context(peer)
+                    targets.append((peer.url, "peer", PEER))
             except Exception as exc:  # ours are measured: report them, and why the peer's are missing
                 print(f"llama.cpp's levels are left out: {exc}", file=sys.stderr)
 
@@ -306,27 +322,23 @@ def main(argv: list[str] | None = None) -> int:
                 targets.remove(target)
                 return None
 
-        top = max(levels_c)
-        # warm-up at the highest concurrency: first-call costs (an engine per method, a drafter per request in
-        # flight, 0.3 s each for the 0.5B draft) are not the servers' steady state
-        for target in list(targets):
-            measure(target, top, top, 4)
-        for round_index in range(args.rounds):
-            turn = round_index % len(targets)
-            for concurrency in levels_c:
-                for target in targets[turn:] + targets[:turn]:
-                    level = measure(target, concurrency, max(args.requests, concurrency), args.max_tokens)
-                    if level is not None:
-                        level["round"] = round_index + 1
-                        levels.append(level)
-                        print(markdown([level]).splitlines()[-1], file=sys.stderr, flush=True)
-    print(markdown(levels))
-    if args.temperature == 0 and args.repeated_prompts:
-        print("\n" + lossless_check(levels))
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "server": health, "levels": levels}, f, indent=1)
+        try:
+            top = max(levels_c)
+            # warm-up at the highest concurrency: first-call costs (an engine per method, a drafter per request in
+            # flight, 0.3 s each for the 0.5B draft) are not the servers' steady state
+            for target in list(targets):
+                measure(target, top, top, 4)
+            for round_index in range(args.rounds):
+                turn = round_index % len(targets)
+                for concurrency in levels_c:
+                    for target in targets[turn:] + targets[:turn]:
+                        level = measure(target, concurrency, max(args.requests, concurrency), args.max_tokens)
+                        if level is not None:
+                            level["round"] = round_index + 1
+                            levels.append(level)
+                            print(markdown([level]).splitlines()[-1], file=sys.stderr, flush=True)
+        finally:  # the levels measured so far, whatever stopped the run
+            report(levels, health, args)
     return 0
 
 

@@ -357,12 +357,13 @@ constexpr int64_t kPrefetchBytes = 4096;  // how far ahead a pass asks for its w
 // half each: on a shared host one core is at times slowed by a neighbour (Xeon model 207, 2026-12-06: a tile
 // multiply took 6.5 ns on one vCPU and 14 on the other in the same minute, docs/performance.md), and a pass that
 // waits for the slower half runs at its speed. The chunks are guided: half of what is left per thread, never below
-// kLeastChunkBytes of weights (a new chunk is a new stream for the prefetchers). A unit's arithmetic is the same
+// kLeastChunkBytes of weights (a new chunk is a new stream for the prefetchers) or a quarter of a thread's share,
+// whichever is smaller (a small matrix still gives each thread several chunks). A unit's arithmetic is the same
 // whoever computes it, so the results do not change. Measured there (the 1.5B's 197 matrices in a row, 2 threads,
 // each round alternated with halves, 20 rounds; ratio per round, median): 1 token 1.02-1.06x, 4 1.05x, 8
 // 1.03-1.13x, 16 1.16x faster, best rounds alike. `thread_body(queue)` runs once on each thread and calls
 // `queue.take` until it returns false.
-constexpr int64_t kLeastChunkBytes = 128 * 1024;  // the smallest chunk a thread takes (where a product has more)
+constexpr int64_t kLeastChunkBytes = 128 * 1024;  // the smallest chunk a thread takes (in a large product)
 struct ChunkQueue {
   std::atomic<int64_t> next{0};
   int64_t units = 0, least = 1, threads = 1;
@@ -913,10 +914,10 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
   const int64_t blocks = K / F::kWeights, group_bytes = blocks * F::kBytes, T = x.T;
   const bool tiles_outer = T > kTilesOuterTokens;
   const int64_t tile_tokens = tiles_outer ? tile_tokens_for(K) : kTokenTile;
-  const int64_t span = tiles_outer ? tile_tokens : T;  // tokens that meet each row group of the thread in turn
+  const int64_t span = tiles_outer ? tile_tokens : T;  // tokens that meet each row group in turn
   // Threads take the (span, group) units in chunks (`parallel_chunks`); a group's arithmetic is the same whoever
   // computes it.
-  const int64_t groups = N / kRowGroup, spans = (T + span - 1) / span;
+  const int64_t groups = N / kRowGroup, spans = T ? (T + span - 1) / span : 0;  // no tokens: nothing to do
   parallel_chunks(spans * groups, group_bytes, [&](ChunkQueue& queue) {
     __m256 acc[kTokenTile];
     TokenSuper tokens[kTokenTile];
@@ -1103,13 +1104,15 @@ void expand_activations(const QuantizedRows& x, std::vector<int8_t>& out) {
 const int8_t* tiled_activations(const QuantizedRows& x, std::vector<int8_t>& out) {
   const int64_t chunks = x.K / 64, tiles = (x.T + 15) / 16;
   if (out.size() < static_cast<size_t>(tiles * chunks * 1024)) out.resize(tiles * chunks * 1024);
-  for (int64_t tile = 0; tile < tiles; ++tile)
-    for (int row = 0; row < 16; ++row) {
-      const int64_t t = tile * 16 + row;
-      int8_t* to = out.data() + tile * chunks * 1024 + 64 * row;
-      for (int64_t c = 0; c < chunks; ++c)
-        _mm512_storeu_si512(to + 1024 * c, t < x.T ? _mm512_loadu_si512(x.row(t) + 64 * c) : _mm512_setzero_si512());
-    }
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile)
+      for (int row = 0; row < 16; ++row) {
+        const int64_t t = tile * 16 + row;
+        int8_t* to = out.data() + tile * chunks * 1024 + 64 * row;
+        for (int64_t c = 0; c < chunks; ++c)
+          _mm512_storeu_si512(to + 1024 * c, t < x.T ? _mm512_loadu_si512(x.row(t) + 64 * c) : _mm512_setzero_si512());
+      }
+  });
   return out.data();
 }
 
