@@ -732,18 +732,11 @@ struct Q6Kx8 {
       for (int g = 0; g < G; ++g)
         offsets[g] = dot_s16(offsets[g], scale_pairs, broadcast4(x[g].sums16 + 2 * p));
     }
-    __m256i totals[G];
-    for (int g = 0; g < G; ++g) totals[g] = _mm256_sub_epi32(dots[g], _mm256_slli_epi32(offsets[g], 5));
-    finish_totals<G>(block, x, totals, acc);
-  }
-
-  // the float part: acc += d dx totals, totals[g] lane r = sum_i scale_ri (q_ri - 32) xq_i over the block
-  template <int G>
-  static void finish_totals(const uint8_t* block, const TokenSuper* x, const __m256i* totals, __m256* acc) {
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-    for (int g = 0; g < G; ++g)
-      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals[g]), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])),
-                               acc[g]);
+    for (int g = 0; g < G; ++g) {  // total lane r = sum_i scale_ri (q_ri - 32) xq_i over the block
+      const __m256i total = _mm256_sub_epi32(dots[g], _mm256_slli_epi32(offsets[g], 5));
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
+    }
   }
 };
 
@@ -1129,7 +1122,7 @@ inline __m512i dot_s16_x16(__m512i acc, __m512i a, __m512i b) {  // int16 pairs 
 #endif
 }
 
-// The formats' float tails (`Q4Kx8::finish`, `Q6Kx8::finish_totals`) for both row groups of a pair at once: 16
+// The formats' float tails (`Q4Kx8::finish`, the end of `Q6Kx8::finish`) for both row groups of a pair at once: 16
 // lanes, lane r the pair's row r (the first group's rows 0-7). Each lane does the operations of the 8-lane code in
 // the same order, so a token's result is the same bits; what depends only on the block (scales, mins) is read
 // once per block instead of once per token.
@@ -1222,25 +1215,25 @@ struct AmxQ4K {
 };
 #undef SPECDRAFT_AMX_CHUNK
 
-// A chunk with the scales in B: 64 weights of 16 tokens' activations (A tile `a`, rows `stride` bytes apart) times
-// the high and the low bytes of the weights (B tiles `bh`, `bl`), added to C tiles 5 (high: `high_op`, signed or
-// unsigned B) and 4 (low).
-#define SPECDRAFT_AMX_SCALED_CHUNK(high_op, a, bh, bl, activations, stride, high, low) \
-  do {                                                                                \
-    _tile_loadd(a, activations, stride);                                              \
-    _tile_loadd(bh, high, 64);                                                        \
-    _tile_loadd(bl, low, 64);                                                         \
-    high_op(5, a, bh);                                                                \
-    _tile_dpbsud(4, a, bl);                                                           \
+// A chunk with the scales in B: 64 weights of 16 tokens' activations (A tile `a`, a 1 KiB tile of
+// tiled_activations) times the high and the low bytes of the weights (B tiles `bh`, `bl`), added to C tiles 5
+// (high: `high_op`, signed or unsigned B) and 4 (low).
+#define SPECDRAFT_AMX_SCALED_CHUNK(high_op, a, bh, bl, activations, high, low) \
+  do {                                                                        \
+    _tile_loadd(a, activations, 64);                                          \
+    _tile_loadd(bh, high, 64);                                                \
+    _tile_loadd(bl, low, 64);                                                 \
+    high_op(5, a, bh);                                                        \
+    _tile_dpbsud(4, a, bl);                                                   \
   } while (0)
 #define SPECDRAFT_AMX_SCALED_BLOCK(high_op, a, high, low)                                    \
   do {                                                                                      \
     _tile_zero(4);                                                                          \
     _tile_zero(5);                                                                          \
-    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 0, 2, 3, a, 64, high, low);                         \
-    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 1, 6, 7, a + 1024, 64, high + 1024, low + 1024);    \
-    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 0, 2, 3, a + 2048, 64, high + 2048, low + 2048);    \
-    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 1, 6, 7, a + 3072, 64, high + 3072, low + 3072);    \
+    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 0, 2, 3, a, high, low);                             \
+    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 1, 6, 7, a + 1024, high + 1024, low + 1024);        \
+    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 0, 2, 3, a + 2048, high + 2048, low + 2048);        \
+    SPECDRAFT_AMX_SCALED_CHUNK(high_op, 1, 6, 7, a + 3072, high + 3072, low + 3072);        \
   } while (0)
 
 // Weights as int16 lanes times a per-row scale, split into high and low bytes: q holds row r's 4 weights in bytes
