@@ -9,6 +9,7 @@ import torch
 from ..config import SamplingParams
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel, NativeState
+from ..models.model_files import FastTokenizer
 from ..models.native.llama import MAX_KERNEL_ROWS
 from ..sampling import processed_probs, sample
 from ..types import Draft
@@ -144,6 +145,9 @@ def _vocabulary_mismatch(draft_tokenizer, target_tokenizer) -> tuple[tuple[int, 
     """((draft size, target size), draft entries that map differently, 0 when one vocabulary extends the other).
     Once per pair of tokenizers: get_vocab builds a dict of every entry (0.75 s for Qwen's 151,646, which every
     drafter of a server's pool paid when built)."""
+    if (isinstance(draft_tokenizer, FastTokenizer) and isinstance(target_tokenizer, FastTokenizer)
+            and draft_tokenizer.backend is target_tokenizer.backend):  # one vocabulary (byte-identical files)
+        return (len(draft_tokenizer), len(target_tokenizer)), 0
     draft_vocab, target_vocab = draft_tokenizer.get_vocab(), target_tokenizer.get_vocab()
     draft_in_target = all(target_vocab.get(tok) == idx for tok, idx in draft_vocab.items())
     target_in_draft = all(draft_vocab.get(tok) == idx for tok, idx in target_vocab.items())

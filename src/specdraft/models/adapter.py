@@ -28,6 +28,7 @@ from ..types import Draft
 from . import fetch
 from .fetch import check_model_reference
 from .fastpath import WeightMajorLinear
+from .model_files import FastTokenizer, JsonConfig, read_generation_config, read_model_config
 from .native.gguf_weights import read_gguf
 from .native.llama import NativeCache, NativeLlama, config_unsupported_reason, native_unsupported_reason
 
@@ -207,19 +208,13 @@ _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".h5", ".msg
 _tokenizers: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # tokenizer files' digest -> tokenizer
 
 
-def load_tokenizer(path: str):
-    """The tokenizer of a model folder. Folders whose tokenizer files are byte-identical (a target and its draft
-    usually are) share one vocabulary (Qwen's fast tokenizer holds about 128 MB); each keeps its own chat template
-    (the packaged 0.5B's and 1.5B's differ) and name. Everything in the folder but the weights, the model config
-    (of which only `model_type` counts: it picks the tokenizer class) and the chat template enters the key; a
-    folder with more than one chat template, or none of its own, loads its own tokenizer."""
-    from transformers import AutoTokenizer
-
-    folder = Path(path)
-    template = folder / "chat_template.jinja"
-    if not folder.is_dir() or not template.is_file() or (folder / "additional_chat_templates").exists() or (
-            folder / "chat_template.json").exists():
-        return AutoTokenizer.from_pretrained(path)
+def _tokenizer_digest(folder: Path) -> str | None:
+    """What makes two folders' tokenizers the same vocabulary: everything in the folder but the weights, the model
+    config (of which only `model_type` counts: it picks the tokenizer class) and the chat template. None for a
+    folder with more than one chat template, or none of its own (it loads its own tokenizer)."""
+    if not folder.is_dir() or not (folder / "chat_template.jinja").is_file() or (
+            folder / "additional_chat_templates").exists() or (folder / "chat_template.json").exists():
+        return None
     digest = hashlib.sha256()
     for file in sorted(folder.iterdir()):
         if (file.is_dir() or file.name.startswith(".") or file.name in _NOT_TOKENIZER
@@ -232,10 +227,33 @@ def load_tokenizer(path: str):
     except (OSError, ValueError):
         model_type = None
     digest.update(f"model_type\0{model_type}".encode())
-    shared = _tokenizers.get(digest.hexdigest())
+    return digest.hexdigest()
+
+
+def load_tokenizer(path: str, without_transformers: bool = False):
+    """The tokenizer of a model folder. Folders whose tokenizer files are byte-identical (a target and its draft
+    usually are) share one vocabulary (Qwen's fast tokenizer holds about 128 MB); each keeps its own chat template
+    (the packaged 0.5B's and 1.5B's differ) and name. without_transformers: a `FastTokenizer` (model_files.py:
+    the same ids, without importing transformers) where the folder's tokenizer class allows one."""
+    folder = Path(path)
+    digest = _tokenizer_digest(folder)
+    template = folder / "chat_template.jinja"
+    if without_transformers:
+        shared = _tokenizers.get(("fast", digest)) if digest else None
+        if shared is not None:
+            return shared.with_template(template.read_text(encoding="utf-8"), str(path))
+        tokenizer = FastTokenizer.from_folder(folder)
+        if tokenizer is not None:
+            if digest:
+                _tokenizers[("fast", digest)] = tokenizer
+            return tokenizer
+    from transformers import AutoTokenizer
+
+    shared = _tokenizers.get(digest) if digest else None
     if shared is None:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        _tokenizers[digest.hexdigest()] = tokenizer
+        if digest:
+            _tokenizers[digest] = tokenizer
         return tokenizer
     tokenizer = copy.copy(shared)  # a new object around the same vocabulary
     tokenizer.init_kwargs = dict(shared.init_kwargs, name_or_path=str(path))
@@ -253,12 +271,15 @@ def _first_lines(exc: Exception) -> str:
 def _load_gguf(name_or_path: str, path: str, gguf_file: Path, required: bool) -> LoadedModel | None:
     """The native backend over `gguf_file`'s block formats, with the directory's config, generation config and
     tokenizer; no transformers model object (building one, even without weights, imports its modeling code:
-    1.7 s of a start). None when the model cannot run natively and nothing `required` it."""
-    from transformers import AutoConfig, GenerationConfig
-
+    1.7 s of a start), and where the folder's files allow (model_files.py) not even transformers. None when the
+    model cannot run natively and nothing `required` it."""
+    config = read_model_config(path)
     try:
-        config = AutoConfig.from_pretrained(path)
-        tokenizer = load_tokenizer(path)
+        if config is None:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(path)
+        tokenizer = load_tokenizer(path, without_transformers=True)
     except (OSError, ValueError) as exc:
         raise SpecdraftError(f"could not load model {name_or_path!r}: {_first_lines(exc)}") from None
     reason = config_unsupported_reason(config)
@@ -266,10 +287,15 @@ def _load_gguf(name_or_path: str, path: str, gguf_file: Path, required: bool) ->
         if required:
             raise SpecdraftError(f"{name_or_path!r} cannot run its GGUF weights natively: {reason}")
         return None
-    try:
-        generation_config = GenerationConfig.from_pretrained(path)
-    except OSError:  # no generation_config.json: the one a model derives from its config
-        generation_config = GenerationConfig.from_model_config(config)
+    if isinstance(config, JsonConfig):
+        generation_config = read_generation_config(path, config)
+    else:
+        from transformers import GenerationConfig
+
+        try:
+            generation_config = GenerationConfig.from_pretrained(path)
+        except OSError:  # no generation_config.json: the one a model derives from its config
+            generation_config = GenerationConfig.from_model_config(config)
     native = NativeLlama.from_gguf(read_gguf(gguf_file), config)
     return LoadedModel(name=name_or_path, path=path, model=None, tokenizer=tokenizer, dtype=torch.float32,
                        native=native, gguf_config=config, gguf_generation_config=generation_config)
