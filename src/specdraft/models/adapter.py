@@ -239,13 +239,11 @@ def load_tokenizer(path: str, without_transformers: bool = False):
     digest = _tokenizer_digest(folder)
     template = folder / "chat_template.jinja"
     if without_transformers:
-        shared = _tokenizers.get(("fast", digest)) if digest else None
-        if shared is not None:
-            return shared.with_template(template.read_text(encoding="utf-8"), str(path))
-        tokenizer = FastTokenizer.from_folder(folder)
+        shared = _tokenizers.get(("fast", digest)) if digest else None  # a _SharedBackend of the same files
+        tokenizer = FastTokenizer.from_folder(folder, shared)
         if tokenizer is not None:
             if digest:
-                _tokenizers[("fast", digest)] = tokenizer
+                _tokenizers[("fast", digest)] = tokenizer.shared
             return tokenizer
     from transformers import AutoTokenizer
 
