@@ -309,19 +309,20 @@ def q6k_extreme_blocks(rows: int, cols: int) -> QuantWeight:
 def test_amx_tiles_on_and_off_give_the_same_bits(name):
     """Where the build has AMX (`isa() == "amx"`), passes of several tokens (Q4_K 5, Q6_K 8) take their sums
     from tile multiplies; forbidding them (the VNNI code) must give the same bits, for every pass length the tiles
-    take (token tiles of 8 or 16, partial ones, 64 and more: the pass's own tiles of tokens; Q4_K from 32 tokens
-    in the layout with its scales in B) and, for Q6_K, at the ends of the range its tiles split into high and low
-    bytes. Elsewhere nothing changes."""
+    take (token tiles of 8 or 16, partial ones, up to 256 tokens in one span and more in token tiles outermost;
+    Q4_K from 32 tokens in the layout with its scales in B) and, for Q6_K, at the ends of the range its tiles split
+    into high and low bytes. Elsewhere nothing changes."""
     weight = random_blocks(name, 48, 1536, seed=19) if name == "Q4_K" else q6k_extreme_blocks(48, 1536)
     packed = weight.interleave()
-    x, bias = torch.randn(150, 1536) * torch.rand(150, 1) * 4, torch.randn(48)
+    x, bias = torch.randn(300, 1536) * torch.rand(300, 1) * 4, torch.randn(48)
     x[3] = 0.5  # every activation 127 after quantization
     x[4] = torch.where(torch.arange(1536) % 2 == 0, 1.0, -1.0)  # +-127
     assert ops.quant_amx() == (ops.isa() == "amx")
     previous = ops.set_quant_amx(False)
     try:
         assert not ops.quant_amx()
-        vnni = {k: packed.linear(x[:k].contiguous(), bias) for k in (5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 150)}
+        vnni = {k: packed.linear(x[:k].contiguous(), bias)
+                for k in (5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 65, 150, 256, 257, 300)}
     finally:
         ops.set_quant_amx(previous)
     for k, expected in vnni.items():

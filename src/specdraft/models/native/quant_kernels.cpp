@@ -1017,25 +1017,33 @@ inline __m128i join64(const uint8_t* first, const uint8_t* second) {  // 8 bytes
                             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(second)));
 }
 
-// The loops of a tile pass, either format: threads take pairs of row groups in chunks (`parallel_chunks`); token
-// tiles as the VNNI path takes them (prefill: tiles outermost), in whole A tiles of `Kernel::kTokensPerTile`
+// The loops of a tile pass, either format: threads take pairs of row groups in chunks (`parallel_chunks`). A pass
+// of up to kAmxSpanTokens tokens lets each pair meet all of them with one unpacking of each block; a longer one
+// (prefill) goes in token tiles as the VNNI path's (tiles outermost), in whole A tiles of `Kernel::kTokensPerTile`
 // tokens. `make_kernel()` builds a thread's kernel (its scratch), whose `block(block0, block1, b, t0, tile, acc)`
 // adds block b of both row groups to tokens t0 .. t0 + tile - 1 (acc[t]: token t0 + t's 16 rows, the first
 // group's in lanes 0-7).
+// kAmxSpanTokens: 64 before 2026-12-06 (as the VNNI path's kTokenTile), which unpacked each block twice for a pass
+// of 65-128 tokens; 256 measured on the 1.5B's prefill (Xeon model 207, 2 threads, one process with a switch, 10
+// alternated rounds, median tok/s): 80 tokens 141.7 -> 148.3, 100 152.0 -> 176.2, 128 159.4 -> 173.6, 192 157.9 ->
+// 167.8 (token tiles outermost before, from 129 tokens), 48 tokens alike; at 426 and 1500 tokens one unpacking per
+// 256 or 512 tokens gained nothing over the token tiles (146.9 -> 149.4, 122.1 -> 117.2).
+constexpr int64_t kAmxSpanTokens = 256;
 template <typename Kernel, typename MakeKernel>
 void amx_pass(const uint8_t* weight, int64_t N, int64_t K, int64_t T, const float* bias, float* out,
               MakeKernel make_kernel) {
   using F = typename Kernel::Format;
   constexpr int64_t kTokensPerTile = Kernel::kTokensPerTile;
+  static_assert(kAmxSpanTokens % kTokensPerTile == 0 && kAmxSpanTokens >= kTokenTile, "whole A tiles");
   const int64_t blocks = K / F::kWeights, group_bytes = blocks * F::kBytes;
-  const bool tiles_outer = T > kTilesOuterTokens;
+  const bool tiles_outer = T > kAmxSpanTokens;
   const int64_t tile_tokens =
-      tiles_outer ? (tile_tokens_for(K) + kTokensPerTile - 1) / kTokensPerTile * kTokensPerTile : kTokenTile;
+      tiles_outer ? (tile_tokens_for(K) + kTokensPerTile - 1) / kTokensPerTile * kTokensPerTile : kAmxSpanTokens;
   const int64_t span = tiles_outer ? tile_tokens : T;
   const int64_t pairs = N / (2 * kRowGroup), spans = (T + span - 1) / span;
   parallel_chunks(spans * pairs, 2 * group_bytes, [&](ChunkQueue& queue) {
     Kernel kernel = make_kernel();
-    __m512 acc[kTokenTile];
+    __m512 acc[kAmxSpanTokens];  // 16 KiB
     const TileConfig config;
     _tile_loadconfig(&config);
     for (int64_t begin, end; queue.take(begin, end);)
