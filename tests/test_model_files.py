@@ -236,6 +236,9 @@ def test_folders_it_does_not_vouch_for_go_to_transformers(tmp_path, folder):
     assert read_model_config(other) is None
     (other / "generation_config.json").write_text("not json")
     assert read_generation_config(other, read_model_config(folder)) is None
+    (other / "chat_template.jinja").write_bytes((folder / "chat_template.jinja").read_bytes())
+    (other / "tokenizer.json").write_text("{not a tokenizer")
+    assert FastTokenizer.from_folder(other) is None  # the library's own error: transformers reports it instead
 
 
 def test_target_and_draft_share_one_vocabulary(tmp_path):

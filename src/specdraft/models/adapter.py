@@ -205,7 +205,8 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
 
 _NOT_TOKENIZER = {"config.json", "generation_config.json", "specdraft.json", "chat_template.jinja"}
 _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".ckpt")
-_tokenizers: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # tokenizer files' digest -> tokenizer
+# tokenizer files' digest -> transformers' tokenizer; ("fast", digest) -> FastTokenizer's shared backend
+_tokenizers: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _tokenizer_digest(folder: Path) -> str | None:
@@ -285,9 +286,8 @@ def _load_gguf(name_or_path: str, path: str, gguf_file: Path, required: bool) ->
         if required:
             raise SpecdraftError(f"{name_or_path!r} cannot run its GGUF weights natively: {reason}")
         return None
-    if isinstance(config, JsonConfig):
-        generation_config = read_generation_config(path, config)
-    else:
+    generation_config = read_generation_config(path, config) if isinstance(config, JsonConfig) else None
+    if generation_config is None:  # a config transformers read, or a generation config file only it can judge
         from transformers import GenerationConfig
 
         try:

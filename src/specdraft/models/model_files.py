@@ -4,9 +4,10 @@ A GGUF on the native backend needs no transformers model object, and importing t
 its config classes (0.7 s) and building its tokenizer class (1.6 s against 0.6 s for the `tokenizers` library
 alone) were most of a `specdraft generate` start (Xeon model 207, 2026-12-06: load_engine 4.8 s of 7.9). The
 folders `specdraft models fetch` writes hold what transformers saved (config.json with every field,
-tokenizer.json serialized from the very tokenizer object transformers builds), so these readers give the same
-values and the same token ids (tests/test_model_files.py compares them with transformers' on each packaged
-model). A folder they do not vouch for (another tokenizer class, a config saved by an older transformers) gets
+tokenizer.json with the vocabulary, merges and added tokens transformers uses; the pipeline steps a tokenizer class
+sets in code are set here the same way), so these readers give the same values and the same token ids
+(tests/test_model_files.py compares them with transformers' on each packaged model). A folder they do not vouch for
+(another tokenizer class, settings or a RoPE they do not reproduce, a config saved by an older transformers) gets
 None, and the caller loads it with transformers.
 """
 
@@ -124,7 +125,10 @@ class FastTokenizer:
         if shared is None:
             from tokenizers import Tokenizer
 
-            backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            try:
+                backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            except Exception:  # the Rust library's error for a file it cannot read: transformers reports it
+                return None
             backend.no_padding()
             backend.no_truncation()
             if settings["tokenizer_class"] == "Qwen2Tokenizer" and not _as_qwen2_builds_it(backend):
