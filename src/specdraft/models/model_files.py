@@ -13,7 +13,6 @@ None, and the caller loads it with transformers.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import re
@@ -43,9 +42,6 @@ class JsonConfig:
 
     def __init__(self, values: Mapping):
         self.__dict__.update(values)
-
-    def to_dict(self) -> dict:
-        return copy.deepcopy(self.__dict__)
 
     def __repr__(self) -> str:
         return f"JsonConfig({self.__dict__!r})"
@@ -102,7 +98,6 @@ class FastTokenizer:
 
     def __init__(self, shared: _SharedBackend, settings: dict, chat_template: str | None, name_or_path: str):
         self.shared = shared
-        self.backend = shared.backend  # tokenizers.Tokenizer (shared by tokenizers of byte-identical files)
         self.name_or_path = name_or_path
         self.chat_template = chat_template
         self.special_tokens_map = {name: settings[name] for name in _SPECIAL_TOKEN_NAMES
@@ -138,6 +133,11 @@ class FastTokenizer:
         if any(isinstance(settings.get(name), str) and settings[name] not in special for name in _SPECIAL_TOKEN_NAMES):
             return None  # transformers would add it to the vocabulary
         return cls(shared, settings, chat_template, str(folder))
+
+    @property
+    def backend(self):
+        """The tokenizers.Tokenizer (shared by the tokenizers of byte-identical files)."""
+        return self.shared.backend
 
     # ---------------------------------------------------------------------------------------------- ids
     def _id(self, name: str) -> int | None:
