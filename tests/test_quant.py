@@ -230,13 +230,13 @@ def test_interleaving_a_slice_at_a_time_gives_the_same_bytes(monkeypatch, tmp_pa
     assert torch.equal(mapped.blocks, weight.blocks)  # still readable after its pages were released
 
 
-# 40 rows: 5 groups of 8; 48 rows: pairs of groups, which passes of several tokens over Q4_K and Q6_K take to the
-# AMX tiles where the build has them (quant_kernels.cpp), the VNNI or AVX2 code elsewhere
+# 40 rows: 5 groups of 8; 48 rows: pairs of groups, which passes of several tokens take to the AMX tiles where the
+# build has them (quant_kernels.cpp), the VNNI or AVX2 code elsewhere
 @pytest.mark.parametrize("rows", [40, 48])
 @pytest.mark.parametrize("name", INTERLEAVED)
 def test_interleaved_product_matches_float64_reference(name, rows):
     weight = random_blocks(name, rows, 768, seed=12)
-    x = torch.randn(9, 768)  # 9 tokens: a pass the AMX tiles take (both k-quants), where the build has them
+    x = torch.randn(9, 768)  # 9 tokens: a pass the AMX tiles take (every format), where the build has them
     got = weight.interleave().linear(x, None)
     assert relative_error(got, reference_product(x, gguf_dequantize(weight), activation_block(name))) < RELATIVE_TOLERANCE
 
@@ -305,14 +305,22 @@ def q6k_extreme_blocks(rows: int, cols: int) -> QuantWeight:
     return QuantWeight(blocks.reshape(rows, -1).contiguous(), TYPES["Q6_K"][0], cols)
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
 def test_amx_tiles_on_and_off_give_the_same_bits(name):
-    """Where the build has AMX (`isa() == "amx"`), passes of several tokens (Q4_K 5, Q6_K 8) take their sums
-    from tile multiplies; forbidding them (the VNNI code) must give the same bits, for every pass length the tiles
-    take (token tiles of 8 or 16, partial ones, up to 256 tokens in one span and more in token tiles outermost;
-    Q4_K from 32 tokens in the layout with its scales in B) and, for Q6_K, at the ends of the range its tiles split
-    into high and low bytes. Elsewhere nothing changes."""
-    weight = random_blocks(name, 48, 1536, seed=19) if name == "Q4_K" else q6k_extreme_blocks(48, 1536)
+    """Where the build has AMX (`isa() == "amx"`), passes of several tokens (Q4_K, Q8_0 and Q5_0 5, Q6_K 8) take
+    their sums from tile multiplies; forbidding them (the VNNI code) must give the same bits, for every pass length
+    the tiles take (token tiles of 8 or 16, partial ones, up to 256 tokens in one span and more in token tiles
+    outermost; Q4_K from 32 tokens in the layout with its scales in B), for Q6_K at the ends of the range its tiles
+    split into high and low bytes, and for Q8_0 and Q5_0 with half the rows at their format's extremes (signed
+    weights against signed activations). Elsewhere nothing changes."""
+    if name == "Q4_K":
+        weight = random_blocks(name, 48, 1536, seed=19)
+    elif name == "Q6_K":
+        weight = q6k_extreme_blocks(48, 1536)
+    else:
+        extreme, mixed = extreme_blocks(name, 48, 1536).blocks, random_blocks(name, 48, 1536, seed=19).blocks.clone()
+        mixed[::2] = extreme[::2]
+        weight = QuantWeight(mixed.contiguous(), TYPES[name][0], 1536)
     packed = weight.interleave()
     x, bias = torch.randn(300, 1536) * torch.rand(300, 1) * 4, torch.randn(48)
     x[3] = 0.5  # every activation 127 after quantization

@@ -10,8 +10,8 @@
 // same float operations in the same order whatever the number of tokens in the call (batch invariance: a verify
 // pass of k tokens gives the logits of k single steps, bit for bit), and the VNNI and plain-AVX2 builds give the
 // same bits (the integer sums are the same numbers; the float part is the same 256-bit code in both). Where the CPU
-// has AMX-INT8, passes of several tokens over Q4_K and Q6_K take their integer sums from tile multiplies ("AMX
-// tiles" below): the same integers again.
+// has AMX-INT8, passes of several tokens over Q4_K, Q6_K, Q8_0 and Q5_0 take their integer sums from tile multiplies
+// ("AMX tiles" below): the same integers again.
 //
 // Block layouts (ggml's, little-endian; "d" fields are IEEE half floats):
 //   Q4_K, 256 weights in 144 bytes: d, dmin, scales[12] (8 six-bit scales and 8 six-bit mins), qs[128];
@@ -34,6 +34,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -946,8 +947,8 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
 }
 
 // ------------------------------------------------------------------------------------------- AMX tiles
-// Where the CPU has AMX-INT8 (Intel Xeon since Sapphire Rapids), passes of several tokens over Q4_K and Q6_K take
-// their integer sums from tile multiplies (`tdpbsud`/`tdpbssd`: signed int8 A times unsigned or signed B, summed in
+// Where the CPU has AMX-INT8 (Intel Xeon since Sapphire Rapids), passes of several tokens over Q4_K, Q6_K, Q8_0 and
+// Q5_0 take their integer sums from tile multiplies (`tdpbsud`/`tdpbssd`: signed int8 A times unsigned or signed B, summed in
 // int32 C). A tile multiply costs about the same whatever its shape (Xeon model 207, 2026-12-05: 15 ns alone,
 // 34-39 ns with its loads and store, for 1 to 16 rows and 16 to 64 bytes of K), so each one is made as full as
 // the format allows, over 16 weight rows (two interleaved groups of 8) and K = 64 weights:
@@ -960,6 +961,8 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
 //   and an unsigned low byte, v = 256 hi + lo, two B tiles; A's rows are 16 tokens' activations (copied once per
 //   call into tiles of 1 KiB), and C_hi, C_lo sum the block's 4 chunks. 256 C_hi + C_lo is the block's integer
 //   total of the VNNI path. Q4_K passes of 32 or more tokens take the same layout (v = scale * q, 0..945).
+// - Q8_0, Q5_0 (rows of a multiple of 64 weights): two blocks of 32 weights are one B tile, A's rows (token,
+//   block) pairs as Q4_K's; C's rows are the VNNI path's per-block sums (`AmxSmallBlocks`).
 // Either way the same integers, then the float operations of the VNNI path's `finish` on 16 lanes (both row groups
 // of a pair) in the same order: a token's result is the same bits with or without tiles, alone or with others.
 // One-token steps keep the VNNI path.
@@ -989,6 +992,10 @@ bool amx_granted() {
 // 5 tokens 22.9 -> 28.8, 6 24.3 -> 28.5, 8 33.2 -> 29.8, 9 40.2 -> 34.2, 12 46.7 -> 30.6, 16 59.4 -> 34.3.
 constexpr int64_t kAmxMinTokensQ4K = 5;
 constexpr int64_t kAmxMinTokensQ6K = 8;
+// Q8_0 and Q5_0 (the 0.5B draft's matrices): its Q5_0 and Q8_0 products in a row (the full head among them), 2
+// threads, 6 rounds alternated with the switch, least ms, VNNI -> AMX (2026-12-06): 4 tokens 18.3 -> 18.7, 5 22.3 ->
+// 20.6, 8 37.9 -> 21.7, 16 61.3 -> 29.5, 32 108.0 -> 46.9 (2 and 3 tokens 1.08x slower on the tiles).
+constexpr int64_t kAmxMinTokensSmallBlocks = 5;
 // Q4_K passes of 32 or more tokens (prefill; a full server batch) put the scales into B as Q6_K does: its unpacking
 // costs more than it saves below that. The 1.5B's 168 Q4_K matrices, 2 threads, alternated in one process, ms
 // (sub-block rows -> scales in B): 16 tokens 148.6 -> 148.4, 24 201 -> 206, 32 254 -> 190, 64 485 -> 394; its
@@ -1361,6 +1368,80 @@ struct AmxScaled {
 #undef SPECDRAFT_AMX_SCALED_BLOCK
 #undef SPECDRAFT_AMX_SCALED_CHUNK
 
+// Q8_0 and Q5_0 (32-weight blocks, one scale each): a unit of 64 weights (two blocks of both row groups) is one B
+// tile as it comes (Q8_0: the signed bytes, `tdpbssd`) or unpacked to q in 0..31 (Q5_0: nibble and fifth bit,
+// `tdpbsud`), B row 8i + k: weights 32i + 4k .. 32i + 4k + 3 of the 16 rows (4 bytes each). A's rows are (token,
+// block) pairs as Q4_K's (`expand_activations`: a token's 64 activations with the other block's zeroed), so C's
+// row (t, i) holds token t's integer sum over block i of the 16 rows: the VNNI path's `sums` (Q5_0: before the
+// -16 sum(x) it subtracts as there); then the same float operations per block, in the same order.
+template <typename F>
+struct AmxSmallBlocks {
+  using Format = Consecutive<F, 2>;
+  static constexpr int64_t kTokensPerTile = 8;  // A rows: (token, block) pairs
+  static constexpr bool kFifthBit = std::is_same_v<F, Q50x8>;
+  const QuantizedRows& x;
+  const int8_t* expanded;  // expand_activations
+  alignas(64) uint8_t tile[1024];     // B: 16 rows x 64 bytes
+  alignas(64) int32_t sums[16][16];  // C: [row of A][weight row]
+
+  // 0x10 in byte 4r + i where bit `first + i` of row r's qh is set (Q50x8::fifth_bits on 16 rows)
+  static __m512i fifth_bits(__m512i qh, int first) {
+    const int byte = first / 8, shift = first % 8;
+    const int m = byte * 0x01010101;
+    const __m512i spread = _mm512_shuffle_epi8(
+        qh, _mm512_set4_epi32(m + 0x0C0C0C0C, m + 0x08080808, m + 0x04040404, m));
+    const __m512i bits = _mm512_set1_epi32(static_cast<int>(0x08040201u << shift));
+    return _mm512_maskz_mov_epi8(_mm512_cmpeq_epi8_mask(_mm512_and_si512(spread, bits), bits),
+                                 _mm512_set1_epi8(0x10));
+  }
+
+  void unpack(const uint8_t* first, const uint8_t* second) {
+    for (int i = 0; i < 2; ++i) {
+      const uint8_t* a = first + i * F::kBytes;
+      const uint8_t* b = second + i * F::kBytes;
+      if constexpr (kFifthBit) {
+        const __m512i low = _mm512_set1_epi8(0x0F), qh = join256(a + 16, b + 16);
+        for (int k = 0; k < 4; ++k) {
+          const __m512i bytes = join256(a + 48 + 32 * k, b + 48 + 32 * k);
+          _mm512_store_si512(tile + 64 * (8 * i + k),
+                             _mm512_or_si512(_mm512_and_si512(bytes, low), fifth_bits(qh, 4 * k)));
+          _mm512_store_si512(tile + 64 * (8 * i + 4 + k),
+                             _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(bytes, 4), low),
+                                             fifth_bits(qh, 16 + 4 * k)));
+        }
+      } else {
+        for (int k = 0; k < 8; ++k) _mm512_store_si512(tile + 64 * (8 * i + k), join256(a + 16 + 32 * k, b + 16 + 32 * k));
+      }
+    }
+  }
+
+  void block(const uint8_t* block0, const uint8_t* block1, int64_t b, int64_t t0, int64_t tile_tokens, __m512* acc) {
+    unpack(block0, block1);
+    const __m512 d[2] = {_mm512_cvtph_ps(join128(block0, block1)),
+                         _mm512_cvtph_ps(join128(block0 + F::kBytes, block1 + F::kBytes))};
+    _tile_loadd(1, tile, 64);
+    for (int64_t m0 = 0; m0 < tile_tokens; m0 += kTokensPerTile) {
+      _tile_loadd(0, expanded + ((t0 + m0) / kTokensPerTile * (x.K / 64) + b) * 1024, 64);
+      _tile_zero(2);
+      if constexpr (kFifthBit) _tile_dpbsud(2, 0, 1);
+      else _tile_dpbssd(2, 0, 1);
+      _tile_stored(2, sums[0], 64);
+      const int64_t m = std::min<int64_t>(kTokensPerTile, tile_tokens - m0);
+      for (int64_t j = 0; j < m; ++j) {
+        const int64_t t = m0 + j;
+        const TokenSuper token = token_at(x, t0 + t, b, Format::kWeights, Format::kActBlock);
+        for (int i = 0; i < 2; ++i) {
+          __m512i total = _mm512_load_si512(sums[2 * j + i]);
+          if constexpr (kFifthBit) total = _mm512_sub_epi32(total, _mm512_set1_epi32(16 * token.sums32[i]));
+          acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d[i], _mm512_set1_ps(token.scales[i])),
+                                   acc[t]);
+        }
+      }
+    }
+  }
+};
+
+
 constexpr size_t kKeptActivationBytes = 8 << 20;  // a calling thread keeps its A-tile buffer up to this size
 
 // The calling thread's buffer for A tiles (a lambda run by another thread would see its own).
@@ -1386,6 +1467,17 @@ void qlinear_scaled_amx(const uint8_t* weight, int64_t N, int64_t K, const Quant
   amx_pass<AmxScaled<S>>(weight, N, K, x.T, bias, out, [&] { return AmxScaled<S>{x, activations}; });
   if (buffer.size() > kKeptActivationBytes) std::vector<int8_t>().swap(buffer);
 }
+
+template <typename F>
+void qlinear_small_blocks_amx(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
+                              float* out) {
+  std::vector<int8_t>& buffer = activation_buffer();
+  expand_activations(x, buffer);
+  const int8_t* expanded = buffer.data();
+  amx_pass<AmxSmallBlocks<F>>(weight, N, K, x.T, bias, out, [&] { return AmxSmallBlocks<F>{x, expanded}; });
+  if (buffer.size() > kKeptActivationBytes) std::vector<int8_t>().swap(buffer);
+}
+
 #endif
 
 // Whether a pass of T tokens over an N-row matrix goes to the tiles (passes of at least `min_tokens`).
@@ -1398,6 +1490,9 @@ bool use_amx(int64_t T, int64_t N, int64_t min_tokens) {
 template <typename F>
 void qlinear_x8_small_blocks(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
                              float* out) {
+#if SPECDRAFT_AMX
+  if (K % 64 == 0 && use_amx(x.T, N, kAmxMinTokensSmallBlocks)) return qlinear_small_blocks_amx<F>(weight, N, K, x, bias, out);
+#endif
   if (x.T > 1 && K % Consecutive<F, 4>::kWeights == 0) qlinear_x8_impl<Consecutive<F, 4>>(weight, N, K, x, bias, out);
   else qlinear_x8_impl<F>(weight, N, K, x, bias, out);
 }
