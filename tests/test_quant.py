@@ -337,6 +337,23 @@ def test_amx_tiles_on_and_off_give_the_same_bits(name):
         assert torch.equal(packed.linear(x[:k].contiguous(), bias), expected), (name, k)
 
 
+@pytest.mark.parametrize("name", ["Q8_0", "Q5_0"])
+def test_amx_tiles_match_the_block_by_block_code(name):
+    """Rows of 960 weights (a multiple of 64, not of 128): the tiles take passes of 5+ tokens where the build has
+    them, the VNNI code block by block (not 4 blocks at a time): the same bits, and each row as its one-token step."""
+    packed = random_blocks(name, 32, 960, seed=29).interleave()
+    x, bias = torch.randn(40, 960) * torch.rand(40, 1) * 4, torch.randn(32)
+    alone = torch.cat([packed.linear(x[t: t + 1].contiguous(), bias) for t in range(40)])
+    previous = ops.set_quant_amx(False)
+    try:
+        vnni = {k: packed.linear(x[:k].contiguous(), bias) for k in (5, 8, 9, 17, 40)}
+    finally:
+        ops.set_quant_amx(previous)
+    for k, expected in vnni.items():
+        assert torch.equal(expected, alone[:k]), (name, k)
+        assert torch.equal(packed.linear(x[:k].contiguous(), bias), expected), (name, k)
+
+
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
 def test_one_or_two_threads_give_the_same_bits(name):
     """Threads take a product's rows in chunks from a shared counter (`parallel_chunks`), so which thread computes

@@ -772,9 +772,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qdequantize_rows", &qdequantize_rows, "rows of a GGUF block-format matrix as float32");
   m.def("quantize_activations", &quantize_activations, "x as the block kernels quantize it: (int8, scales)");
   m.def("quant_vnni", &quant_vnni, "whether the block kernels use AVX512-VNNI");
-  m.def("quant_amx", &quant_amx, "whether passes of several tokens over Q4_K/Q6_K use AMX tiles");
+  m.def("quant_amx", &quant_amx, "whether passes of several tokens over Q4_K/Q6_K/Q8_0/Q5_0 use AMX tiles");
   m.def("set_quant_amx", &set_quant_amx, "allow or forbid the AMX tiles (same bits); returns the previous setting");
   m.def("qinterleave_into", &qinterleave_into, "repack a block-format matrix into interleaved groups of 8 rows (a given [N / 8, ...] uint8 tensor)");
   m.def("qdeinterleave_rows", &qdeinterleave_rows, "rows of an interleaved matrix back in the file's block layout");
-  m.def("qlinear_x8", &qlinear_x8, "qlinear over an interleaved Q4_K/Q6_K matrix (batch-invariant)");
+  m.def("qlinear_x8", &qlinear_x8, "qlinear over an interleaved Q4_K/Q6_K/Q8_0/Q5_0 matrix (batch-invariant)");
 }

@@ -26,8 +26,8 @@ _BF16_NEEDS = {"avx512_bf16"}
 # build runs on a CPU that has it; the sums are the same integers either way, so the results are the same bits.
 _VNNI_FLAGS = ["-mavx512vnni"]
 _VNNI_NEEDS = {"avx512_vnni"}
-# Where the CPU has AMX-INT8 (Intel Xeon since Sapphire Rapids), passes of several tokens over Q4_K and Q6_K
-# matrices take their integer sums from tile multiplies (quant_kernels.cpp): the same integers, the same bits.
+# Where the CPU has AMX-INT8 (Intel Xeon since Sapphire Rapids), passes of several tokens over Q4_K, Q6_K, Q8_0 and
+# Q5_0 matrices take their integer sums from tile multiplies (quant_kernels.cpp): the same integers, the same bits.
 _AMX_FLAGS = ["-mamx-tile", "-mamx-int8"]
 _AMX_NEEDS = {"amx_tile", "amx_int8", "avx512_vnni"}
 ISAS = ("avx2", "avx512", "avx512bf16", "amx")  # each one's CPU needs include the previous one's

@@ -948,8 +948,8 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
 
 // ------------------------------------------------------------------------------------------- AMX tiles
 // Where the CPU has AMX-INT8 (Intel Xeon since Sapphire Rapids), passes of several tokens over Q4_K, Q6_K, Q8_0 and
-// Q5_0 take their integer sums from tile multiplies (`tdpbsud`/`tdpbssd`: signed int8 A times unsigned or signed B, summed in
-// int32 C). A tile multiply costs about the same whatever its shape (Xeon model 207, 2026-12-05: 15 ns alone,
+// Q5_0 take their integer sums from tile multiplies (`tdpbsud`/`tdpbssd`: signed int8 A times unsigned or signed B,
+// summed in int32 C). A tile multiply costs about the same whatever its shape (Xeon model 207, 2026-12-05: 15 ns alone,
 // 34-39 ns with its loads and store, for 1 to 16 rows and 16 to 64 bytes of K), so each one is made as full as
 // the format allows, over 16 weight rows (two interleaved groups of 8) and K = 64 weights:
 // - Q4_K (passes of 5 to 31 tokens): A's rows are (token, sub-block) pairs: a token's 64 activations with the
@@ -1024,7 +1024,7 @@ inline __m128i join64(const uint8_t* first, const uint8_t* second) {  // 8 bytes
                             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(second)));
 }
 
-// The loops of a tile pass, either format: threads take pairs of row groups in chunks (`parallel_chunks`). A pass
+// The loops of a tile pass, any format: threads take pairs of row groups in chunks (`parallel_chunks`). A pass
 // of up to kAmxSpanTokens tokens lets each pair meet all of them with one unpacking of each block; a longer one
 // (prefill) goes in token tiles as the VNNI path's (tiles outermost), in whole A tiles of `Kernel::kTokensPerTile`
 // tokens. `make_kernel()` builds a thread's kernel (its scratch), whose `block(block0, block1, b, t0, tile, acc)`
@@ -1088,9 +1088,10 @@ inline TokenSuper token_at(const QuantizedRows& x, int64_t row, int64_t b, int64
           x.d.data() + row * x.blocks + at / act_block};
 }
 
-// Q4_K's activations as A tiles: [token tile][K / 64][16 rows][64 bytes], row 2t + j of a tile holding token
-// (tile's first) + t's 64 activations of that K / 64 chunk with all but sub-block j zeroed; rows past the last
-// token are zero. Written into `out` (the calling thread's buffer: it only grows).
+// Activations as A tiles of (token, 32-weight part) rows, for Q4_K (the parts its sub-blocks) and Q8_0/Q5_0 (its
+// blocks): [token tile][K / 64][16 rows][64 bytes], row 2t + j of a tile holding token (tile's first) + t's 64
+// activations of that K / 64 chunk with all but part j zeroed; rows past the last token are zero. Written into `out`
+// (the calling thread's buffer: it only grows).
 void expand_activations(const QuantizedRows& x, std::vector<int8_t>& out) {
   const int64_t chunks = x.K / 64, tiles = (x.T + 7) / 8;
   if (out.size() < static_cast<size_t>(tiles * chunks * 1024)) out.resize(tiles * chunks * 1024);
@@ -1410,7 +1411,8 @@ struct AmxSmallBlocks {
                                              fifth_bits(qh, 16 + 4 * k)));
         }
       } else {
-        for (int k = 0; k < 8; ++k) _mm512_store_si512(tile + 64 * (8 * i + k), join256(a + 16 + 32 * k, b + 16 + 32 * k));
+        for (int k = 0; k < 8; ++k)
+          _mm512_store_si512(tile + 64 * (8 * i + k), join256(a + 16 + 32 * k, b + 16 + 32 * k));
       }
     }
   }
@@ -1440,7 +1442,6 @@ struct AmxSmallBlocks {
     }
   }
 };
-
 
 constexpr size_t kKeptActivationBytes = 8 << 20;  // a calling thread keeps its A-tile buffer up to this size
 
@@ -1485,13 +1486,16 @@ bool use_amx(int64_t T, int64_t N, int64_t min_tokens) {
   return kAmxBuild && T >= min_tokens && N % (2 * kRowGroup) == 0 && amx_allowed && amx_granted();
 }
 
-// A 32-weight format: passes of several tokens over rows of a multiple of 128 weights take 4 blocks at a time
-// (Consecutive), one-token steps and other rows block by block; the same sums either way.
+// A 32-weight format: passes of kAmxMinTokensSmallBlocks or more tokens over rows of a multiple of 64 weights take
+// the AMX tiles where the build has them (N a multiple of 16), other passes of several tokens over rows of a multiple
+// of 128 weights 4 blocks at a time (Consecutive), one-token steps and other rows block by block; the same sums
+// every way.
 template <typename F>
 void qlinear_x8_small_blocks(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
                              float* out) {
 #if SPECDRAFT_AMX
-  if (K % 64 == 0 && use_amx(x.T, N, kAmxMinTokensSmallBlocks)) return qlinear_small_blocks_amx<F>(weight, N, K, x, bias, out);
+  if (K % 64 == 0 && use_amx(x.T, N, kAmxMinTokensSmallBlocks))
+    return qlinear_small_blocks_amx<F>(weight, N, K, x, bias, out);
 #endif
   if (x.T > 1 && K % Consecutive<F, 4>::kWeights == 0) qlinear_x8_impl<Consecutive<F, 4>>(weight, N, K, x, bias, out);
   else qlinear_x8_impl<F>(weight, N, K, x, bias, out);
@@ -1771,7 +1775,8 @@ std::vector<torch::Tensor> quantize_activations(torch::Tensor x, int64_t block) 
 
 bool quant_vnni() { return kVnni; }
 
-// Whether passes of several tokens over Q4_K and Q6_K matrices use AMX tiles (an amx build, the OS lets it, allowed).
+// Whether passes of several tokens over Q4_K, Q6_K, Q8_0 and Q5_0 matrices use AMX tiles (an amx build, the OS lets
+// it, allowed).
 bool quant_amx() { return amx_granted() && amx_allowed; }
 
 // Allow or forbid the tiles (the results are the same bits either way); returns the previous setting.
