@@ -74,8 +74,9 @@ def test_greedy_with_confidence_stopped_drafts_equals_autoregressive(tiny_models
 
 @pytest.mark.parametrize("context_tokens", [1, 3])
 def test_a_draft_model_reading_the_prompts_end_only_stays_greedy_exact(tiny_models, context_tokens):
-    """draft_context: the draft model prefills only the prompt's last tokens and follows the context from there;
-    the output is plain decoding's, and the draft's cache holds the window, not the whole prompt."""
+    """draft_context: the draft model reads only the prompt's last tokens (with its first proposal) and follows the
+    context from there; the output is plain decoding's, and the draft's cache holds the window, not the whole
+    prompt."""
     target = tiny_models["target"]
     drafter = ModelDrafter(tiny_models["draft"], target, context_tokens=context_tokens)
     engine = Engine(target, drafter, SpecConfig("draft", 3, draft_context=context_tokens, lookup_first=0))
@@ -90,7 +91,9 @@ def test_a_draft_model_reading_the_prompts_end_only_stays_greedy_exact(tiny_mode
         assert len(drafter.state) <= window + len(got.token_ids)
     with torch.inference_mode():
         drafter.begin(list(range(2, 12)))
-    assert (drafter.context_start, len(drafter.state)) == (10 - context_tokens, context_tokens - 1)
+        assert (drafter.context_start, len(drafter.state)) == (10 - context_tokens, 0)  # nothing fed yet
+        drafter.propose(list(range(2, 12)), 1, GREEDY, None)  # the window and the pending token in one pass
+    assert len(drafter.state) == context_tokens
 
 
 def test_greedy_full_acceptance_with_target_as_its_own_draft(tiny_models):

@@ -119,7 +119,8 @@ class DecodeLoop:
         return not self.prefilling
 
     def _begin_drafter(self, features: torch.Tensor | None) -> None:
-        """The drafter prefills its own state on the prompt (timed as prefill)."""
+        """The drafter begins on the prompt (a drafter that reads it there, timed as prefill; a draft model reads its
+        window with its first proposal)."""
         started = time.perf_counter()
         self.drafter.begin(self.context[: self.prompt_len], features)
         self.drafter_begun = True

@@ -40,7 +40,7 @@ class ModelDrafter(HasDraftVocab):
     def begin(self, prompt_ids: list[int], features=None) -> None:
         self.state = self.draft.new_state()
         self.rows_for_prompt(self.state, prompt_ids)
-        self.context_start = prefill_window(self.state, prompt_ids, self.context_tokens)
+        self.context_start = window_start(prompt_ids, self.context_tokens)
 
     def catch_up_tokens(self, prompt_len: int, context_len: int) -> int:
         window = min(prompt_len, self.context_tokens) if self.context_tokens else prompt_len
@@ -119,13 +119,11 @@ class ModelDrafter(HasDraftVocab):
         self.state.sync(context_ids[self.context_start:])  # drop rejected draft tokens; the new token is fed at the next propose
 
 
-def prefill_window(state, prompt_ids: list[int], context_tokens: int) -> int:
-    """A draft model's prefill of the prompt's last `context_tokens` (0: all of it), but the last token (fed with
-    the first proposal). Returns the context index the draft's cache position 0 holds."""
-    start = max(0, len(prompt_ids) - context_tokens) if context_tokens else 0
-    if len(prompt_ids) - start > 1:
-        state.forward(prompt_ids[start:-1], 1)
-    return start
+def window_start(prompt_ids: list[int], context_tokens: int) -> int:
+    """The context index a draft model's cache position 0 holds: it reads the prompt's last `context_tokens` (0: all
+    of it). Nothing is fed at `begin`: the first proposal feeds the window with the pending token in one pass (the
+    0.5B's 16 tokens at once 47-54 ms against 68-76 as 15 then 1, Xeon with AMX, 2026-12-06)."""
+    return max(0, len(prompt_ids) - context_tokens) if context_tokens else 0
 
 
 def check_compatible_vocab(draft: LoadedModel, target: LoadedModel) -> None:

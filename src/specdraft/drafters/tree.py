@@ -29,7 +29,7 @@ from ..models.adapter import LoadedModel, SequenceState
 from ..sampling import processed_probs
 from ..types import Draft
 from .base import Drafter
-from .model import check_compatible_vocab, prefill_window
+from .model import check_compatible_vocab, window_start
 from .vocab import DraftVocab, HasDraftVocab
 
 # (tokens [n], parents [n]) -> next-token log-scores [n, V]. parents index the nodes expanded by earlier calls
@@ -155,7 +155,7 @@ class TreeDrafter(HasDraftVocab):
     def begin(self, prompt_ids: list[int], features=None) -> None:
         self.state = self.draft.new_state()
         self.rows_for_prompt(self.state, prompt_ids)
-        self.context_start = prefill_window(self.state, prompt_ids, self.context_tokens)
+        self.context_start = window_start(prompt_ids, self.context_tokens)
 
     def propose(self, context_ids, k, params: SamplingParams, generator) -> Draft:
         depth = min(self.depth, k)
