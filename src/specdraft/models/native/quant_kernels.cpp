@@ -1451,12 +1451,15 @@ std::vector<int8_t>& activation_buffer() {
   return buffer;
 }
 
-void qlinear_q4k_amx(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
-                     float* out) {
+// A pass whose A tiles are (token, 32-weight part) rows (`expand_activations`): Q4_K below kAmxScaledQ4KTokens
+// (AmxQ4K), Q8_0 and Q5_0 (AmxSmallBlocks<F>).
+template <typename Kernel>
+void qlinear_expanded_amx(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
+                          float* out) {
   std::vector<int8_t>& buffer = activation_buffer();
   expand_activations(x, buffer);
   const int8_t* expanded = buffer.data();
-  amx_pass<AmxQ4K>(weight, N, K, x.T, bias, out, [&] { return AmxQ4K{x, expanded}; });
+  amx_pass<Kernel>(weight, N, K, x.T, bias, out, [&] { return Kernel{x, expanded}; });
   if (buffer.size() > kKeptActivationBytes) std::vector<int8_t>().swap(buffer);  // a long prefill's: not kept
 }
 
@@ -1466,16 +1469,6 @@ void qlinear_scaled_amx(const uint8_t* weight, int64_t N, int64_t K, const Quant
   std::vector<int8_t>& buffer = activation_buffer();
   const int8_t* activations = tiled_activations(x, buffer);
   amx_pass<AmxScaled<S>>(weight, N, K, x.T, bias, out, [&] { return AmxScaled<S>{x, activations}; });
-  if (buffer.size() > kKeptActivationBytes) std::vector<int8_t>().swap(buffer);
-}
-
-template <typename F>
-void qlinear_small_blocks_amx(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
-                              float* out) {
-  std::vector<int8_t>& buffer = activation_buffer();
-  expand_activations(x, buffer);
-  const int8_t* expanded = buffer.data();
-  amx_pass<AmxSmallBlocks<F>>(weight, N, K, x.T, bias, out, [&] { return AmxSmallBlocks<F>{x, expanded}; });
   if (buffer.size() > kKeptActivationBytes) std::vector<int8_t>().swap(buffer);
 }
 
@@ -1495,7 +1488,7 @@ void qlinear_x8_small_blocks(const uint8_t* weight, int64_t N, int64_t K, const 
                              float* out) {
 #if SPECDRAFT_AMX
   if (K % 64 == 0 && use_amx(x.T, N, kAmxMinTokensSmallBlocks))
-    return qlinear_small_blocks_amx<F>(weight, N, K, x, bias, out);
+    return qlinear_expanded_amx<AmxSmallBlocks<F>>(weight, N, K, x, bias, out);
 #endif
   if (x.T > 1 && K % Consecutive<F, 4>::kWeights == 0) qlinear_x8_impl<Consecutive<F, 4>>(weight, N, K, x, bias, out);
   else qlinear_x8_impl<F>(weight, N, K, x, bias, out);
@@ -1745,7 +1738,7 @@ torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c1
 #if SPECDRAFT_AMX
     case kQ4_K:
       if (use_amx(T, N, kAmxScaledQ4KTokens)) qlinear_scaled_amx<AmxQ4KScaled>(w, N, K, rows, bias_ptr, o);
-      else if (use_amx(T, N, kAmxMinTokensQ4K)) qlinear_q4k_amx(w, N, K, rows, bias_ptr, o);
+      else if (use_amx(T, N, kAmxMinTokensQ4K)) qlinear_expanded_amx<AmxQ4K>(w, N, K, rows, bias_ptr, o);
       else qlinear_x8_impl<Q4Kx8>(w, N, K, rows, bias_ptr, o);
       break;
     case kQ6_K:
