@@ -15,6 +15,16 @@ from tiny import build_model  # noqa: E402
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def threads_restored():
+    """Each test leaves torch's thread count as it found it. A test that loads models through the API or the CLI
+    sets all cores (`set_threads`), and the tiny-model tests after it then ran on 2 threads: on a busy host, 20x
+    slower (CI on the Zen 3, 2026-12-06: the transformers tree-sampling test 5 minutes instead of 15 s)."""
+    previous = torch.get_num_threads()
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One thread for a module's tiny models whatever an earlier module set, restored after it."""
