@@ -566,15 +566,21 @@ struct Q4Kx8 {
     const __m256i low = _mm256_set1_epi8(0x0F);
     for (int j = 0; j < 4; ++j) {
       __m256i even[G], odd[G];  // sub-blocks 2j and 2j + 1
-      for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm256_setzero_si256();
-      for (int k = 0; k < 8; ++k) {
+      // the first 4 weights' products start the sums (not zeros plus an add: one add in 8 fewer, and the adds
+      // share ports with the multiplies; Zen 3, one thread, a cached 8960 x 1536 matrix, 2026-12-06: 8 tokens
+      // 25.2 -> 23.2 ns per (8 rows, 256 weights, token), 4 tokens 28.8 -> 26.7)
+      const auto products = [&](int k, bool first) __attribute__((always_inline)) {
         const __m256i bytes = load256(qs + 256 * j + 32 * k);
         const __m256i w_even = _mm256_and_si256(bytes, low), w_odd = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
         for (int g = 0; g < G; ++g) {
-          even[g] = add_i16_into(even[g], _mm256_maddubs_epi16(w_even, broadcast4(x[g].q + 64 * j + 4 * k)));
-          odd[g] = add_i16_into(odd[g], _mm256_maddubs_epi16(w_odd, broadcast4(x[g].q + 64 * j + 32 + 4 * k)));
+          const __m256i p_even = _mm256_maddubs_epi16(w_even, broadcast4(x[g].q + 64 * j + 4 * k));
+          const __m256i p_odd = _mm256_maddubs_epi16(w_odd, broadcast4(x[g].q + 64 * j + 32 + 4 * k));
+          even[g] = first ? p_even : add_i16_into(even[g], p_even);
+          odd[g] = first ? p_odd : add_i16_into(odd[g], p_odd);
         }
-      }
+      };
+      products(0, true);
+      for (int k = 1; k < 8; ++k) products(k, false);
       const __m256i scale_even = row_pairs_u8(block + 32 + 8 * (2 * j)), scale_odd = row_pairs_u8(block + 40 + 16 * j);
       for (int g = 0; g < G; ++g)
         dots[g] = add_i32_into(dots[g], _mm256_add_epi32(_mm256_madd_epi16(even[g], scale_even),
@@ -823,8 +829,9 @@ struct Q50x8 {
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     const __m256i qh = load256(block + 16);
     __m256i first[G], second[G];  // weights 0-15 and 16-31
-    for (int g = 0; g < G; ++g) first[g] = second[g] = _mm256_setzero_si256();
-    for (int k = 0; k < 4; ++k) {
+    if constexpr (kVnni)
+      for (int g = 0; g < G; ++g) first[g] = second[g] = _mm256_setzero_si256();
+    const auto products = [&](int k, bool start) __attribute__((always_inline)) {
       const __m256i bytes = load256(block + 48 + 32 * k);
       const __m256i w0 = _mm256_or_si256(_mm256_and_si256(bytes, low), fifth_bits(qh, 4 * k));
       const __m256i w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low), fifth_bits(qh, 16 + 4 * k));
@@ -832,12 +839,16 @@ struct Q50x8 {
         if constexpr (kVnni) {  // int32 lanes at once
           first[g] = dot_u8s8(first[g], w0, broadcast4(x[g].q + 4 * k));
           second[g] = dot_u8s8(second[g], w1, broadcast4(x[g].q + 16 + 4 * k));
-        } else {
-          first[g] = add_i16_into(first[g], _mm256_maddubs_epi16(w0, broadcast4(x[g].q + 4 * k)));
-          second[g] = add_i16_into(second[g], _mm256_maddubs_epi16(w1, broadcast4(x[g].q + 16 + 4 * k)));
+        } else {  // the first products start the sums (as in Q4Kx8::dot)
+          const __m256i p0 = _mm256_maddubs_epi16(w0, broadcast4(x[g].q + 4 * k));
+          const __m256i p1 = _mm256_maddubs_epi16(w1, broadcast4(x[g].q + 16 + 4 * k));
+          first[g] = start ? p0 : add_i16_into(first[g], p0);
+          second[g] = start ? p1 : add_i16_into(second[g], p1);
         }
       }
-    }
+    };
+    products(0, !kVnni);
+    for (int k = 1; k < 4; ++k) products(k, false);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
     for (int g = 0; g < G; ++g) {
       const __m256i sums = kVnni ? _mm256_add_epi32(first[g], second[g])
