@@ -772,16 +772,23 @@ struct Q80x8 {
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i sums[G];
-    for (int g = 0; g < G; ++g) sums[g] = _mm256_setzero_si256();
-    for (int k = 0; k < 8; ++k) {
+    if constexpr (kVnni)
+      for (int g = 0; g < G; ++g) sums[g] = _mm256_setzero_si256();
+    const auto products = [&](int k, bool start) __attribute__((always_inline)) {
       const __m256i w = load256(block + 16 + 32 * k);
       const __m256i magnitude = _mm256_sign_epi8(w, w);
       for (int g = 0; g < G; ++g) {
         const __m256i xs = _mm256_sign_epi8(broadcast4(x[g].q + 4 * k), w);
-        if constexpr (kVnni) sums[g] = dot_u8s8(sums[g], magnitude, xs);
-        else sums[g] = add_i32_into(sums[g], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xs), ones));
+        if constexpr (kVnni) {
+          sums[g] = dot_u8s8(sums[g], magnitude, xs);
+        } else {  // the first products start the sums (as in Q4Kx8::dot)
+          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xs), ones);
+          sums[g] = start ? p : add_i32_into(sums[g], p);
+        }
       }
-    }
+    };
+    products(0, !kVnni);
+    for (int k = 1; k < 8; ++k) products(k, false);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
     for (int g = 0; g < G; ++g)
       acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[g]), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
