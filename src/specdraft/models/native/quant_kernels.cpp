@@ -477,14 +477,17 @@ inline __m256i broadcast4(const void* p) {  // 4 bytes into every 32-bit lane
   return _mm256_set1_epi32(v);
 }
 
-// 8 bytes (one per row) as int16 lane pairs (2r, 2r + 1) both holding byte r: unsigned, or signed.
+// 8 bytes (one per row) as int16 lane pairs (2r, 2r + 1) both holding byte r: unsigned, or signed. The signed
+// ones (Q6_K's scales, 32 per block and token group) double each byte and widen it: two instructions, not four;
+// Zen 3, 2026-12-06, one process, alternated 30 times: Q6_K passes of 4 and 8 tokens 0.96-0.98x, one token 0.98-
+// 1.00x. The same for the unsigned ones (Q4_K's, 8 per block) measured 0.99-1.03x: kept as it was.
 inline __m256i row_pairs_u8(const uint8_t* p) {
   const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   return _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
 }
 inline __m256i row_pairs_s8(const uint8_t* p) {
-  const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+  const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(v, v));
 }
 
 // 8 bytes (one per row) as int32 lane r holding byte r: unsigned, or signed.
