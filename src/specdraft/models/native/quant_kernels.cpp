@@ -569,17 +569,17 @@ struct Q4Kx8 {
     const __m256i low = _mm256_set1_epi8(0x0F);
     for (int j = 0; j < 4; ++j) {
       __m256i even[G], odd[G];  // sub-blocks 2j and 2j + 1
-      // the first 4 weights' products start the sums (not zeros plus an add: one add in 8 fewer, and the adds
-      // share ports with the multiplies; Zen 3, one thread, a cached 8960 x 1536 matrix, 2026-12-06: 8 tokens
-      // 25.2 -> 23.2 ns per (8 rows, 256 weights, token), 4 tokens 28.8 -> 26.7)
-      const auto products = [&](int k, bool first) __attribute__((always_inline)) {
+      // the first 4 weights' products start the sums (not zeros plus an add: one add in 8 fewer; Zen 3, one
+      // thread, a cached 8960 x 1536 matrix, 2026-12-06: 8 tokens 25.2 -> 23.2 ns per (8 rows, 256 weights,
+      // token), 4 tokens 28.8 -> 26.7)
+      const auto products = [&](int k, bool start) __attribute__((always_inline)) {
         const __m256i bytes = load256(qs + 256 * j + 32 * k);
         const __m256i w_even = _mm256_and_si256(bytes, low), w_odd = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
         for (int g = 0; g < G; ++g) {
           const __m256i p_even = _mm256_maddubs_epi16(w_even, broadcast4(x[g].q + 64 * j + 4 * k));
           const __m256i p_odd = _mm256_maddubs_epi16(w_odd, broadcast4(x[g].q + 64 * j + 32 + 4 * k));
-          even[g] = first ? p_even : add_i16_into(even[g], p_even);
-          odd[g] = first ? p_odd : add_i16_into(odd[g], p_odd);
+          even[g] = start ? p_even : add_i16_into(even[g], p_even);
+          odd[g] = start ? p_odd : add_i16_into(odd[g], p_odd);
         }
       };
       products(0, true);
@@ -790,7 +790,7 @@ struct Q80x8 {
         }
       }
     };
-    products(0, !kVnni);
+    products(0, true);  // `start` matters only without VNNI: the VNNI sums start at zero
     for (int k = 1; k < 8; ++k) products(k, false);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
     for (int g = 0; g < G; ++g)
@@ -857,7 +857,7 @@ struct Q50x8 {
         }
       }
     };
-    products(0, !kVnni);
+    products(0, true);  // `start` matters only without VNNI: the VNNI sums start at zero
     for (int k = 1; k < 4; ++k) products(k, false);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
     for (int g = 0; g < G; ++g) {
