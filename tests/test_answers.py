@@ -332,22 +332,51 @@ def test_strategies_select_vote_abstain_and_fall_back():
 
 # --- sampler and runner on tiny models -----------------------------------------------------------------------
 
-def test_batched_samples_equal_engine_requests(tiny_models):
+def test_sampled_answers_equal_engine_requests_alone(tiny_models):
     from specdraft import SamplingParams
     from specdraft.answers.sampler import sample_answers
     from specdraft.engine import Engine
+    from specdraft.prefix_cache import PrefixCache
 
     loaded = tiny_models["target"]
     prompt = list(loaded.tokenizer("abc def", add_special_tokens=True)["input_ids"])
     seeds = [11, 12, 13, 14]
-    got = sample_answers(loaded, prompt, 4, 0.9, 8, seeds, stop_rule=None)
-    engine = Engine(loaded)
-    greedy = engine.generate(prompt, SamplingParams(max_new_tokens=8))
+    got = sample_answers(Engine(loaded, prefix_cache=PrefixCache(1 << 24)), prompt, 4, 0.9, 8, seeds, stop_rule=None)
+    alone = Engine(loaded)
+    greedy = alone.generate(prompt, SamplingParams(max_new_tokens=8))
     assert got.greedy.token_ids == greedy.token_ids
     for seed, sample in zip(seeds, got.samples):
-        reference = engine.generate(prompt, SamplingParams(temperature=0.9, max_new_tokens=8, seed=seed))
-        assert sample.token_ids == reference.token_ids
+        reference = alone.generate(prompt, SamplingParams(temperature=0.9, max_new_tokens=8, seed=seed))
+        assert sample.token_ids == reference.token_ids and sample.text == reference.text
     assert len({tuple(s.token_ids) for s in got.samples}) > 1  # the seeds really differ
+    assert got.greedy_passes == len(greedy.token_ids) and got.sample_passes >= 4
+
+
+def test_sampled_answers_share_the_prompts_prefill(tiny_dirs):
+    """bf16 on the native backend: the greedy request prefills the prompt, the sampled ones restore its K/V from
+    the prefix cache (and still give what they give alone); one-line answers end at their first newline."""
+    from specdraft import SamplingParams, load_model
+    from specdraft.answers.sampler import one_line, sample_answers
+    from specdraft.engine import Engine
+    from specdraft.prefix_cache import PrefixCache
+
+    loaded = load_model(str(tiny_dirs["target"]), "bfloat16", backend="native")
+    prompt = list(loaded.tokenizer("abc def cab bad", add_special_tokens=True)["input_ids"])
+    cache = PrefixCache(1 << 24)
+    engine = Engine(loaded, prefix_cache=cache)
+    seeds = [3, 4, 5]
+    restored = []
+    original = cache.restore
+    cache.restore = lambda state, ids: restored.append(original(state, ids)) or restored[-1]
+    got = sample_answers(engine, prompt, 3, 1.0, 12, seeds, stop_rule=one_line)
+    assert restored == [0, len(prompt) - 1, len(prompt) - 1, len(prompt) - 1]
+    alone = Engine(loaded)
+    for seed, sample in zip(seeds, got.samples):
+        reference = alone.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=12, seed=seed),
+                                   stop_when=one_line)
+        assert sample.token_ids == reference.token_ids
+        assert not any(one_line(loaded.tokenizer.decode(sample.token_ids[:n], skip_special_tokens=True))
+                       for n in range(len(sample.token_ids)))  # no shorter answer was complete
 
 
 def _tiny_dataset(path, tiny_models) -> list[dict]:

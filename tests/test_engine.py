@@ -228,6 +228,35 @@ def test_stop_string_ends_generation_before_it(tiny_models):
         assert result.stats.finish_reason == "stop"
 
 
+def test_stop_rule_ends_generation_at_the_first_token_that_satisfies_it(tiny_models):
+    """stop_when holds first after some token: the request ends with that token, its text whole, whether the pass
+    brought one token (ar) or several (a draft that the target always accepts), alone or with others."""
+    ids = ar_engine(tiny_models).encode("dead beef cafe. dead be", chat=False)
+    full = ar_engine(tiny_models).generate(ids, SamplingParams(max_new_tokens=30))
+    tokenizer = tiny_models["target"].tokenizer
+    texts = [tokenizer.decode(full.token_ids[:n], skip_special_tokens=True) for n in range(len(full.token_ids) + 1)]
+    cut = 7  # a rule that first holds with the 7th token: the text has grown past the 6-token text's length
+    assert len(texts[cut]) > len(texts[cut - 1]), "the tiny model's output is too short for this test"
+
+    def rule(text: str) -> bool:
+        return len(text) >= len(texts[cut])
+
+    def full_acceptance() -> ModelDrafter:  # the draft is the target: every pass brings 5 tokens
+        return ModelDrafter(tiny_models["target"], tiny_models["target"])
+
+    speculative = Engine(tiny_models["target"], full_acceptance(), SpecConfig("draft", 4), new_drafter=full_acceptance)
+    for engine in (ar_engine(tiny_models), speculative):
+        result = engine.generate(ids, SamplingParams(max_new_tokens=30), stop_when=rule)
+        assert result.token_ids == full.token_ids[:cut] and result.text == texts[cut]
+        assert result.stats.finish_reason == "stop"
+        together = engine.generate_many([ids, ids], SamplingParams(max_new_tokens=30), stop_when=rule)
+        assert [r.token_ids for r in together] == [full.token_ids[:cut]] * 2
+    wrong = ar_engine(tiny_models).generate(ids, SamplingParams(max_new_tokens=30), stop_when=lambda text: False)
+    assert wrong.token_ids == full.token_ids and wrong.stats.finish_reason == "length"
+    with pytest.raises(SpecdraftError, match="stop_when"):
+        ar_engine(tiny_models).stream(ids, GREEDY, stop_when="\n")
+
+
 def test_streamed_chunks_concatenate_to_the_final_text(tiny_models):
     engine = draft_engine(tiny_models, 3)
     ids = engine.encode("abc ab", chat=False)

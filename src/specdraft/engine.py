@@ -300,24 +300,42 @@ def propose_together(loops: list[DecodeLoop], joining: int = 0,
     return drafts
 
 
-class StopChecker:
-    """Incremental detokenizer that holds text back while it could still be the start of a stop string."""
+# the text generated so far -> whether the request ends there (`Engine.stream`'s stop_when)
+StopRule = Callable[[str], bool]
 
-    def __init__(self, tokenizer, stop: tuple[str, ...]):
+
+class StopChecker:
+    """Incremental detokenizer that holds text back while it could still be the start of a stop string.
+
+    stop_when: a rule on the text so far; when it holds, the request ends with the shortest token prefix whose
+    text satisfies it (the text is kept whole: the rule does not say where to cut), as if it were checked after
+    every token."""
+
+    def __init__(self, tokenizer, stop: tuple[str, ...], stop_when: StopRule | None = None):
         self.tokenizer = tokenizer
         self.stop = stop
+        self.stop_when = stop_when
         self.token_ids: list[int] = []
         self.emitted_chars = 0
         self.stopped = False
 
     def push(self, new_ids: list[int]) -> str:
-        """Add tokens; return newly final text. Sets `stopped` when a stop string appeared (text cut before it)."""
+        """Add tokens; return newly final text. Sets `stopped` when a stop string appeared (text cut before it) or
+        the stop rule holds (tokens cut after the first that made it hold)."""
+        checked = len(self.token_ids)  # prefixes up to here were checked by earlier pushes
         self.token_ids.extend(new_ids)
         text = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
         hits = [i for i in (text.find(s, max(0, self.emitted_chars - len(s))) for s in self.stop) if i >= 0]
         if hits:
             self.stopped = True
             return self._take(text[: min(hits)])
+        if self.stop_when is not None and new_ids and self.stop_when(text):
+            for n in range(checked + 1, len(self.token_ids) + 1):
+                prefix = text if n == len(self.token_ids) else self.tokenizer.decode(self.token_ids[:n],
+                                                                                      skip_special_tokens=True)
+                if self.stop_when(prefix):
+                    self.token_ids, self.stopped = self.token_ids[:n], True
+                    return self._take(prefix)
         if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
             return ""
         hold = max((n for s in self.stop for n in range(len(s) - 1, 0, -1) if text.endswith(s[:n])), default=0)
@@ -335,6 +353,8 @@ class StopChecker:
 
     def tokens_up_to_stop(self) -> list[int]:
         """The shortest token prefix whose text contains a stop string (tokens past it are dropped)."""
+        if not self.stop:  # ended by the stop rule: `push` cut the tokens already
+            return self.token_ids
         for n in range(1, len(self.token_ids) + 1):
             text = self.tokenizer.decode(self.token_ids[:n], skip_special_tokens=True)
             if any(s in text for s in self.stop):
@@ -512,29 +532,36 @@ class Engine:
             raise SpecdraftError("the prompt is empty; give some text to continue")
         return ids
 
-    def stream(self, prompt_ids: list[int], params: SamplingParams) -> "Generation":
-        """An iterable of text chunks as they become final; `.result()` afterwards has tokens and statistics."""
+    def stream(self, prompt_ids: list[int], params: SamplingParams, stop_when: StopRule | None = None
+               ) -> "Generation":
+        """An iterable of text chunks as they become final; `.result()` afterwards has tokens and statistics.
+        stop_when: a rule on the text so far that ends the request where it first holds (besides EOS, the stop
+        strings and the token budget), e.g. `lambda text: "\n" in text.lstrip()` for one-line answers."""
+        if stop_when is not None and not callable(stop_when):
+            raise SpecdraftError(f"stop_when must be a function of the text so far, got {type(stop_when).__name__}")
         prompt_ids = self.check_prompt_ids(prompt_ids)
         limit = self.target.max_positions
         if limit and len(prompt_ids) + params.max_new_tokens > limit:
             raise SpecdraftError(f"prompt ({len(prompt_ids)} tokens) plus max new tokens ({params.max_new_tokens}) "
                                  f"exceeds the model's context of {limit} tokens; shorten one of them")
-        return Generation(self, list(prompt_ids), params)
+        return Generation(self, list(prompt_ids), params, stop_when)
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
-        generation = self.stream(prompt_ids, params)
+    def generate(self, prompt_ids: list[int], params: SamplingParams, stop_when: StopRule | None = None
+                 ) -> GenerationResult:
+        generation = self.stream(prompt_ids, params, stop_when)
         for _ in generation:
             pass
         return generation.result()
 
-    def generate_many(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
-                      ) -> list[GenerationResult]:
+    def generate_many(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
+                      stop_when: StopRule | None = None) -> list[GenerationResult]:
         """Several requests decoded together, for offline batches: each target pass scores the pending token and
         the draft of every unfinished request at once (`verify_together`: the weights are read once for all of
         them). Each request gets what `generate` gives it alone: its logits are bit-identical (the kernels are
         batch-invariant), its drafter its own, its sampling its own torch.Generator (seeded from params.seed as
-        `generate` seeds it). Prompts are prefilled one by one; with gamma auto each request drafts knowing
-        how full the pass is (`propose_together`)."""
+        `generate` seeds it). Prompts are prefilled one by one (with the engine's prefix cache, a prompt that an
+        earlier one began is prefilled from there on); with gamma auto each request drafts knowing how full the
+        pass is (`propose_together`). stop_when: as `stream`'s, for every request."""
         params_list = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise SpecdraftError(f"generate_many takes one SamplingParams or one per prompt: {len(prompts)} prompts, "
@@ -542,7 +569,7 @@ class Engine:
         if len(prompts) > 1 and self.drafter.keeps_sequence_state and self.new_drafter is None:
             raise SpecdraftError(f"drafter {self.drafter.name!r} keeps one sequence's state: build the engine with "
                                  "load_engine (or pass new_drafter=) to decode several requests together")
-        generations = [self.stream(prompt, p) for prompt, p in zip(prompts, params_list)]
+        generations = [self.stream(prompt, p, stop_when) for prompt, p in zip(prompts, params_list)]
         with torch.inference_mode():
             try:
                 active = []
@@ -573,7 +600,8 @@ class Generation:
     server's scheduler) drives them instead: `open` (the loop, its drafter, the prompt's prefill), then per pass
     `loop.propose`, the pass, `accept`, until it reports the end; `close` in every case."""
 
-    def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams):
+    def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams,
+                 stop_when: StopRule | None = None):
         self.engine, self.prompt_ids, self.params = engine, prompt_ids, params
         self.stats = SpecStats(method=engine.spec.name, gamma=engine.spec.draft_len,
                                gamma_auto=engine.spec.adaptive_gamma, prompt_tokens=len(prompt_ids),
@@ -583,7 +611,7 @@ class Generation:
             self.generator.manual_seed(params.seed)
         else:
             self.generator.seed()
-        self.checker = StopChecker(engine.target.tokenizer, params.stop)
+        self.checker = StopChecker(engine.target.tokenizer, params.stop, stop_when)
         self.text = ""
         self.done = False
         self.loop: DecodeLoop | None = None

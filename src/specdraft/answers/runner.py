@@ -1,5 +1,6 @@
-"""The experiment: for each question, the small model answers greedily and N times by sampling (one prefill,
-the samples decoded as one batch), the large model answers greedily once; every answer is verified and graded.
+"""The experiment: for each question, the small model answers greedily and N times by sampling (engine requests:
+one prefill through the prefix cache, the samples decoded together), the large model answers greedily once; every
+answer is verified and graded.
 One JSON record per question is appended to OUT/records.jsonl as soon as it is done, so a run can be stopped
 and resumed (same settings, same OUT); OUT/summary.json, OUT/report.md and OUT/accuracy_vs_n.png are computed
 from the records alone (metrics.py).
@@ -21,9 +22,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..engine import Engine
 from ..errors import SpecdraftError
 from ..jsonl import read_jsonl, rewrite_jsonl
 from ..models.adapter import LoadedModel, load_model, set_threads
+from ..prefix_cache import PrefixCache
 from . import metrics
 from .normalize import exact_match, token_f1, vote_key
 from .sampler import one_line, sample_answers
@@ -191,13 +194,13 @@ def _entry(task, answer_text: str, token_ids: list[int], row: dict) -> dict:
     return {"text": answer_text, "answer": answer, "key": task.key(answer), "tokens": len(token_ids)}
 
 
-def run_question(task, row: dict, small: LoadedModel, large: LoadedModel, verifier: Verifier,
+def run_question(task, row: dict, small: Engine, large: Engine, verifier: Verifier,
                  config: AnswersConfig, max_new_tokens: int) -> dict:
     """One record: small greedy + N samples, large greedy, verdicts, grades (see strategies.py for its use)."""
     source = task.source(row)
     record: dict = {"id": row["id"], "question": row.get("question", row.get("prompt", ""))[:500],
                     "golds": task.golds(row)}
-    small_prompt = task.prompt_ids(small, row)
+    small_prompt = task.prompt_ids(small.target, row)
     got = sample_answers(small, small_prompt, config.n, config.temperature, max_new_tokens,
                          sample_seeds(config.seed, row["id"], config.n), task.stop_rule)
     record["small"] = {"prompt_tokens": got.prompt_tokens, "greedy": _entry(task, got.greedy.text,
@@ -205,7 +208,7 @@ def run_question(task, row: dict, small: LoadedModel, large: LoadedModel, verifi
                        "samples": [_entry(task, s.text, s.token_ids, row) for s in got.samples],
                        "time_prefill_s": got.time_prefill_s, "time_greedy_s": got.time_greedy_s,
                        "time_samples_s": got.time_samples_s}
-    large_prompt = task.prompt_ids(large, row)
+    large_prompt = task.prompt_ids(large.target, row)
     got = sample_answers(large, large_prompt, 0, config.temperature, max_new_tokens, [], task.stop_rule)
     record["large"] = {"prompt_tokens": got.prompt_tokens, "greedy": _entry(task, got.greedy.text,
                                                                             got.greedy.token_ids, row),
@@ -219,13 +222,8 @@ def run_question(task, row: dict, small: LoadedModel, large: LoadedModel, verifi
     return record
 
 
-def model_params(loaded: LoadedModel) -> int:
-    """Parameters that cost FLOPs per token: all but the input embedding table (a lookup), unless it is tied to
-    the LM head (then it is the head's matmul and counts once)."""
-    model = loaded.model
-    total = sum(p.numel() for p in model.parameters())
-    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
-    return total if embedding is head else total - embedding.numel()
+# A question's prompt K/V, kept for its N sampled answers after the greedy one (the 0.5B's 240-token prompt: 6 MB)
+PREFIX_CACHE_BYTES = 64 << 20
 
 
 def run(config: AnswersConfig, log=sys.stderr) -> dict:
@@ -239,7 +237,10 @@ def run(config: AnswersConfig, log=sys.stderr) -> dict:
         raise SpecdraftError(f"--out {out} is a file; name a folder (it is created if missing)")
     out.mkdir(parents=True, exist_ok=True)
     records_path, settings_path = out / "records.jsonl", out / "settings.json"
-    settings = {**config.settings(), "task": task.kind, "verifier": verifier.name, "max_new_tokens": max_new_tokens}
+    # "sampler": records of the transformers batch sampler (before 2026-12-06) have none, and a run resumes only with
+    # the answers the same sampler gives
+    settings = {**config.settings(), "task": task.kind, "verifier": verifier.name, "max_new_tokens": max_new_tokens,
+                "sampler": "engine"}
     done: set[str] = set()
     if records_path.exists():
         try:
@@ -258,16 +259,12 @@ def run(config: AnswersConfig, log=sys.stderr) -> dict:
     todo = [row for row in rows if row["id"] not in done]
     if todo:
         set_threads(config.threads)
-        from ..models.grouped_attention import use_grouped_attention
-
-        # The sampler decodes N rows as one batch through the transformers forward, which the native backend's
-        # single-sequence kernels do not serve; asking for it also keeps "auto" at float32 on CPUs without bf16.
-        small = load_model(config.small, config.dtype, progress=False, backend="transformers")
-        large = load_model(config.large, config.dtype, progress=False, backend="transformers")
-        for loaded in (small, large):  # decoding steps of N rows without repeating each KV head per query head
-            use_grouped_attention(loaded.model)
-        settings.update({"small_params": model_params(small), "large_params": model_params(large),
-                         "torch_dtype": str(small.dtype).removeprefix("torch.")})
+        small_model = load_model(config.small, config.dtype, progress=False)
+        large_model = load_model(config.large, config.dtype, progress=False)
+        small = Engine(small_model, prefix_cache=PrefixCache(PREFIX_CACHE_BYTES))
+        large = Engine(large_model)
+        settings.update({"small_params": small_model.matmul_params, "large_params": large_model.matmul_params,
+                         "torch_dtype": small_model.dtype_name, "backend": small_model.backend})
         settings_path.write_text(json.dumps(settings, indent=1) + "\n")
     else:  # everything asked for is recorded: summarise only
         settings = json.loads(settings_path.read_text())

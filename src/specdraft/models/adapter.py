@@ -85,6 +85,16 @@ class LoadedModel:
         return self.native.weight_bytes
 
     @property
+    def matmul_params(self) -> int:
+        """Parameters a token's forward multiplies by (a cost in FLOPs is 2 x these per token): every weight but the
+        input embedding, a lookup, which counts once when it is also the LM head."""
+        if self.native is None:
+            total = sum(p.numel() for p in self.model.parameters())
+            embedding, head = self.model.get_input_embeddings().weight, self.model.get_output_embeddings().weight
+            return total if embedding is head else total - embedding.numel()
+        return self.native.matmul_params
+
+    @property
     def backend(self) -> str:
         return "native" if self.native is not None else "transformers"
 

@@ -240,6 +240,19 @@ class NativeLlama:
         layers = sum(stored_bytes(getattr(layer, field.name)) for layer in self.layers for field in fields(_Layer))
         return layers + stored_bytes(self.final_norm) + stored_bytes(self.lm_head)
 
+    @property
+    def matmul_params(self) -> int:
+        """Weights a token's forward multiplies by (what `weight_bytes` reads, counted in weights): the layers, the
+        final norm and the LM head."""
+        def count(weight: Weight | None) -> int:
+            if weight is None:
+                return 0
+            rows, cols = weight.shape if isinstance(weight, QuantWeight) else (weight.numel(), 1)
+            return rows * cols
+
+        return (sum(count(getattr(layer, field.name)) for layer in self.layers for field in fields(_Layer))
+                + count(self.final_norm) + count(self.lm_head))
+
     def same_first_layers(self, other: "NativeLlama", depth: int) -> bool:
         """Whether `other` computes exactly what this model computes through its first `depth` layers: the same
         embedding, rotary tables and layer weights (the same tensors, or equal ones of the same dtype). Then the
