@@ -81,12 +81,6 @@ inline __attribute__((always_inline)) void unrolled(F&& f) {
   unrolled_over(f, std::make_integer_sequence<int, N>{});
 }
 
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
-constexpr bool kWideRegisters = true;  // 32 vector registers
-#else
-constexpr bool kWideRegisters = false;
-#endif
-
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 constexpr bool kVnni = true;
 // acc + per lane: the sum of 4 products of unsigned bytes `u` and signed bytes `s`
@@ -655,7 +649,11 @@ struct Q4Kx8 {
 //   row r, ql[64h + 4m + i], ql[64h + 32 + 4m + i] and qh[32h + 4m + i] (the weights 128h + 32k + 4m + i, k = 0..3).
 struct Q6Kx8 {
   static constexpr int64_t kWeights = 256, kBytes = 1680, kActBlock = 256;
-  static constexpr int kGroupsTokens = kWideRegisters ? 8 : kGroup;  // 8 with 32 vector registers (any AVX-512)
+  // 8 tokens per unpacking in every build: with 16 registers (AVX2) GCC keeps 3 of the 8 sums in memory, yet the
+  // six-bit unpacking costs more. Zen 3, 2026-12-06, one process, against 4 per unpacking alternated 30 times, a
+  // cached 1536 x 8960 matrix, two threads: 5 / 6 / 7 / 8 / 16 tokens 0.78 / 0.85 / 0.89 / 0.93-0.94 / 0.95-0.97x;
+  // the 1.5B's passes of 5, 6 and 8 tokens 0.93, 0.93 and 0.98x, one token 1.00x.
+  static constexpr int kGroupsTokens = 8;
 
   static void pack(const uint8_t* const rows[8], uint8_t* out) {
     for (int r = 0; r < 8; ++r) {
