@@ -536,7 +536,7 @@ class Engine:
                ) -> "Generation":
         """An iterable of text chunks as they become final; `.result()` afterwards has tokens and statistics.
         stop_when: a rule on the text so far that ends the request where it first holds (besides EOS, the stop
-        strings and the token budget), e.g. `lambda text: "\n" in text.lstrip()` for one-line answers."""
+        strings and the token budget), e.g. `lambda text: "\\n" in text.lstrip()` for one-line answers."""
         if stop_when is not None and not callable(stop_when):
             raise SpecdraftError(f"stop_when must be a function of the text so far, got {type(stop_when).__name__}")
         prompt_ids = self.check_prompt_ids(prompt_ids)
