@@ -330,12 +330,8 @@ class StopChecker:
             self.stopped = True
             return self._take(text[: min(hits)])
         if self.stop_when is not None and new_ids and self.stop_when(text):
-            for n in range(checked + 1, len(self.token_ids) + 1):
-                prefix = text if n == len(self.token_ids) else self.tokenizer.decode(self.token_ids[:n],
-                                                                                      skip_special_tokens=True)
-                if self.stop_when(prefix):
-                    self.token_ids, self.stopped = self.token_ids[:n], True
-                    return self._take(prefix)
+            self.token_ids, self.stopped = self.token_ids[: self._first_prefix(checked + 1, self.stop_when)], True
+            return self._take(self.tokenizer.decode(self.token_ids, skip_special_tokens=True))
         if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
             return ""
         hold = max((n for s in self.stop for n in range(len(s) - 1, 0, -1) if text.endswith(s[:n])), default=0)
@@ -355,11 +351,14 @@ class StopChecker:
         """The shortest token prefix whose text contains a stop string (tokens past it are dropped)."""
         if not self.stop:  # ended by the stop rule: `push` cut the tokens already
             return self.token_ids
-        for n in range(1, len(self.token_ids) + 1):
-            text = self.tokenizer.decode(self.token_ids[:n], skip_special_tokens=True)
-            if any(s in text for s in self.stop):
-                return self.token_ids[:n]
-        return self.token_ids
+        return self.token_ids[: self._first_prefix(1, lambda text: any(s in text for s in self.stop))]
+
+    def _first_prefix(self, shortest: int, holds: StopRule) -> int:
+        """The fewest tokens, from `shortest` on, whose text `holds` (all of them when none does)."""
+        for n in range(shortest, len(self.token_ids) + 1):
+            if holds(self.tokenizer.decode(self.token_ids[:n], skip_special_tokens=True)):
+                return n
+        return len(self.token_ids)
 
 
 def check_text(text: str, what: str) -> None:
