@@ -96,6 +96,13 @@ inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
 inline __m256i dot_s16(__m256i acc, __m256i a, __m256i b) { return add_i32_into(acc, _mm256_madd_epi16(a, b)); }
 #endif
 
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512BW__)
+#define SPECDRAFT_AMX 1  // this build has the tile instructions (and AVX-512 BW for the vector work around them)
+#else
+#define SPECDRAFT_AMX 0
+#endif
+constexpr bool kAmxBuild = SPECDRAFT_AMX;
+
 inline int32_t hsum_i32(__m256i v) {  // exact: integer addition in any order gives the same sum
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
@@ -818,18 +825,33 @@ struct Q80x8 {
   }
 };
 
-// Q5_0, 8 rows x 32 weights in 176 bytes (8 x 22): [0, 16) d of rows 0-7 (halves), [16, 48) the rows' 32-bit qh
-// (row r at 16 + 4r), [48, 176) byte 48 + 32k + 4r + i: qs[4k + i] of row r (low nibble: weight 4k + i, high
-// nibble: weight 16 + 4k + i). Unsigned q in 0..31 against x, then - 16 * (sum of x): int16 lanes add 4
-// vpmaddubsw lanes of 2 products, at most 4 * 2 * 31 * 127 = 31496 (with VNNI: vpdpbusd into int32 lanes).
+// Q5_0, 8 rows x 32 weights in 176 bytes (8 x 22): [0, 16) d of rows 0-7 (halves), [16, 48) the fifth bits,
+// [48, 176) byte 48 + 32k + 4r + i: qs[4k + i] of row r (low nibble: weight 4k + i, high nibble: weight 16 + 4k + i).
+// The fifth bits as bit planes (kBitPlanes): byte 16 + 4r + i, bit 4h + k, is bit 16h + 4k + i of row r's qh, the
+// fifth bit of the weight in byte 4r + i of vector k's nibble h, so one 16-bit shift and a mask put a vector's bits
+// in place (two instructions against a shuffle, two masks and a compare). The amx build keeps the rows' 32-bit qh
+// (row r at 16 + 4r), which its tile unpacking reads. Unsigned q in 0..31 against x, then - 16 * (sum of x): int16
+// lanes add 4 vpmaddubsw lanes of 2 products, at most 4 * 2 * 31 * 127 = 31496 (with VNNI: vpdpbusd into int32).
 struct Q50x8 {
   static constexpr int64_t kWeights = 32, kBytes = 176, kActBlock = 32;
   static constexpr int kGroupsTokens = kGroup;
+  static constexpr bool kBitPlanes = !kAmxBuild;
 
   static void pack(const uint8_t* const rows[8], uint8_t* out) {
     for (int r = 0; r < 8; ++r) {
       std::memcpy(out + 2 * r, rows[r], 2);
-      std::memcpy(out + 16 + 4 * r, rows[r] + 2, 4);
+      if constexpr (kBitPlanes) {
+        uint32_t qh;
+        std::memcpy(&qh, rows[r] + 2, 4);
+        for (int i = 0; i < 4; ++i) {
+          uint8_t planes = 0;
+          for (int h = 0; h < 2; ++h)
+            for (int k = 0; k < 4; ++k) planes |= ((qh >> (16 * h + 4 * k + i)) & 1u) << (4 * h + k);
+          out[16 + 4 * r + i] = planes;
+        }
+      } else {
+        std::memcpy(out + 16 + 4 * r, rows[r] + 2, 4);
+      }
       for (int k = 0; k < 4; ++k) std::memcpy(out + 48 + 32 * k + 4 * r, rows[r] + 6 + 4 * k, 4);
     }
   }
@@ -837,8 +859,29 @@ struct Q50x8 {
   static void unpack(const uint8_t* in, uint8_t* const rows[8]) {
     for (int r = 0; r < 8; ++r) {
       std::memcpy(rows[r], in + 2 * r, 2);
-      std::memcpy(rows[r] + 2, in + 16 + 4 * r, 4);
+      if constexpr (kBitPlanes) {
+        uint32_t qh = 0;
+        for (int i = 0; i < 4; ++i)
+          for (int h = 0; h < 2; ++h)
+            for (int k = 0; k < 4; ++k) qh |= ((in[16 + 4 * r + i] >> (4 * h + k)) & 1u) << (16 * h + 4 * k + i);
+        std::memcpy(rows[r] + 2, &qh, 4);
+      } else {
+        std::memcpy(rows[r] + 2, in + 16 + 4 * r, 4);
+      }
       for (int k = 0; k < 4; ++k) std::memcpy(rows[r] + 6 + 4 * k, in + 48 + 32 * k + 4 * r, 4);
+    }
+  }
+
+  // 0x10 in byte 4r + i where the fifth bit of that byte's weight in vector k's nibble h is set
+  static __m256i fifth(__m256i qh, int k, int h) {
+    if constexpr (kBitPlanes) {
+      const int plane = 4 * h + k;  // to bit 4 of each byte: a 16-bit shift moves a byte's bits across its
+      // neighbour's only outside bit 4, which the mask keeps
+      const __m256i moved = plane < 4 ? _mm256_slli_epi16(qh, 4 - plane)
+                            : plane > 4 ? _mm256_srli_epi16(qh, plane - 4) : qh;
+      return _mm256_and_si256(moved, _mm256_set1_epi8(0x10));
+    } else {
+      return fifth_bits(qh, 16 * h + 4 * k);
     }
   }
 
@@ -863,8 +906,8 @@ struct Q50x8 {
       for (int g = 0; g < G; ++g) first[g] = second[g] = _mm256_setzero_si256();
     const auto products = [&](int k, bool start) __attribute__((always_inline)) {
       const __m256i bytes = load256(block + 48 + 32 * k);
-      const __m256i w0 = _mm256_or_si256(_mm256_and_si256(bytes, low), fifth_bits(qh, 4 * k));
-      const __m256i w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low), fifth_bits(qh, 16 + 4 * k));
+      const __m256i w0 = _mm256_or_si256(_mm256_and_si256(bytes, low), fifth(qh, k, 0));
+      const __m256i w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low), fifth(qh, k, 1));
       for (int g = 0; g < G; ++g) {
         if constexpr (kVnni) {  // int32 lanes at once
           first[g] = dot_u8s8(first[g], w0, broadcast4(x[g].q + 4 * k));
@@ -877,8 +920,8 @@ struct Q50x8 {
         }
       }
     };
-    products(0, true);  // `start` matters only without VNNI: the VNNI sums start at zero
-    for (int k = 1; k < 4; ++k) products(k, false);
+    // `start` matters only without VNNI (the VNNI sums start at zero); k a constant: the bit planes' shifts
+    unrolled<4>([&](auto chunk) __attribute__((always_inline)) { products(chunk, chunk == 0); });
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
     for (int g = 0; g < G; ++g) {
       const __m256i sums = kVnni ? _mm256_add_epi32(first[g], second[g])
@@ -1014,12 +1057,6 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
 // Either way the same integers, then the float operations of the VNNI path's `finish` on 16 lanes (both row groups
 // of a pair) in the same order: a token's result is the same bits with or without tiles, alone or with others.
 // One-token steps keep the VNNI path.
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512BW__)
-#define SPECDRAFT_AMX 1  // this build has the tile instructions (and AVX-512 BW for the vector work around them)
-#else
-#define SPECDRAFT_AMX 0
-#endif
-constexpr bool kAmxBuild = SPECDRAFT_AMX;
 
 // Whether this process may use the tiles: Linux hands out their 8 KiB of state on request (arch_prctl).
 bool amx_granted() {
