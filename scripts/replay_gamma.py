@@ -3,11 +3,11 @@ the passes would cost on this machine's measured costs, without running the targ
 depend on the drafts (every lossless method emits the `ar` answer), so a bench run's `ar` records say what each
 draft would have had accepted. Drafts: prompt lookup's copies from its n-gram index; a draft model's greedy chain
 from one teacher-forced pass of the draft over the prompt's window and the answer (its chain from a position
-agrees with the answer exactly as far as its next-token guesses do). Only the time is modelled, as gamma auto
-prices it: a pass over n tokens after c cached ones costs the verify curve's T(n) / T(1) at c, plus each draft
-token's cost (the engine's measured price; a copy is free), a plain pass 1; prefill is left out. Timing noise does
-not enter, so policies can be compared on a few prompts (tune on data/bench/prompts-03-04.jsonl and -11-20; keep
--05-10 for verdicts).
+agrees with the answer exactly as far as its next-token guesses do). Only the time is modelled: a pass over n
+tokens after c cached ones costs the verify curve's T(n) / T(1) at c (as gamma auto reads it), a plain pass 1, a
+copy nothing more, a draft model's proposal what it measures here by the tokens it first feeds (`feed_costs`: its
+catch-up after copies and plain passes included); prefill is left out. Timing noise does not enter, so policies can
+be compared on a few prompts (tune on data/bench/prompts-03-04.jsonl and -11-20; keep -05-10 for verdicts).
 
     specdraft bench --prompts data/bench/prompts-11-20.jsonl --methods ar --max-new-tokens 64 --out out/tune-ar
     python scripts/replay_gamma.py --records out/tune-ar/records.jsonl --prompts data/bench/prompts-11-20.jsonl
