@@ -61,6 +61,15 @@ def test_a_word_for_gamma_is_a_usage_error():
     assert "Traceback" not in proc.stderr
 
 
+def test_a_max_batch_out_of_range_or_a_word_is_refused_before_loading(tiny_dirs):
+    proc = run_cli("serve", "--target", str(tiny_dirs["target"]), "--no-draft", "--max-batch", "0")
+    assert proc.returncode == 2 and "max batch must be between 1 and 64 (or auto), got 0" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    proc = run_cli("serve", "--max-batch", "many")
+    assert proc.returncode == 2 and "expected a number of requests or auto, got 'many'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_gamma_auto_from_the_command_line_gives_the_autoregressive_tokens(tiny_dirs):
     proc = run_cli("generate", "abc abc abc ab", "--no-chat", "--target", str(tiny_dirs["target"]), "--method",
                    "prompt-lookup", "--gamma", "auto", "--dtype", "fp32", "--max-new-tokens", "16", "--compare")

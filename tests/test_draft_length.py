@@ -323,6 +323,46 @@ def test_the_draft_cost_is_read_before_every_pass():
     assert policy.next("lookup") == free  # a source with its own cost keeps it (same prior acceptance)
 
 
+def test_the_server_batch_grows_while_a_doubled_batch_pays():
+    from specdraft.models.verify_curve import BATCH_SIZES, max_batch_that_pays
+
+    assert BATCH_SIZES == (1, 2, 4, 8, 16, 32, 64)
+    # the Zen 3's passes of 1..16 sequences (docs/server.md, 2026-12-03), then compute-bound: tokens/s 1, 1.87,
+    # 3.10, 3.56, 3.76 (5.6 % more), 3.81 (1.3 % more): 16
+    zen3 = (1.0, 1.07, 1.29, 2.25, 4.25, 8.4, 16.8)
+    assert max_batch_that_pays(zen3) == 16
+    assert max_batch_that_pays(zen3, min_gain=1.10) == 8  # negative control: a stricter rule stops sooner
+    assert max_batch_that_pays(zen3, min_gain=1.0) == 64
+    assert max_batch_that_pays(tuple(float(n) for n in BATCH_SIZES)) == 1  # compute-bound from the start
+    assert max_batch_that_pays((1.0,) * 7) == 64  # bound by the weights' bytes all the way
+    # it stops at the first doubling that does not pay, even if a later one would (a noisy dip is not chased)
+    assert max_batch_that_pays((1.0, 1.1, 4.0, 4.1, 4.2, 4.3, 4.4)) == 2
+    with pytest.raises(ValueError, match="one cost per batch size"):
+        max_batch_that_pays((1.0, 1.2))
+
+
+def test_the_batch_curve_is_measured_once_per_machine_setting(tiny_models, monkeypatch, tmp_path):
+    """What passes of 1..64 sequences cost (`batch_curve`, the server's auto max batch): measured on the native
+    backend and cached; the transformers backend shares no passes, so it has none."""
+    from specdraft.models import verify_curve as vc
+
+    target = tiny_models["target"]
+    if target.native is None:
+        assert vc.batch_curve(target) is None
+        return
+    monkeypatch.setenv("SPECDRAFT_VERIFY_CURVES", str(tmp_path))  # not the curve another test measured already
+    timed = []
+    real = vc.time_batches
+    monkeypatch.setattr(vc, "time_batches", lambda *a: timed.append(a[1]) or real(*a))
+    relative = vc.batch_curve(target)
+    assert len(relative) == len(vc.BATCH_SIZES) and relative[0] == 1.0 and list(relative) == sorted(relative)
+    assert timed == [vc.BATCH_SIZES]
+    assert vc.batch_curve(target) == relative and len(timed) == 1  # read from the cache
+    path = next((vc.curves_root() / "batch-curves").glob("*.json"))
+    path.write_text("{not json")  # a damaged file is measured again, not an error
+    assert len(vc.batch_curve(target)) == len(vc.BATCH_SIZES) and len(timed) == 2
+
+
 def test_the_curve_is_the_median_of_the_rounds_ratios():
     from specdraft.models.verify_curve import curve_from_rounds
 

@@ -26,7 +26,9 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from specdraft import ModelConfig, SamplingParams, SpecConfig, load_engine, load_model
+from specdraft.models.verify_curve import batch_curve, max_batch_that_pays
 from specdraft.server import ServerConfig, build_server, create_app
+from specdraft.server.config import INTERLEAVED_MAX_BATCH
 from tiny import build_model
 
 MODEL = "tiny"
@@ -88,6 +90,7 @@ class LiveServer:
 
     def __init__(self, models, **config):
         self.config = ServerConfig(model_name=MODEL, max_tokens_limit=LONG, log_level="warning", **config)
+        self.target = models["target"]
         app = create_app(self.config, DEFAULT_SPEC, models["target"], models["draft"])
         self.server = build_server(app, self.config)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -336,7 +339,11 @@ def test_models_health_and_model_card(idle_server):
     assert [m.id for m in idle_server.client.models.list().data] == [MODEL]
     assert idle_server.client.models.retrieve(MODEL).id == MODEL
     health = idle_server.health()
-    assert (health["status"], health["model"], health["max_queue"], health["max_batch"]) == ("ok", MODEL, 4, 16)
+    assert (health["status"], health["model"], health["max_queue"]) == ("ok", MODEL, 4)
+    # no --max-batch: the largest batch this machine's passes say pays (cached when the server started)
+    curve = batch_curve(idle_server.target)
+    expected = INTERLEAVED_MAX_BATCH if curve is None else max_batch_that_pays(curve)
+    assert health["max_batch"] == expected
 
 
 # ---- bad input ----

@@ -90,8 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-name", default=None, help="the model id clients send (default: --target)")
     serve.add_argument("--max-queue", type=int, default=16,
                        help="requests that may wait for a place in the batch; more get 429")
-    serve.add_argument("--max-batch", type=int, default=16,
-                       help="requests generated together, each target pass scoring all of them")
+    serve.add_argument("--max-batch", type=_parse_max_batch, default=None, metavar="N|auto",
+                       help="requests generated together, each target pass scoring all of them (auto, the default: "
+                            "the largest batch whose passes pay on this machine, timed once and cached)")
     serve.add_argument("--prefill-chunk", type=int, default=128, metavar="TOKENS",
                        help="prompt tokens prefilled between two passes of the running requests")
     serve.add_argument("--prefix-cache-mb", type=int, default=512, metavar="MIB",
@@ -238,6 +239,16 @@ def _configs(args) -> tuple[ModelConfig, SpecConfig, SamplingParams]:
                             max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), seed=args.seed)
     check_names(models, spec)
     return models, spec, params
+
+
+def _parse_max_batch(text: str) -> int | None:
+    """--max-batch: "auto" (None) or a count (ServerConfig checks its range)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of requests or auto, got {text!r}") from None
 
 
 def check_names(models: ModelConfig, spec: SpecConfig, draft_always: bool = False) -> None:

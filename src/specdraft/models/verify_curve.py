@@ -29,7 +29,7 @@ import torch
 from ..config import SamplingParams
 from ..draft_length import VerifyCurve
 from ..types import Draft
-from .adapter import LoadedModel
+from .adapter import LoadedModel, NativeState
 
 PREFIX_TOKENS = 64  # cached positions before the timed passes: attention over a short prompt, like a chat turn
 LONG_PREFIX_TOKENS = 512  # the second curve's: a long prompt (summarization, rag), still quick to prefill
@@ -187,6 +187,80 @@ def draft_price(target: LoadedModel, drafter) -> float:
     price = ratios[len(ratios) // 2] / (drafter.draft_bytes / target.weight_bytes)
     _store(path, {"key": key, "price": price, "time_ratio": ratios[len(ratios) // 2]})
     return price
+
+
+# Batch sizes a server's passes are timed at (`batch_curve`): sequences of one token each.
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+# A doubled batch pays when it gives at least this much more tokens per second than the batch it doubles. Past that
+# point a larger batch only trades each request's speed for an earlier first token to requests that would wait.
+MIN_BATCH_GAIN = 1.05
+
+
+def max_batch_that_pays(relative: tuple[float, ...], sizes: tuple[int, ...] = BATCH_SIZES,
+                        min_gain: float = MIN_BATCH_GAIN) -> int:
+    """The largest of `sizes` reached by doubling while each step pays: relative[i] is what a pass of sizes[i]
+    sequences costs against one of sizes[0], so sizes[i] / relative[i] is its tokens per second in those units."""
+    if not sizes or len(relative) != len(sizes):
+        raise ValueError(f"one cost per batch size: {len(relative)} costs for {len(sizes)} sizes")
+    chosen = 0
+    for i in range(1, len(sizes)):
+        if sizes[i] / relative[i] < min_gain * sizes[chosen] / relative[chosen]:
+            break
+        chosen = i
+    return sizes[chosen]
+
+
+def time_batches(target: LoadedModel, sizes: tuple[int, ...], prefix: int = PREFIX_TOKENS) -> list[list[float]]:
+    """ROUNDS timed rounds (after one that warms up): rounds[r][i] is round r's pass of sizes[i] sequences, one new
+    token each after `prefix` cached tokens of their own (`NativeState.forward_many`, a server's decode pass), in
+    seconds. The prompt is prefilled once and its K/V copied into every sequence."""
+    vocab = min(target.vocab_size, len(target.tokenizer))
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (prefix + 1,), generator=generator).tolist()
+    first = target.new_state(capacity=prefix + 8)
+    with torch.inference_mode():
+        first.forward(ids[:prefix], 1)
+        kv = first.export_prefix(prefix)
+        states = [first]
+        for _ in range(max(sizes) - 1):
+            state = target.new_state(capacity=prefix + 8)
+            state.import_prefix(ids[:prefix], kv)
+            states.append(state)
+        rounds = []
+        for round_index in range(ROUNDS + 1):
+            times = []
+            for size in sizes:
+                started = time.perf_counter()
+                NativeState.forward_many(states[:size], [[ids[prefix]]] * size, [1] * size)
+                times.append(time.perf_counter() - started)
+                for state in states[:size]:
+                    state.truncate(prefix)
+            if round_index:
+                rounds.append(times)
+    return rounds
+
+
+def batch_curve(target: LoadedModel) -> tuple[float, ...] | None:
+    """What a pass of n sequences (n in BATCH_SIZES, one token each) costs against a pass of one, on this machine,
+    cached beside the verify curves; None where passes of several sequences are not shared (the transformers
+    backend runs each request's pass on its own)."""
+    if target.native is None:
+        return None
+    key = {**curve_key(target, max(BATCH_SIZES)), "sizes": list(BATCH_SIZES), "prefix": PREFIX_TOKENS,
+           "estimator": ESTIMATOR}
+    path = _cache_path(key, "batch-curves")
+    try:
+        stored = json.loads(path.read_text())
+        if stored.get("key") == key and len(stored.get("relative", ())) == len(BATCH_SIZES):
+            return tuple(float(x) for x in stored["relative"])
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass  # absent or unreadable: measure again
+    print(f"specdraft: measuring what passes of {', '.join(map(str, BATCH_SIZES))} sequences of {key['model']} cost "
+          "on this machine, to size the server's batch (once per machine, thread count and kernel build)...",
+          file=sys.stderr, flush=True)
+    relative = curve_from_rounds(time_batches(target, BATCH_SIZES))
+    _store(path, {"key": key, "sizes": list(BATCH_SIZES), "relative": relative})
+    return relative
 
 
 def verify_curve(target: LoadedModel, max_tokens: int) -> VerifyCurve:

@@ -31,10 +31,10 @@ from ..drafters import build_drafter
 from ..engine import Engine, Generation, check_text
 from ..errors import SpecdraftError
 from ..models.adapter import LoadedModel
-from ..models.verify_curve import draft_price, verify_curve
+from ..models.verify_curve import batch_curve, draft_price, max_batch_that_pays, verify_curve
 from ..prefix_cache import PrefixCache
 from ..types import GenerationResult
-from .config import ServerConfig
+from .config import INTERLEAVED_MAX_BATCH, ServerConfig
 from .metrics import CLIENT_CLOSED, ServerMetrics
 from .protocol import (ApiError, ChatRequest, CompletionRequest, bad_request, parse_request, sampling_params,
                        spec_config)
@@ -103,7 +103,18 @@ class ServerState:
 
 
 def new_scheduler(config: ServerConfig) -> Scheduler:
-    return Scheduler(config.max_queue, ServerMetrics(), config.max_batch, config.prefill_chunk)
+    """The scheduler for `config` (an auto max batch is set by create_app, once the target is loaded)."""
+    return Scheduler(config.max_queue, ServerMetrics(), config.max_batch or INTERLEAVED_MAX_BATCH, config.prefill_chunk)
+
+
+def resolve_max_batch(config: ServerConfig, target: LoadedModel, scheduler: Scheduler) -> ServerConfig:
+    """`config` with max_batch auto (None) made a number: the largest batch whose passes pay on this machine
+    (`batch_curve`, measured on the worker once per machine and cached; `max_batch_that_pays`), or
+    INTERLEAVED_MAX_BATCH where requests' passes are not shared."""
+    if config.max_batch is not None:
+        return config
+    curve = scheduler.run_on_worker(lambda: batch_curve(target))
+    return replace(config, max_batch=INTERLEAVED_MAX_BATCH if curve is None else max_batch_that_pays(curve))
 
 
 def create_app(config: ServerConfig, spec: SpecConfig, target: LoadedModel,
@@ -111,6 +122,8 @@ def create_app(config: ServerConfig, spec: SpecConfig, target: LoadedModel,
     """The app for already-loaded models. The worker thread starts (unless `scheduler`'s already has: `serve`
     loads the models on it, the thread that runs them; see Scheduler for why) and stops with the app's lifespan."""
     scheduler = scheduler or new_scheduler(config)
+    config = resolve_max_batch(config, target, scheduler)
+    scheduler.max_batch = config.max_batch
     metrics = scheduler.metrics
     state = ServerState(config=config, spec=spec, target=target, draft=draft,
                         model_name=config.model_name or target.name, metrics=metrics,

@@ -6,6 +6,11 @@ from dataclasses import dataclass
 
 from ..errors import SpecdraftError
 
+MAX_BATCH_LIMIT = 64  # the largest --max-batch (and the largest batch auto times)
+# auto where requests' passes are not shared (the transformers backend): they take turns, so this many interleave
+# for an earlier first token at no cost in throughput (one request's either way)
+INTERLEAVED_MAX_BATCH = 16
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -15,9 +20,9 @@ class ServerConfig:
     port: int = 8000
     model_name: str | None = None  # the id clients send as `model`; None: the target's name as given
     max_queue: int = 16  # requests waiting for a place in the running batch; one more gets 429
-    # choices generated together, each target pass scoring all of them (the 1.5B GGUF at concurrency 16 on the Zen 4,
-    # 2026-12-04: 16 gave 7-12 % more tokens/s than 8 and half the wait for a first token; docs/server.md)
-    max_batch: int = 16
+    # choices generated together, each target pass scoring all of them; None (auto): the largest batch this machine's
+    # measured passes say pays (verify_curve.max_batch_that_pays; docs/server.md), resolved by create_app
+    max_batch: int | None = None
     prefill_chunk: int = 128  # prompt tokens prefilled between two passes of the running requests
     prefix_cache_mb: int = 512  # prompts' K/V kept for later prompts that begin the same way (0: none)
     retry_after_s: int = 2  # the Retry-After header of a 429
@@ -33,8 +38,8 @@ class ServerConfig:
             raise SpecdraftError(f"port must be between 0 and 65535, got {self.port}")
         if self.max_queue < 0:
             raise SpecdraftError(f"max queue must be >= 0 (0: no request waits), got {self.max_queue}")
-        if not 1 <= self.max_batch <= 64:
-            raise SpecdraftError(f"max batch must be between 1 and 64, got {self.max_batch}")
+        if self.max_batch is not None and not 1 <= self.max_batch <= MAX_BATCH_LIMIT:
+            raise SpecdraftError(f"max batch must be between 1 and {MAX_BATCH_LIMIT} (or auto), got {self.max_batch}")
         if not 1 <= self.prefill_chunk <= 65536:
             raise SpecdraftError(f"prefill chunk must be between 1 and 65536 tokens, got {self.prefill_chunk}")
         if not 0 <= self.prefix_cache_mb <= 1 << 20:

@@ -63,8 +63,8 @@ def serve(models: ModelConfig, spec: SpecConfig, config: ServerConfig, progress:
         scheduler.close()
         raise
     server = build_server(app, config)
-    print(f"specdraft: serving {app.state.server.model_name!r} ({spec.name}, gamma {spec.gamma_shown}) on "
-          f"http://{config.host}:{config.port}/v1", flush=True)
+    print(f"specdraft: serving {app.state.server.model_name!r} ({spec.name}, gamma {spec.gamma_shown}, max batch "
+          f"{app.state.server.config.max_batch}) on http://{config.host}:{config.port}/v1", flush=True)
     # uvicorn re-raises the signal it stopped on once it is done; by then the shutdown was graceful, so that
     # signal only has to end run() here (the CLI then exits 0)
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)

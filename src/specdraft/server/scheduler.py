@@ -31,7 +31,7 @@ import torch
 from ..engine import Generation, propose_together, shares_pass, verify_together
 from ..errors import SpecdraftError
 from ..types import GenerationResult
-from .config import ServerConfig
+from .config import INTERLEAVED_MAX_BATCH, ServerConfig
 from .metrics import ServerMetrics
 from .protocol import ApiError
 
@@ -139,7 +139,7 @@ class Scheduler:
     spinning between parallel regions (its throttled spin count), so every region waits on a futex wake-up: one
     1.5B loaded on one thread and decoding on another ran 21 tok/s, 32 on one thread (Zen 3, 2026-12-04)."""
 
-    def __init__(self, max_queue: int, metrics: ServerMetrics, max_batch: int = ServerConfig.max_batch,
+    def __init__(self, max_queue: int, metrics: ServerMetrics, max_batch: int = INTERLEAVED_MAX_BATCH,
                  prefill_chunk: int = ServerConfig.prefill_chunk):
         self.max_queue, self.metrics, self.max_batch, self.prefill_chunk = max_queue, metrics, max_batch, prefill_chunk
         self._waiting: collections.deque[Job] = collections.deque()  # in order of arrival (their tickets)
