@@ -18,6 +18,7 @@ import torch
 
 from specdraft import Engine, SamplingParams, SpecConfig, SpecdraftError, load_model
 from specdraft.drafters import ModelDrafter
+from specdraft.types import Draft
 from specdraft.models import fetch
 from specdraft.models.native.gguf_weights import BLOCK_TYPES, HUGE_PAGE, QuantWeight, huge_page_buffer, read_gguf
 from specdraft.models.native import kernels
@@ -400,6 +401,34 @@ def test_a_repacked_matrix_lives_in_a_buffer_on_huge_page_boundaries():
     assert QuantWeight(blocks, 8, 1024).interleave().blocks.data_ptr() % HUGE_PAGE == 0
 
 
+def test_q4_0_rows_become_q5_0_rows_of_the_same_values():
+    """Q4_0 (no kernel of its own) is rewritten at load as Q5_0: every nibble value, both halves, the gguf
+    package's own Q4_0 values exactly, and the product matches the float64 reference of those values."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from specdraft.models.native.gguf_weights import q4_0_as_q5_0
+
+    rng = np.random.default_rng(5)
+    blocks = rng.integers(0, 256, size=(24, 16, 18), dtype=np.uint8)  # 24 rows of 512 weights
+    blocks[0, 0, 2:] = np.arange(16, dtype=np.uint8) * 17  # nibbles 0..15 in both halves
+    blocks[:, :, :2] = rng.uniform(-0.05, 0.05, size=(24, 16)).astype(np.float16).view(np.uint8).reshape(24, 16, 2)
+    raw = blocks.reshape(24, -1)
+    expected = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q4_0)).double()
+    weight = QuantWeight(torch.from_numpy(q4_0_as_q5_0(raw)), TYPES["Q5_0"][0], 512)
+    assert torch.equal(weight.dequantize().double(), expected)
+    x = torch.randn(5, 512)
+    got = ops.qlinear(x, weight.blocks, weight.qtype, None)
+    assert relative_error(got, reference_product(x, expected, 32)) < RELATIVE_TOLERANCE
+    # negative control: the nibbles copied as they are (no offset of 8, no fifth bits) fail the same checks
+    wrong = q4_0_as_q5_0(raw).reshape(24, 16, 22)
+    wrong[:, :, 2:6], wrong[:, :, 6:] = 0, blocks[:, :, 2:]
+    misread = QuantWeight(torch.from_numpy(wrong.reshape(24, -1)), TYPES["Q5_0"][0], 512)
+    assert not torch.equal(misread.dequantize().double(), expected)
+    got = ops.qlinear(x, misread.blocks, misread.qtype, None)
+    assert relative_error(got, reference_product(x, expected, 32)) > 100 * RELATIVE_TOLERANCE
+
+
 # ------------------------------------------------------------------------------------------ tiny GGUF models
 
 @pytest.fixture(scope="module")
@@ -528,6 +557,23 @@ def test_gguf_dtype_needs_a_gguf_and_the_native_backend(tiny_pair):
         load_model(str(tiny_pair["target_hf"]), "gguf", progress=False)
     with pytest.raises(SpecdraftError, match="native backend"):
         load_model(str(tiny_pair["target"]), "gguf", progress=False, backend="transformers")
+
+
+def test_a_q4_0_file_runs_natively_as_q5_0(tiny_pair, tmp_path):
+    from tiny_gguf import write_gguf
+
+    folder = write_gguf(tiny_pair["llama_hf"], tmp_path, "tiny-llama-q4_0", "Q4_0")
+    assert read_gguf(fetch.gguf_source(folder)).formats == {"Q4_0 (as Q5_0)": 9}
+    quantized = load_model(str(folder), "gguf", progress=False)
+    full = load_model(str(tiny_pair["llama_hf"]), "float32", progress=False)
+    prompt = [2, 3, 4, 5, 6, 3, 2]
+    got = quantized.new_state().forward(prompt, len(prompt))
+    # 4-bit weights of a random 64-wide model: 0.44 from the float model (the values are checked exactly above)
+    assert relative_error(got, full.new_state().forward(prompt, len(prompt)).double()) < 0.6
+    draft = quantized.new_state().verify(prompt[0], Draft(torch.tensor(prompt[1:])))  # a pass equals single steps
+    state = quantized.new_state()
+    steps = torch.cat([state.forward([token], 1) for token in prompt])
+    assert torch.equal(draft, steps)
 
 
 def test_cut_gguf_file_is_a_clear_error(tmp_path, tiny_pair):

@@ -2,7 +2,8 @@
 
 The file is memory-mapped: a weight matrix in a supported block format (Q4_K, Q6_K, Q8_0, Q5_0, Q4_1) is a
 `QuantWeight`, a view of the file's bytes that `quant_kernels.cpp` multiplies as it is (no copy, no widening: a
-step of the 1.5B reads its 1.0 GiB instead of 3.1 GB of bf16). Matrices in other formats are dequantized once at
+step of the 1.5B reads its 1.0 GiB instead of 3.1 GB of bf16). Q4_0 matrices are rewritten at load as Q5_0 of
+the same values (`q4_0_as_q5_0`: 22 bytes a block for 18). Matrices in other formats are dequantized once at
 load (F32 and F16 to float32, BF16 kept, any other block format to bfloat16 through the `gguf` package's own
 dequantization); norms and biases are float32.
 """
@@ -239,6 +240,25 @@ class _Header:
         return None
 
 
+Q5_0 = 6  # ggml's type number
+Q4_0_BLOCK_BYTES = 18  # d, qs[16] (weight j: low nibble of qs[j], weight j + 16: high nibble); value d * (q - 8)
+
+
+def q4_0_as_q5_0(raw: np.ndarray) -> np.ndarray:
+    """Q4_0 rows uint8 [rows, blocks * 18] as Q5_0 rows [rows, blocks * 22] of the same values, exactly:
+    d * (q4 - 8) = d * (q5 - 16) with q5 = q4 + 8, whose low four bits are q4 ^ 8 and whose fifth bit is q4's
+    fourth. 22 bytes where the file has 18, for the Q5_0 kernels (and none of a Q4_0 kernel's own)."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, Q4_0_BLOCK_BYTES)
+    qs = blocks[:, :, 2:]
+    fifth = np.concatenate([(qs >> 3) & 1, qs >> 7], axis=-1)  # [rows, blocks, 32]: weight j's fifth bit
+    out = np.empty((rows, blocks.shape[1], 22), dtype=np.uint8)
+    out[:, :, :2] = blocks[:, :, :2]
+    out[:, :, 2:6] = np.packbits(fifth, axis=-1, bitorder="little")  # qh: bit j of a little-endian uint32
+    out[:, :, 6:] = qs ^ 0x88
+    return out.reshape(rows, -1)
+
+
 def read_gguf(path: str | Path) -> GGUFTensors:
     """Every tensor of a GGUF file: block-format matrices as memory-mapped QuantWeights, the rest as tensors."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -282,6 +302,9 @@ def read_gguf(path: str | Path) -> GGUFTensors:
             if qtype in BLOCK_TYPES and len(dims) == 2:
                 tensors[name] = QuantWeight(torch.from_numpy(raw), qtype, int(dims[0]))
                 label = BLOCK_TYPES[qtype]
+            elif kind == GGMLQuantizationType.Q4_0 and len(dims) == 2:
+                tensors[name] = QuantWeight(torch.from_numpy(q4_0_as_q5_0(raw)), Q5_0, int(dims[0]))
+                label = "Q4_0 (as Q5_0)"
             elif kind == GGMLQuantizationType.BF16:
                 tensors[name] = torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16).reshape(shape)
                 label = "BF16"
