@@ -24,9 +24,10 @@ from specdraft.models.native.gguf_weights import BLOCK_TYPES, HUGE_PAGE, QuantWe
 from specdraft.models.native import kernels
 from specdraft.models.native.kernels import load_kernels
 
-TYPES = {"Q4_K": (12, 256, 144), "Q6_K": (14, 256, 210), "Q8_0": (8, 32, 34), "Q5_0": (6, 32, 22),
-         "Q4_1": (3, 32, 20)}  # name -> (ggml type, weights per block, bytes per block)
-HALF_FIELDS = {"Q4_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q5_0": (0,), "Q4_1": (0, 2)}  # byte offsets of halves
+TYPES = {"Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "Q8_0": (8, 32, 34),
+         "Q5_0": (6, 32, 22), "Q4_1": (3, 32, 20)}  # name -> (ggml type, weights per block, bytes per block)
+HALF_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q5_0": (0,),
+               "Q4_1": (0, 2)}  # byte offsets of halves
 RELATIVE_TOLERANCE = 1e-5
 
 ops = load_kernels()
@@ -40,7 +41,7 @@ def random_blocks(name: str, rows: int, cols: int, seed: int = 0) -> QuantWeight
     blocks = rng.integers(0, 256, size=(rows, cols // per_block, nbytes), dtype=np.uint8)
     for offset in HALF_FIELDS[name]:
         halves = rng.uniform(-0.05, 0.05, size=blocks.shape[:2]).astype(np.float16)
-        if name in ("Q4_K",):  # d and dmin are multipliers of unsigned scales: keep them positive
+        if name in ("Q4_K", "Q5_K"):  # d and dmin are multipliers of unsigned scales: keep them positive
             halves = np.abs(halves)
         blocks[:, :, offset: offset + 2] = halves.view(np.uint8).reshape(*blocks.shape[:2], 2)
     return QuantWeight(torch.from_numpy(blocks.reshape(rows, -1)), qtype, cols)
@@ -88,7 +89,8 @@ def test_negative_control_a_wrong_block_layout_fails_the_same_check(name):
     weight = random_blocks(name, 37, 512, seed=1)
     _, per_block, nbytes = TYPES[name]
     blocks = weight.blocks.view(37, -1, nbytes).clone()
-    payload = slice(4, nbytes) if name in ("Q4_K", "Q4_1") else slice(2, nbytes) if name != "Q6_K" else slice(0, 192)
+    payload = (slice(4, nbytes) if name in ("Q4_K", "Q5_K", "Q4_1") else slice(2, nbytes) if name != "Q6_K"
+               else slice(0, 192))
     blocks[:, :, payload] = blocks[:, :, payload].flip(-1)
     misread = QuantWeight(blocks.reshape(37, -1).contiguous(), weight.qtype, weight.cols)
     x = torch.randn(5, 512)
@@ -176,17 +178,17 @@ def test_quant_weight_rows_select_and_assign_like_a_tensor():
 
 # ----------------------------------------------------------------------------------- interleaved row groups
 
-INTERLEAVED = ["Q4_K", "Q6_K", "Q8_0", "Q5_0"]
+INTERLEAVED = ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0"]
 
 
 def extreme_blocks(name: str, rows: int, cols: int) -> QuantWeight:
     """Every weight at its format's largest magnitude and every scale at its largest: the int16 sums of the
-    interleaved kernels reach their stated bounds (Q4_K 30480, Q6_K 32004, Q8_0 32512, Q5_0 31496) against
-    activations of 127."""
+    interleaved kernels reach their stated bounds (Q4_K 30480, Q5_K 31496, Q6_K 32004, Q8_0 32512, Q5_0 31496)
+    against activations of 127."""
     qtype, per_block, nbytes = TYPES[name]
     blocks = np.full((rows, cols // per_block, nbytes), 0xFF, dtype=np.uint8)
     half = np.array([0.001], dtype=np.float16).view(np.uint8)
-    if name == "Q4_K":
+    if name in ("Q4_K", "Q5_K"):
         blocks[:, :, 0:2], blocks[:, :, 2:4] = half, np.array([0.0], dtype=np.float16).view(np.uint8)
     elif name == "Q6_K":
         blocks[:, :, 192:208] = 127  # int8 scales
@@ -257,7 +259,8 @@ def test_negative_control_an_interleaved_layout_read_wrong_fails_the_same_check(
     """Each row's 4 bytes read in reverse order within every interleaved vector: the check must catch it."""
     weight = random_blocks(name, rows, 768, seed=12)
     packed = weight.interleave()
-    payload = {"Q4_K": 160, "Q6_K": 144, "Q8_0": 16, "Q5_0": 48}[name]  # where the 4-byte-per-row vectors start
+    # where the 4-byte-per-row vectors start
+    payload = {"Q4_K": 160, "Q5_K": 160, "Q6_K": 144, "Q8_0": 16, "Q5_0": 48}[name]
     groups = packed.blocks.view(rows // 8, 768 // TYPES[name][1], -1).clone()  # [groups, blocks, group block bytes]
     body = groups[:, :, payload:].reshape(*groups.shape[:2], -1, 8, 4)  # [..., vectors, rows, 4 bytes]
     groups[:, :, payload:] = body.flip(3).reshape(*groups.shape[:2], -1)
@@ -355,7 +358,7 @@ def test_amx_tiles_match_the_block_by_block_code(name):
         assert torch.equal(packed.linear(x[:k].contiguous(), bias), expected), (name, k)
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
+@pytest.mark.parametrize("name", INTERLEAVED)
 def test_one_or_two_threads_give_the_same_bits(name):
     """Threads take a product's rows in chunks from a shared counter (`parallel_chunks`), so which thread computes
     a row changes from call to call; a row's result must not: one thread and two agree bit for bit, for one-token
@@ -380,7 +383,7 @@ def test_a_long_pass_over_long_rows_runs_in_smaller_tiles_and_stays_bit_identica
     """Rows of 10240 weights: a pass of more than 128 tokens (prefill) goes in tiles of 16 (their int8 activations
     fit the kernel's L2 budget) that meet every row group in turn, the last tile short; a shorter pass in tiles of
     64 per row group. Every token as alone, in both k-quant layouts."""
-    for name in ("Q4_K", "Q6_K"):
+    for name in ("Q4_K", "Q5_K", "Q6_K"):
         packed = random_blocks(name, 16, 10240, seed=17).interleave()
         x = torch.randn(150, 10240)
         alone = torch.cat([packed.linear(x[t: t + 1].contiguous(), None) for t in range(150)])

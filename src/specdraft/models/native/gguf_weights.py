@@ -1,6 +1,6 @@
 """Weights read from a GGUF file and kept in its own block formats (`--dtype gguf`).
 
-The file is memory-mapped: a weight matrix in a supported block format (Q4_K, Q6_K, Q8_0, Q5_0, Q4_1) is a
+The file is memory-mapped: a weight matrix in a supported block format (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_1) is a
 `QuantWeight`, a view of the file's bytes that `quant_kernels.cpp` multiplies as it is (no copy, no widening: a
 step of the 1.5B reads its 1.0 GiB instead of 3.1 GB of bf16). Q4_0 matrices are rewritten at load as Q5_0 of
 the same values (`q4_0_as_q5_0`: 22 bytes a block for 18). Matrices in other formats are dequantized once at
@@ -22,10 +22,11 @@ from ...errors import SpecdraftError
 from .kernels import load_kernels
 
 # ggml type number -> name, for the block formats the kernels multiply directly
-BLOCK_TYPES = {3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
-BLOCK_SHAPES = {3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}  # (weights, bytes) per block
-INTERLEAVED_TYPES = {6, 8, 12, 14}  # formats whose matrices `interleave` repacks into groups of ROW_GROUP rows
-INTERLEAVED_BLOCK_BYTES = {6: 176, 8: 272, 12: 1184, 14: 1680}  # bytes of one block column of ROW_GROUP rows
+BLOCK_TYPES = {3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+BLOCK_SHAPES = {3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 13: (256, 176),
+                14: (256, 210)}  # (weights, bytes) per block
+INTERLEAVED_TYPES = {6, 8, 12, 13, 14}  # formats whose matrices `interleave` repacks into groups of ROW_GROUP rows
+INTERLEAVED_BLOCK_BYTES = {6: 176, 8: 272, 12: 1184, 13: 1440, 14: 1680}  # bytes of one block column of ROW_GROUP rows
 ROW_GROUP = 8
 INTERLEAVE_ROWS = 8192  # rows `interleave` repacks at a time (a multiple of ROW_GROUP)
 HUGE_PAGE = 2 << 20  # bytes of an x86-64 huge page

@@ -16,6 +16,8 @@
 // Block layouts (ggml's, little-endian; "d" fields are IEEE half floats):
 //   Q4_K, 256 weights in 144 bytes: d, dmin, scales[12] (8 six-bit scales and 8 six-bit mins), qs[128];
 //         weight 64j + 32s + l is nibble s of qs[32j + l]; its value d * scale[2j+s] * q - dmin * min[2j+s].
+//   Q5_K, 256 weights in 176 bytes: d, dmin, scales[12] (as Q4_K's), qh[32], qs[128]; weight 64j + 32s + l is
+//         nibble s of qs[32j + l] plus 16 times bit 2j + s of qh[l]; its value as Q4_K's, q in 0..31.
 //   Q6_K, 256 weights in 210 bytes: ql[128], qh[64], scales[16] (int8, one per 16 weights), d;
 //         in half h, weight 128h + 32k + l has low bits: nibble k/2 of ql[64h + 32(k%2) + l], high bits:
 //         bits 2k..2k+1 of qh[32h + l]; value d * scale * (q - 32).
@@ -41,7 +43,7 @@
 namespace {
 
 // ggml's type numbers
-enum QType : int64_t { kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14 };
+enum QType : int64_t { kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
 
 inline float half_to_float(const uint8_t* p) {
   uint16_t bits;
@@ -233,20 +235,24 @@ inline void chunk_products(__m256i w, __m256i scale, const TokenBlock* x, int64_
 
 struct Q4K {
   static constexpr int64_t kWeights = 256, kBytes = 144, kActBlock = 256;
-  // sum_i w_i x_i = d dx sum_c scale_c (sum_{i in c} q_i xq_i) - dmin dx sum_c min_c (sum_{i in c} xq_i)
-  template <int G>
-  static void dot(const uint8_t* block, const TokenBlock* x, __m256* acc) {
-    // 12 bytes: bytes 0-3 scales 0-3 (low 6 bits), 4-7 mins 0-3; bytes 8-11 the low 4 bits of scales 4-7 (low
-    // nibble) and mins 4-7 (high nibble), whose top 2 bits are the top bits of bytes 0-3 and 4-7
+
+  // The 12 bytes of 6-bit scales and mins at `packed`: bytes 0-3 scales 0-3 (low 6 bits), 4-7 mins 0-3; bytes 8-11
+  // the low 4 bits of scales 4-7 (low nibble) and mins 4-7 (high nibble), whose top 2 bits are the top bits of bytes
+  // 0-3 and 4-7. Returned as bytes 0-7: scales 0-7, bytes 8-15: mins 0-7, in both halves.
+  static __m256i scale_min_table(const uint8_t* packed_bytes) {
     uint32_t packed[3];
-    std::memcpy(packed, block + 4, 12);
+    std::memcpy(packed, packed_bytes, 12);
     const uint32_t scales_low = packed[0] & 0x3f3f3f3f, mins_low = packed[1] & 0x3f3f3f3f;
     const uint32_t scales_high = (packed[2] & 0x0f0f0f0f) | ((packed[0] >> 2) & 0x30303030);
     const uint32_t mins_high = ((packed[2] >> 4) & 0x0f0f0f0f) | ((packed[1] >> 2) & 0x30303030);
-    // bytes 0-7: scales 0-7, bytes 8-15: mins 0-7, in both halves
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_setr_epi32(
-        static_cast<int>(scales_low), static_cast<int>(scales_high), static_cast<int>(mins_low),
-        static_cast<int>(mins_high)));
+    return _mm256_broadcastsi128_si256(_mm_setr_epi32(static_cast<int>(scales_low), static_cast<int>(scales_high),
+                                                      static_cast<int>(mins_low), static_cast<int>(mins_high)));
+  }
+
+  // sum_i w_i x_i = d dx sum_c scale_c (sum_{i in c} q_i xq_i) - dmin dx sum_c min_c (sum_{i in c} xq_i)
+  template <int G>
+  static void dot(const uint8_t* block, const TokenBlock* x, __m256* acc) {
+    const __m256i table = scale_min_table(block + 4);
     const uint8_t* qs = block + 16;  // weight 64j + 32s + l: nibble s of qs[32j + l] (sub-block 2j + s)
     const __m256i low = _mm256_set1_epi8(0x0F);
     __m256i even[G], odd[G];
@@ -258,6 +264,13 @@ struct Q4K {
       chunk_products<G>(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low),
                         _mm256_shuffle_epi8(table, kSpread.low_byte[2 * j + 1]), x, 64 * j + 32, odd);
     }
+    finish<G>(block, table, x, even, odd, acc);
+  }
+
+  // the mins' part and the float part (Q5_K's too: the same d, dmin and table)
+  template <int G>
+  static void finish(const uint8_t* block, __m256i table, const TokenBlock* x, const __m256i* even,
+                     const __m256i* odd, __m256* acc) {
     const __m256i mins = _mm256_shuffle_epi8(table, kSpread.pairs);  // each min twice, one per 16 activations
     const float d = half_to_float(block), dmin = half_to_float(block + 2);
     for (int g = 0; g < G; ++g) {
@@ -265,6 +278,39 @@ struct Q4K {
       acc[g] = scaled_add(acc[g], _mm256_add_epi32(even[g], odd[g]), d * x[g].d);
       acc[g] = scaled_add(acc[g], offsets, -(dmin * x[g].d));
     }
+  }
+};
+
+// Q5_K's fifth bits: byte b of the result holds 16 times bit `bit` of byte b of `qh` (shifts within int16 lanes
+// followed by a byte mask: no bit of one byte reaches the masked bit of another).
+template <int bit>
+inline __m256i fifth_bits(__m256i qh) {
+  const __m256i sixteen = _mm256_set1_epi8(0x10);
+  if constexpr (bit < 4) return _mm256_and_si256(_mm256_slli_epi16(qh, 4 - bit), sixteen);
+  else if constexpr (bit == 4) return _mm256_and_si256(qh, sixteen);
+  else return _mm256_and_si256(_mm256_srli_epi16(qh, bit - 4), sixteen);
+}
+
+struct Q5K {
+  static constexpr int64_t kWeights = 256, kBytes = 176, kActBlock = 256;
+  // As Q4K with q in 0..31: a vpmaddubsw lane (2 products, at most 2 * 31 * 127) goes to int32 at once.
+  template <int G>
+  static void dot(const uint8_t* block, const TokenBlock* x, __m256* acc) {
+    const __m256i table = Q4K::scale_min_table(block + 4);
+    const __m256i qh = load256(block + 16);
+    const uint8_t* qs = block + 48;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256i even[G], odd[G];
+    for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm256_setzero_si256();
+    unrolled<4>([&](auto chunk) __attribute__((always_inline)) {
+      constexpr int j = chunk;
+      const __m256i bytes = load256(qs + 32 * j);
+      chunk_products<G>(_mm256_or_si256(_mm256_and_si256(bytes, low), fifth_bits<2 * j>(qh)),
+                        _mm256_shuffle_epi8(table, kSpread.low_byte[2 * j]), x, 64 * j, even);
+      chunk_products<G>(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low), fifth_bits<2 * j + 1>(qh)),
+                        _mm256_shuffle_epi8(table, kSpread.low_byte[2 * j + 1]), x, 64 * j + 32, odd);
+    });
+    Q4K::finish<G>(block, table, x, even, odd, acc);
   }
 };
 
@@ -659,6 +705,74 @@ struct Q4Kx8 {
       acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[g]), _mm256_mul_ps(d, dx), acc[g]);
       acc[g] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[g]), _mm256_mul_ps(dmin, dx), acc[g]);
     }
+  }
+};
+
+// Q5_K, 8 rows x 256 weights in 1440 bytes: [0, 1184) as Q4Kx8's (the low four bits in qs), then
+//   [1184, 1440) byte 1184 + 32k + 4r + i: qh[4k + i] of row r (its bit 2j + s: the fifth bit of weight 64j + 32s +
+//   4k + i), so the fifth bits of a qs vector come from the qh vector of the same k and the same byte.
+struct Q5Kx8 {
+  static constexpr int64_t kWeights = 256, kBytes = 1440, kActBlock = 256;
+  static constexpr int kGroupsTokens = kGroup;
+
+  // Through Q4Kx8's packing: each row's block as a Q4_K block (d, dmin, scales, qs), and its qh beside.
+  static void pack(const uint8_t* const rows[8], uint8_t* out) {
+    uint8_t as_q4k[8][144];
+    const uint8_t* q4k_rows[8];
+    for (int r = 0; r < 8; ++r) {
+      std::memcpy(as_q4k[r], rows[r], 16);
+      std::memcpy(as_q4k[r] + 16, rows[r] + 48, 128);
+      q4k_rows[r] = as_q4k[r];
+      for (int k = 0; k < 8; ++k) std::memcpy(out + 1184 + 32 * k + 4 * r, rows[r] + 16 + 4 * k, 4);
+    }
+    Q4Kx8::pack(q4k_rows, out);
+  }
+
+  static void unpack(const uint8_t* in, uint8_t* const rows[8]) {
+    uint8_t as_q4k[8][144];
+    uint8_t* q4k_rows[8];
+    for (int r = 0; r < 8; ++r) q4k_rows[r] = as_q4k[r];
+    Q4Kx8::unpack(in, q4k_rows);
+    for (int r = 0; r < 8; ++r) {
+      std::memcpy(rows[r], as_q4k[r], 16);
+      std::memcpy(rows[r] + 48, as_q4k[r] + 16, 128);
+      for (int k = 0; k < 8; ++k) std::memcpy(rows[r] + 16 + 4 * k, in + 1184 + 32 * k + 4 * r, 4);
+    }
+  }
+
+  // As Q4Kx8::dot with q in 0..31: a sub-block's int16 sums take 4 vpmaddubsw lanes of 2 products each (at most
+  // 4 * 2 * 31 * 128 = 31744) before a vpmaddwd with the scales, so each sub-block has two (k = 0-3, 4-7). One
+  // code for every build (VNNI's too: the same integers).
+  template <int G>
+  static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    __m256i dots[G];
+    for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
+    const uint8_t* qs = block + 160;
+    const uint8_t* qh = block + 1184;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    unrolled<4>([&](auto chunk) __attribute__((always_inline)) {
+      constexpr int j = chunk;  // sub-blocks 2j and 2j + 1
+      const __m256i scale_even = row_pairs_u8(block + 32 + 16 * j), scale_odd = row_pairs_u8(block + 40 + 16 * j);
+      for (int half = 0; half < 2; ++half) {
+        __m256i even[G], odd[G];
+        for (int k = 4 * half; k < 4 * half + 4; ++k) {
+          const __m256i bytes = load256(qs + 256 * j + 32 * k), high = load256(qh + 32 * k);
+          const __m256i w_even = _mm256_or_si256(_mm256_and_si256(bytes, low), fifth_bits<2 * j>(high));
+          const __m256i w_odd = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low),
+                                                fifth_bits<2 * j + 1>(high));
+          for (int g = 0; g < G; ++g) {
+            const __m256i p_even = _mm256_maddubs_epi16(w_even, broadcast4(x[g].q + 64 * j + 4 * k));
+            const __m256i p_odd = _mm256_maddubs_epi16(w_odd, broadcast4(x[g].q + 64 * j + 32 + 4 * k));
+            even[g] = k == 4 * half ? p_even : add_i16_into(even[g], p_even);
+            odd[g] = k == 4 * half ? p_odd : add_i16_into(odd[g], p_odd);
+          }
+        }
+        for (int g = 0; g < G; ++g)
+          dots[g] = add_i32_into(dots[g], _mm256_add_epi32(_mm256_madd_epi16(even[g], scale_even),
+                                                           _mm256_madd_epi16(odd[g], scale_odd)));
+      }
+    });
+    Q4Kx8::finish<G>(block, x, dots, acc);
   }
 };
 
@@ -1617,6 +1731,7 @@ void qlinear_x8_small_blocks(const uint8_t* weight, int64_t N, int64_t K, const 
 int64_t block_weights(int64_t type) {
   switch (type) {
     case kQ4_K: return Q4K::kWeights;
+    case kQ5_K: return Q5K::kWeights;
     case kQ6_K: return Q6K::kWeights;
     case kQ8_0: return Q80::kWeights;
     case kQ5_0: return Q50::kWeights;
@@ -1628,6 +1743,7 @@ int64_t block_weights(int64_t type) {
 int64_t block_bytes(int64_t type) {
   switch (type) {
     case kQ4_K: return Q4K::kBytes;
+    case kQ5_K: return Q5K::kBytes;
     case kQ6_K: return Q6K::kBytes;
     case kQ8_0: return Q80::kBytes;
     case kQ5_0: return Q50::kBytes;
@@ -1650,6 +1766,24 @@ void dequantize_block(int64_t type, const uint8_t* block, float* y) {
           const int min = c < 4 ? packed[c + 4] & 63 : (packed[c + 4] >> 4) | ((packed[c] >> 6) << 4);
           for (int l = 0; l < 32; ++l) {
             const int q = (qs[32 * j + l] >> (4 * s)) & 0x0F;
+            y[64 * j + 32 * s + l] = d * scale * q - dmin * min;
+          }
+        }
+      }
+      break;
+    }
+    case kQ5_K: {
+      const float d = half_to_float(block), dmin = half_to_float(block + 2);
+      const uint8_t* packed = block + 4;
+      const uint8_t* qh = block + 16;
+      const uint8_t* qs = block + 48;
+      for (int j = 0; j < 4; ++j) {
+        for (int s = 0; s < 2; ++s) {
+          const int c = 2 * j + s;
+          const int scale = c < 4 ? packed[c] & 63 : (packed[c + 4] & 0x0F) | ((packed[c - 4] >> 6) << 4);
+          const int min = c < 4 ? packed[c + 4] & 63 : (packed[c + 4] >> 4) | ((packed[c] >> 6) << 4);
+          for (int l = 0; l < 32; ++l) {
+            const int q = ((qs[32 * j + l] >> (4 * s)) & 0x0F) | (((qh[l] >> c) & 1) << 4);
             y[64 * j + 32 * s + l] = d * scale * q - dmin * min;
           }
         }
@@ -1701,7 +1835,8 @@ void dequantize_block(int64_t type, const uint8_t* block, float* y) {
 }
 
 void check_weight(const torch::Tensor& weight, int64_t type, int64_t K) {
-  TORCH_CHECK(block_weights(type) > 0, "unsupported block type ", type, " (supported: Q4_K, Q6_K, Q8_0, Q5_0, Q4_1)");
+  TORCH_CHECK(block_weights(type) > 0, "unsupported block type ", type,
+              " (supported: Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_1)");
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kUInt8 && weight.is_contiguous(),
               "quantized weight must be [N, row_bytes] uint8");
   TORCH_CHECK(K % block_weights(type) == 0, "row length ", K, " is not a multiple of the block size");
@@ -1721,13 +1856,14 @@ torch::Tensor qlinear(torch::Tensor x, torch::Tensor weight, int64_t type, c10::
     TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->numel() == N && bias->is_contiguous(), "bad bias");
     bias_ptr = bias->data_ptr<float>();
   }
-  const int64_t act_block = (type == kQ4_K || type == kQ6_K) ? 256 : 32;
+  const int64_t act_block = block_weights(type);  // the k-quants' 256, the others' 32
   const QuantizedRows rows = quantize_rows(x.data_ptr<float>(), T, K, act_block);
   auto out = torch::empty({T, N}, x.options());
   const uint8_t* w = weight.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   switch (type) {
     case kQ4_K: qlinear_impl<Q4K>(w, N, K, rows, bias_ptr, o); break;
+    case kQ5_K: qlinear_impl<Q5K>(w, N, K, rows, bias_ptr, o); break;
     case kQ6_K: qlinear_impl<Q6K>(w, N, K, rows, bias_ptr, o); break;
     case kQ8_0: qlinear_impl<Q80>(w, N, K, rows, bias_ptr, o); break;
     case kQ5_0: qlinear_impl<Q50>(w, N, K, rows, bias_ptr, o); break;
@@ -1756,10 +1892,11 @@ torch::Tensor qdequantize_rows(torch::Tensor weight, int64_t type, int64_t K, to
 }
 
 // Interleaved row groups (rows a multiple of 8): weight [N, row_bytes] -> [N / 8, blocks per row * group block
-// bytes], a copy whose block columns of 8 rows are repacked as Q4Kx8, Q6Kx8, Q80x8 and Q50x8 describe.
+// bytes], a copy whose block columns of 8 rows are repacked as Q4Kx8, Q5Kx8, Q6Kx8, Q80x8 and Q50x8 describe.
 int64_t x8_bytes(int64_t type) {
   switch (type) {
     case kQ4_K: return Q4Kx8::kBytes;
+    case kQ5_K: return Q5Kx8::kBytes;
     case kQ6_K: return Q6Kx8::kBytes;
     case kQ8_0: return Q80x8::kBytes;
     case kQ5_0: return Q50x8::kBytes;
@@ -1770,6 +1907,7 @@ int64_t x8_bytes(int64_t type) {
 void pack_x8(int64_t type, const uint8_t* const rows[8], uint8_t* out) {
   switch (type) {
     case kQ4_K: Q4Kx8::pack(rows, out); break;
+    case kQ5_K: Q5Kx8::pack(rows, out); break;
     case kQ6_K: Q6Kx8::pack(rows, out); break;
     case kQ8_0: Q80x8::pack(rows, out); break;
     case kQ5_0: Q50x8::pack(rows, out); break;
@@ -1779,6 +1917,7 @@ void pack_x8(int64_t type, const uint8_t* const rows[8], uint8_t* out) {
 void unpack_x8(int64_t type, const uint8_t* in, uint8_t* const rows[8]) {
   switch (type) {
     case kQ4_K: Q4Kx8::unpack(in, rows); break;
+    case kQ5_K: Q5Kx8::unpack(in, rows); break;
     case kQ6_K: Q6Kx8::unpack(in, rows); break;
     case kQ8_0: Q80x8::unpack(in, rows); break;
     case kQ5_0: Q50x8::unpack(in, rows); break;
@@ -1786,7 +1925,7 @@ void unpack_x8(int64_t type, const uint8_t* in, uint8_t* const rows[8]) {
 }
 
 void check_packed(const torch::Tensor& packed, int64_t type, int64_t K) {
-  TORCH_CHECK(x8_bytes(type) > 0, "only Q4_K, Q6_K, Q8_0 and Q5_0 matrices interleave rows");
+  TORCH_CHECK(x8_bytes(type) > 0, "only Q4_K, Q5_K, Q6_K, Q8_0 and Q5_0 matrices interleave rows");
   TORCH_CHECK(K % block_weights(type) == 0, "row length ", K, " is not a multiple of the block size");
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() &&
               packed.size(1) == K / block_weights(type) * x8_bytes(type),
@@ -1796,7 +1935,7 @@ void check_packed(const torch::Tensor& packed, int64_t type, int64_t K) {
 // weight [N, row_bytes] -> out [N / 8, ...] (written in place: a slice of a larger interleaved matrix)
 void qinterleave_into(torch::Tensor weight, int64_t type, int64_t K, torch::Tensor out) {
   check_weight(weight, type, K);
-  TORCH_CHECK(x8_bytes(type) > 0, "only Q4_K, Q6_K, Q8_0 and Q5_0 matrices interleave rows");
+  TORCH_CHECK(x8_bytes(type) > 0, "only Q4_K, Q5_K, Q6_K, Q8_0 and Q5_0 matrices interleave rows");
   const int64_t N = weight.size(0), blocks = K / block_weights(type), row_bytes = weight.size(1);
   TORCH_CHECK(N % kRowGroup == 0, "rows (", N, ") must be a multiple of ", kRowGroup, " to interleave");
   check_packed(out, type, K);
@@ -1869,6 +2008,7 @@ torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c1
     case kQ4_K: qlinear_x8_impl<Q4Kx8>(w, N, K, rows, bias_ptr, o); break;
     case kQ6_K: qlinear_x8_impl<Q6Kx8>(w, N, K, rows, bias_ptr, o); break;
 #endif
+    case kQ5_K: qlinear_x8_impl<Q5Kx8>(w, N, K, rows, bias_ptr, o); break;  // no tiles of its own (yet)
     case kQ8_0: qlinear_x8_small_blocks<Q80x8>(w, N, K, rows, bias_ptr, o); break;
     case kQ5_0: qlinear_x8_small_blocks<Q50x8>(w, N, K, rows, bias_ptr, o); break;
   }
