@@ -244,3 +244,24 @@ def test_a_gguf_path_that_is_missing_not_gguf_or_cut_short_is_a_clear_error(tmp_
         with pytest.raises(SpecdraftError, match=message):
             load_model(str(path), cache_dir=str(tmp_path / "cache"), progress=False)
     assert not list((tmp_path / "cache" / "models").glob("*"))  # nothing half made is left to trust
+
+
+def test_models_list_and_remove_name_what_the_cache_holds_for_a_users_gguf(tmp_path, capsys):
+    """A folder `import_gguf` made shows in `models list` (read, or changed since) and goes with `models remove
+    FILE.gguf`; the file itself stays."""
+    user_file = tmp_path / "mine.gguf"
+    user_file.write_bytes(b"GGUF" + bytes(100))
+    folder = fetch_mod.model_dir("file-mine-0123456789ab", tmp_path / "cache")
+    folder.mkdir(parents=True)
+    (folder / "tokenizer.json").write_bytes(bytes(5000))
+    (folder / fetch_mod.COMPLETE_MARKER).write_text(json.dumps(
+        {"name": "mine", "gguf_path": str(user_file.resolve()), "file": fetch_mod._file_identity(user_file)}))
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    assert main(["models", "list", *cache]) == 0
+    assert f"{user_file.resolve()}: read;" in capsys.readouterr().out
+    user_file.write_bytes(b"GGUF" + bytes(200))  # changed: no longer the file the folder was made from
+    assert main(["models", "list", *cache]) == 0
+    assert "changed or gone since read" in capsys.readouterr().out
+    assert main(["models", "remove", str(user_file), *cache]) == 0
+    assert "GB freed" in capsys.readouterr().out
+    assert not folder.exists() and user_file.exists()

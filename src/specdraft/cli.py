@@ -140,10 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     fetch_p = models_sub.add_parser("fetch", help="download, verify and convert packaged models")
     fetch_p.add_argument("names", nargs="*", help="default: all packaged models")
     fetch_p.add_argument("--cache-dir", default=None)
-    list_p = models_sub.add_parser("list", help="list packaged models, whether they are fetched, and their sizes")
+    list_p = models_sub.add_parser("list", help="list packaged models, whether they are fetched, and their sizes; "
+                                  ".gguf files of yours that were read")
     list_p.add_argument("--cache-dir", default=None)
-    remove_p = models_sub.add_parser("remove", help="delete packaged models from the cache (fetched again on use)")
-    remove_p.add_argument("names", nargs="+", help="packaged model names")
+    remove_p = models_sub.add_parser("remove", help="delete packaged models from the cache (fetched again on use), "
+                                     "or what it holds for a .gguf file of yours (the file stays)")
+    remove_p.add_argument("names", nargs="+", help="packaged model names or .gguf paths")
     remove_p.add_argument("--float-weights", action="store_true",
                           help="delete only the fp32 safetensors made for --dtype bf16/fp32 (the GGUF stays)")
     remove_p.add_argument("--cache-dir", default=None)
@@ -203,13 +205,20 @@ def cmd_models(args) -> int:
             if sizes["float_weights"]:
                 stored += f" + fp32 {sizes['float_weights'] / 1e9:.1f} GB"
             print(f"{name:30s} {state:12s} {stored:26s} {model.about}")
+        for folder, info in fetch.imported_files(cache):  # GGUF files of the user's, read once
+            state = "read" if fetch.gguf_source(folder) else "changed or gone since read"
+            print(f"{info['gguf_path']}: {state}; {fetch.bytes_under(folder) / 1e9:.2f} GB in {folder.name}")
         print(f"cache: {cache}")
         return 0
     if args.models_command == "remove":
+        for name in args.names:  # every name checked before anything is deleted
+            if not fetch.is_gguf_path(name):
+                fetch.known_model(name)
         for name in args.names:
-            fetch.known_model(name)  # every name checked before anything is deleted
-        for name in args.names:
-            freed = fetch.remove(name, cache, float_weights_only=args.float_weights)
+            if fetch.is_gguf_path(name):  # what the cache holds for a file of the user's (not the file)
+                freed = fetch.remove_imported(name, cache)
+            else:
+                freed = fetch.remove(name, cache, float_weights_only=args.float_weights)
             print(f"{name}: {freed / 1e9:.2f} GB freed")
         return 0
     for name in args.names or list(fetch.PACKAGED_MODELS):

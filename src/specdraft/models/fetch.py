@@ -296,7 +296,7 @@ def add_float_weights(model_path: str | os.PathLike) -> None:
     _write_model_dir(gguf_path, Path(model_path), source, with_weights=True)
 
 
-def _bytes_under(path: Path) -> int:
+def bytes_under(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
@@ -305,7 +305,7 @@ def _bytes_under(path: Path) -> int:
 def stored_bytes(name: str, cache: Path) -> dict[str, int]:
     """What a packaged model occupies in the cache: its GGUF, and the fp32 safetensors made from it (0 if none)."""
     folder = model_dir(known_model(name).name, cache)
-    return {"gguf": _bytes_under(cache / "gguf" / PACKAGED_MODELS[name].gguf_filename),
+    return {"gguf": bytes_under(cache / "gguf" / PACKAGED_MODELS[name].gguf_filename),
             "float_weights": sum(f.stat().st_size for f in folder.glob("*.safetensors")) if folder.is_dir() else 0}
 
 
@@ -319,7 +319,7 @@ def remove(name: str, cache: Path, float_weights_only: bool = False) -> int:
         cache / "gguf" / (model.gguf_filename + ".partial")]
     freed = 0
     for target in targets:
-        freed += _bytes_under(target)
+        freed += bytes_under(target)
         if target.is_dir():
             shutil.rmtree(target)
         elif target.exists():
@@ -385,6 +385,31 @@ def _file_identity(path: Path) -> dict:
     """What says a user's file is the one a directory was made from: its size and modification time."""
     status = path.stat()
     return {"size": status.st_size, "mtime_ns": status.st_mtime_ns}
+
+
+def imported_files(cache: Path) -> list[tuple[Path, dict]]:
+    """The folders `import_gguf` made in the cache, with their markers (the file each was made from)."""
+    found = []
+    for folder in sorted((cache / "models").glob("file-*")):
+        try:
+            info = json.loads((folder / COMPLETE_MARKER).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(info, dict) and isinstance(info.get("gguf_path"), str):
+            found.append((folder, info))
+    return found
+
+
+def remove_imported(gguf_path: str | os.PathLike, cache: Path) -> int:
+    """Delete the cache's folders made for a GGUF file of the user's (the file itself is left alone; it need not
+    exist any more); returns the bytes freed."""
+    wanted = str(Path(gguf_path).expanduser().resolve())
+    freed = 0
+    for folder, info in imported_files(cache):
+        if info["gguf_path"] == wanted:
+            freed += bytes_under(folder)
+            shutil.rmtree(folder)
+    return freed
 
 
 def import_gguf(name_or_path: str, cache: Path | None = None) -> Path:
