@@ -192,6 +192,7 @@ def test_identical_tokenizer_files_share_one_vocabulary_each_folder_its_chat_tem
     assert b.name_or_path == str(second) and a.name_or_path == str(first)
 
 
+@pytest.mark.real
 def test_a_gguf_file_of_ones_own_runs_as_its_packaged_twin(tmp_path, monkeypatch):
     """`--target path/model.gguf`: a directory made once from the file's metadata (tokenizer, chat template,
     config) and kept while the file is unchanged; the weights read from the file where it lies. A copy of a
