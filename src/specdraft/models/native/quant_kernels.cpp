@@ -1753,43 +1753,26 @@ int64_t block_bytes(int64_t type) {
 }
 
 // ----------------------------------------------------------------------------------- dequantization (scalar)
+// Q4_K and Q5_K: d, dmin and the six-bit scales and mins at the block's start, the low four bits in qs, the fifth
+// bits in qh (Q5_K) or none (nullptr, Q4_K).
+void dequantize_k_block(const uint8_t* block, const uint8_t* qs, const uint8_t* qh, float* y) {
+  const float d = half_to_float(block), dmin = half_to_float(block + 2);
+  int scale[8], min[8];
+  Q4Kx8::scales_mins(block, scale, min);
+  for (int j = 0; j < 4; ++j)
+    for (int s = 0; s < 2; ++s) {
+      const int c = 2 * j + s;
+      for (int l = 0; l < 32; ++l) {
+        const int q = ((qs[32 * j + l] >> (4 * s)) & 0x0F) | (qh ? ((qh[l] >> c) & 1) << 4 : 0);
+        y[64 * j + 32 * s + l] = d * scale[c] * q - dmin * min[c];
+      }
+    }
+}
+
 void dequantize_block(int64_t type, const uint8_t* block, float* y) {
   switch (type) {
-    case kQ4_K: {
-      const float d = half_to_float(block), dmin = half_to_float(block + 2);
-      const uint8_t* packed = block + 4;
-      const uint8_t* qs = block + 16;
-      for (int j = 0; j < 4; ++j) {
-        for (int s = 0; s < 2; ++s) {
-          const int c = 2 * j + s;
-          const int scale = c < 4 ? packed[c] & 63 : (packed[c + 4] & 0x0F) | ((packed[c - 4] >> 6) << 4);
-          const int min = c < 4 ? packed[c + 4] & 63 : (packed[c + 4] >> 4) | ((packed[c] >> 6) << 4);
-          for (int l = 0; l < 32; ++l) {
-            const int q = (qs[32 * j + l] >> (4 * s)) & 0x0F;
-            y[64 * j + 32 * s + l] = d * scale * q - dmin * min;
-          }
-        }
-      }
-      break;
-    }
-    case kQ5_K: {
-      const float d = half_to_float(block), dmin = half_to_float(block + 2);
-      const uint8_t* packed = block + 4;
-      const uint8_t* qh = block + 16;
-      const uint8_t* qs = block + 48;
-      for (int j = 0; j < 4; ++j) {
-        for (int s = 0; s < 2; ++s) {
-          const int c = 2 * j + s;
-          const int scale = c < 4 ? packed[c] & 63 : (packed[c + 4] & 0x0F) | ((packed[c - 4] >> 6) << 4);
-          const int min = c < 4 ? packed[c + 4] & 63 : (packed[c + 4] >> 4) | ((packed[c] >> 6) << 4);
-          for (int l = 0; l < 32; ++l) {
-            const int q = ((qs[32 * j + l] >> (4 * s)) & 0x0F) | (((qh[l] >> c) & 1) << 4);
-            y[64 * j + 32 * s + l] = d * scale * q - dmin * min;
-          }
-        }
-      }
-      break;
-    }
+    case kQ4_K: dequantize_k_block(block, block + 16, nullptr, y); break;
+    case kQ5_K: dequantize_k_block(block, block + 48, block + 16, y); break;
     case kQ6_K: {
       const uint8_t* ql = block;
       const uint8_t* qh = block + 128;
