@@ -30,7 +30,7 @@ def random_matrix(name: str, rows: int, cols: int, seed: int) -> QuantWeight:
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(rows, cols // per_block, nbytes), dtype=np.uint8)
     for offset in HALF_OFFSETS[name]:
-        halves = np.abs(rng.uniform(0.001, 0.05, size=blocks.shape[:2])).astype(np.float16)
+        halves = rng.uniform(0.001, 0.05, size=blocks.shape[:2]).astype(np.float16)
         blocks[:, :, offset: offset + 2] = halves.view(np.uint8).reshape(*blocks.shape[:2], 2)
     return QuantWeight(torch.from_numpy(blocks.reshape(rows, -1)), qtype, cols).interleave()
 

@@ -230,6 +230,7 @@ def test_a_gguf_file_of_ones_own_runs_as_its_packaged_twin(tmp_path, monkeypatch
     assert fetch_mod.gguf_source(mine.path) is None
     again = load_model(str(user_file), cache_dir=str(cache), progress=False)
     assert again.path != mine.path and fetch_mod.gguf_source(again.path) == user_file.resolve()
+    assert not Path(mine.path).exists()  # the earlier version's folder goes once the new one is made
 
 
 def test_a_gguf_path_that_is_missing_not_gguf_or_cut_short_is_a_clear_error(tmp_path):
@@ -263,6 +264,12 @@ def test_models_list_and_remove_name_what_the_cache_holds_for_a_users_gguf(tmp_p
     user_file.write_bytes(b"GGUF" + bytes(200))  # changed: no longer the file the folder was made from
     assert main(["models", "list", *cache]) == 0
     assert "changed or gone since read" in capsys.readouterr().out
+    (folder / "model.safetensors").write_bytes(bytes(3000))  # float weights made for --dtype bf16
+    assert main(["models", "remove", str(user_file), "--float-weights", *cache]) == 0
+    assert "0.00 GB freed" in capsys.readouterr().out
+    assert folder.exists() and not (folder / "model.safetensors").exists()  # the tokenizer and config stay
     assert main(["models", "remove", str(user_file), *cache]) == 0
     assert "GB freed" in capsys.readouterr().out
     assert not folder.exists() and user_file.exists()
+    assert main(["models", "remove", str(user_file), *cache]) == 0  # nothing left: said so
+    assert "the cache holds nothing for this file" in capsys.readouterr().out

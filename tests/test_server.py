@@ -26,7 +26,6 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from specdraft import ModelConfig, SamplingParams, SpecConfig, load_engine, load_model
-from specdraft.models.verify_curve import batch_curve, max_batch_that_pays
 from specdraft.server import ServerConfig, build_server, create_app
 from specdraft.server.config import INTERLEAVED_MAX_BATCH
 from tiny import build_model
@@ -89,6 +88,7 @@ class LiveServer:
     """create_app + uvicorn in a thread, on a loopback socket the test opened."""
 
     def __init__(self, models, **config):
+        config.setdefault("max_batch", 16)  # not auto: a batch that follows this machine's timing would too
         self.config = ServerConfig(model_name=MODEL, max_tokens_limit=LONG, log_level="warning", **config)
         self.target = models["target"]
         app = create_app(self.config, DEFAULT_SPEC, models["target"], models["draft"])
@@ -339,11 +339,22 @@ def test_models_health_and_model_card(idle_server):
     assert [m.id for m in idle_server.client.models.list().data] == [MODEL]
     assert idle_server.client.models.retrieve(MODEL).id == MODEL
     health = idle_server.health()
-    assert (health["status"], health["model"], health["max_queue"]) == ("ok", MODEL, 4)
-    # no --max-batch: the largest batch this machine's passes say pays (cached when the server started)
-    curve = batch_curve(idle_server.target)
-    expected = INTERLEAVED_MAX_BATCH if curve is None else max_batch_that_pays(curve)
-    assert health["max_batch"] == expected
+    assert (health["status"], health["model"], health["max_queue"], health["max_batch"]) == ("ok", MODEL, 4, 16)
+
+
+def test_max_batch_auto_takes_what_the_measured_passes_say_pays(models, monkeypatch):
+    """No --max-batch: the batch the machine's measured passes of several sequences say pays; the transformers
+    backend (no curve: its passes are not shared) lets INTERLEAVED_MAX_BATCH take turns."""
+    from specdraft.server import app
+
+    asked = []
+    zen3 = (1.0, 1.07, 1.29, 2.25, 4.25, 8.4, 16.8)  # pays up to 16 (test_draft_length.py)
+    steep = (1.0, 1.9, 3.8, 7.6, 15.2, 30.4, 60.8)  # pays up to 2 only
+    for curve, expected in ((zen3, 16), (steep, 2), (None, INTERLEAVED_MAX_BATCH)):
+        monkeypatch.setattr(app, "batch_curve", lambda target, curve=curve: asked.append(target) or curve)
+        with LiveServer(models, max_batch=None) as live:
+            assert live.health()["max_batch"] == expected
+    assert asked == [models["target"]] * 3
 
 
 # ---- bad input ----

