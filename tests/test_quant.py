@@ -432,6 +432,59 @@ def test_q4_0_rows_become_q5_0_rows_of_the_same_values():
     assert relative_error(got, reference_product(x, expected, 32)) > 100 * RELATIVE_TOLERANCE
 
 
+def random_q3_k(rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random Q3_K rows (uint8 [rows, cols / 256 * 110]): every byte random but the half-float d."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows, cols // 256, 110), dtype=np.uint8)
+    blocks[..., 108:110] = rng.uniform(-0.05, 0.05, size=blocks.shape[:2]).astype(np.float16).view(np.uint8).reshape(
+        *blocks.shape[:2], 2)
+    return blocks.reshape(rows, -1)
+
+
+def test_q3_k_rows_become_q6_k_rows_of_the_same_values(monkeypatch):
+    """Q3_K (no kernel of its own) is rewritten at load as Q6_K: the gguf package's own Q3_K values exactly, a slice
+    of rows at a time, and the product matches the float64 reference of those values."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from specdraft.models.native import gguf_weights
+
+    raw = random_q3_k(24, 512, seed=6)
+    expected = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q3_K)).double()
+    monkeypatch.setattr(gguf_weights, "INTERLEAVE_ROWS", 16)  # two slices, the second short
+    weight = QuantWeight(torch.from_numpy(gguf_weights.q3_k_as_q6_k(raw)), TYPES["Q6_K"][0], 512)
+    assert torch.equal(weight.dequantize().double(), expected)
+    x = torch.randn(5, 512)
+    assert relative_error(weight.interleave().linear(x, None), reference_product(x, expected, 256)) < RELATIVE_TOLERANCE
+    # negative control: the high bits of hmask read as all set (q3 - 4 taken as the two low bits alone)
+    misread = raw.reshape(24, 2, 110).copy()
+    misread[..., :32] = 0xFF
+    wrong = QuantWeight(torch.from_numpy(gguf_weights.q3_k_as_q6_k(misread.reshape(24, -1))), TYPES["Q6_K"][0], 512)
+    assert not torch.equal(wrong.dequantize().double(), expected)
+    assert relative_error(wrong.linear(x, None), reference_product(x, expected, 256)) > 100 * RELATIVE_TOLERANCE
+
+
+def test_a_gguf_with_q3_k_and_q4_0_matrices_reads_them_in_supported_formats(tmp_path):
+    import gguf
+    from gguf.quants import dequantize, quantize
+
+    q3 = random_q3_k(16, 512, seed=7)
+    values = np.random.default_rng(8).standard_normal((16, 512)).astype(np.float32)
+    q4 = quantize(values, gguf.GGMLQuantizationType.Q4_0)
+    writer = gguf.GGUFWriter(tmp_path / "mixed.gguf", "llama")
+    writer.add_tensor("blk.0.ffn_up.weight", q3, raw_dtype=gguf.GGMLQuantizationType.Q3_K)
+    writer.add_tensor("blk.0.ffn_gate.weight", q4, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    weights = read_gguf(tmp_path / "mixed.gguf")
+    assert weights.formats == {"Q3_K (as Q6_K)": 1, "Q4_0 (as Q5_0)": 1}
+    for name, raw, kind in (("blk.0.ffn_up.weight", q3, "Q3_K"), ("blk.0.ffn_gate.weight", q4, "Q4_0")):
+        expected = dequantize(raw, gguf.GGMLQuantizationType[kind])
+        assert torch.equal(weights.need(name).dequantize(), torch.from_numpy(expected)), kind
+
+
 # ------------------------------------------------------------------------------------------ tiny GGUF models
 
 @pytest.fixture(scope="module")
