@@ -273,3 +273,31 @@ def test_models_list_and_remove_name_what_the_cache_holds_for_a_users_gguf(tmp_p
     assert not folder.exists() and user_file.exists()
     assert main(["models", "remove", str(user_file), *cache]) == 0  # nothing left: said so
     assert "the cache holds nothing for this file" in capsys.readouterr().out
+
+
+def test_a_packaged_draft_of_another_vocabulary_is_refused_before_it_is_fetched(monkeypatch):
+    """The packaged Qwen draft cannot draft for a target that maps its vocabulary's sample otherwise: said by
+    `load_draft` before the draft is fetched (491 MB), with the way out; a target of that vocabulary passes."""
+    from specdraft.api import load_draft
+    from specdraft.config import ModelConfig
+
+    class Tokenizer:
+        def __init__(self, vocab):
+            self.vocab = vocab
+
+        def convert_tokens_to_ids(self, token):
+            return self.vocab.get(token)
+
+    class Target:
+        name = "my-llama.gguf"
+
+    qwen = dict(fetch_mod.QWEN_VOCABULARY_SAMPLE)
+    assert fetch_mod.vocabulary_mismatch("qwen2.5-coder-0.5b-instruct", Tokenizer(qwen)) == []
+    other = {**qwen, "<|im_start|>": 1}
+    assert fetch_mod.vocabulary_mismatch("qwen2.5-coder-0.5b-instruct", Tokenizer(other)) == ["<|im_start|>"]
+    assert fetch_mod.vocabulary_mismatch("some/folder", Tokenizer(other)) == []  # not packaged: checked once loaded
+    target = Target()
+    target.tokenizer = Tokenizer(other)
+    monkeypatch.setattr(fetch_mod, "fetch", lambda *a, **k: pytest.fail("fetched a draft that cannot be used"))
+    with pytest.raises(SpecdraftError, match="incompatible vocabularies .*'<\\|im_start\\|>'.*--method prompt-lookup"):
+        load_draft(ModelConfig(target="my-llama.gguf", draft="qwen2.5-coder-0.5b-instruct"), target, progress=False)

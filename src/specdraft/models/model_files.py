@@ -170,6 +170,10 @@ class FastTokenizer:
     def get_vocab(self) -> dict[str, int]:
         return self.backend.get_vocab(with_added_tokens=True)
 
+    def convert_tokens_to_ids(self, token: str) -> int | None:
+        """One entry's id (None: not in the vocabulary)."""
+        return self.backend.token_to_id(token)
+
     def __len__(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 

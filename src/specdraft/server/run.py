@@ -10,6 +10,8 @@ from types import FrameType
 import uvicorn
 
 from ..api import load_draft
+from ..drafters import needs_draft_model
+from ..models.fetch import vocabulary_mismatch
 from ..config import ModelConfig, SpecConfig
 from ..models.adapter import load_model, set_threads
 from .app import create_app, new_scheduler
@@ -49,6 +51,10 @@ def serve(models: ModelConfig, spec: SpecConfig, config: ServerConfig, progress:
     def load() -> tuple:
         set_threads(models.threads)
         target = load_model(models.target, models.dtype, models.cache_dir, progress, models.backend)
+        if not needs_draft_model(spec.method) and vocabulary_mismatch(models.draft, target.tokenizer):
+            print(f"specdraft: {models.draft!r} cannot draft for this target (another vocabulary): serving without a "
+                  "draft model", file=sys.stderr, flush=True)
+            return target, None
         return target, load_draft(models, target, progress)
 
     try:
