@@ -464,6 +464,19 @@ def test_q3_k_rows_become_q6_k_rows_of_the_same_values(monkeypatch):
     assert relative_error(wrong.linear(x, None), reference_product(x, expected, 256)) > 100 * RELATIVE_TOLERANCE
 
 
+@pytest.mark.parametrize("qtype, per_block, nbytes", [(2, 32, 18), (11, 256, 110)])
+def test_the_kernels_convert_q4_0_and_q3_k_rows_as_their_numpy_twins_do(qtype, per_block, nbytes):
+    """`qconvert_rows` (what the loader runs) against the slow, readable twins the tests above hold to the gguf
+    package: every random byte pattern, the same bytes; a type without a conversion is refused."""
+    from specdraft.models.native.gguf_weights import q3_k_as_q6_k, q4_0_as_q5_0
+
+    raw = np.random.default_rng(qtype).integers(0, 256, size=(37, 1024 // per_block * nbytes), dtype=np.uint8)
+    twin = q4_0_as_q5_0(raw) if qtype == 2 else q3_k_as_q6_k(raw)
+    assert np.array_equal(ops.qconvert_rows(torch.from_numpy(raw), qtype, 1024).numpy(), twin)
+    with pytest.raises(RuntimeError, match="only Q4_0 and Q3_K"):
+        ops.qconvert_rows(torch.from_numpy(raw), 8, 1024)
+
+
 def test_a_gguf_with_q3_k_and_q4_0_matrices_reads_them_in_supported_formats(tmp_path):
     import gguf
     from gguf.quants import dequantize, quantize

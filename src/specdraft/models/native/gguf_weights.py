@@ -257,10 +257,11 @@ def q4_0_as_q5_0(raw: np.ndarray) -> np.ndarray:
     for start in range(0, rows, INTERLEAVE_ROWS):
         part = blocks[start: start + INTERLEAVE_ROWS]
         qs = part[:, :, 2:]
-        fifth = np.concatenate([(qs >> 3) & 1, qs >> 7], axis=-1)  # [rows, blocks, 32]: weight j's fifth bit
         target = out[start: start + INTERLEAVE_ROWS]
         target[:, :, :2] = part[:, :, :2]
-        target[:, :, 2:6] = np.packbits(fifth, axis=-1, bitorder="little")  # qh: bit j of a little-endian uint32
+        # qh, bit j of a little-endian uint32: weight j's fifth bit, the low nibbles' bit 3 (j < 16), the high's
+        target[:, :, 2:4] = np.packbits((qs & 0x08) != 0, axis=-1, bitorder="little")
+        target[:, :, 4:6] = np.packbits((qs & 0x80) != 0, axis=-1, bitorder="little")
         target[:, :, 6:] = qs ^ 0x88
     return out.reshape(rows, -1)
 
@@ -303,6 +304,18 @@ def q3_k_as_q6_k(raw: np.ndarray) -> np.ndarray:
     return out.reshape(rows, -1)
 
 
+CONVERTED_TYPES = {2: Q5_0, 11: Q6_K}  # Q4_0, Q3_K -> the format their rows are rewritten in at load
+
+
+def converted_rows(raw: np.ndarray, qtype: int, cols: int) -> torch.Tensor:
+    """Q4_0 or Q3_K rows rewritten as Q5_0 or Q6_K rows of the same values, by the kernels (quant_kernels.cpp,
+    `qconvert_rows`: a 1.5B's Q4_0 matrices in about a second, the numpy twins above take ten)."""
+    ops = load_kernels()
+    if ops is not None:
+        return ops.qconvert_rows(torch.from_numpy(raw), int(qtype), cols)
+    return torch.from_numpy(q4_0_as_q5_0(raw) if int(qtype) == 2 else q3_k_as_q6_k(raw))
+
+
 def read_gguf(path: str | Path) -> GGUFTensors:
     """Every tensor of a GGUF file: block-format matrices as memory-mapped QuantWeights, the rest as tensors."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -333,6 +346,7 @@ def read_gguf(path: str | Path) -> GGUFTensors:
         raise SpecdraftError(f"cannot read {path} as a GGUF file: {error}") from None
     tensors: dict[str, torch.Tensor | QuantWeight] = {}
     formats: dict[str, int] = {}
+    pages = GGUFTensors(path, "", {}, {}, data)  # releases the file's pages under a tensor converted to a copy
     try:
         for name, dims, qtype, offset in table:
             kind = GGMLQuantizationType(qtype)
@@ -346,12 +360,10 @@ def read_gguf(path: str | Path) -> GGUFTensors:
             if qtype in BLOCK_TYPES and len(dims) == 2:
                 tensors[name] = QuantWeight(torch.from_numpy(raw), qtype, int(dims[0]))
                 label = BLOCK_TYPES[qtype]
-            elif kind == GGMLQuantizationType.Q4_0 and len(dims) == 2:
-                tensors[name] = QuantWeight(torch.from_numpy(q4_0_as_q5_0(raw)), Q5_0, int(dims[0]))
-                label = "Q4_0 (as Q5_0)"
-            elif kind == GGMLQuantizationType.Q3_K and len(dims) == 2:
-                tensors[name] = QuantWeight(torch.from_numpy(q3_k_as_q6_k(raw)), Q6_K, int(dims[0]))
-                label = "Q3_K (as Q6_K)"
+            elif kind in CONVERTED_TYPES and len(dims) == 2:
+                into = CONVERTED_TYPES[kind]
+                tensors[name] = QuantWeight(converted_rows(raw, kind, int(dims[0])), into, int(dims[0]))
+                label = f"{kind.name} (as {BLOCK_TYPES[into]})"
             elif kind == GGMLQuantizationType.BF16:
                 tensors[name] = torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16).reshape(shape)
                 label = "BF16"
@@ -362,6 +374,9 @@ def read_gguf(path: str | Path) -> GGUFTensors:
             else:  # another block format: dequantized once, kept as bfloat16 for the bf16 kernels
                 tensors[name] = torch.from_numpy(dequantize(np.asarray(raw), kind)).reshape(shape).to(torch.bfloat16)
                 label = f"{kind.name} (dequantized to bfloat16)"
+            held = tensors[name].blocks if isinstance(tensors[name], QuantWeight) else tensors[name]
+            if held.data_ptr() != raw.ctypes.data:  # a copy was made (converted, widened): the file's pages go
+                pages.release(torch.from_numpy(raw))
             if len(dims) == 2:
                 formats[label] = formats.get(label, 0) + 1
     except (ValueError, IndexError, NotImplementedError) as error:  # an unknown type number, a tensor without

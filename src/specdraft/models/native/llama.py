@@ -154,7 +154,13 @@ class NativeLlama:
             return weights.need(name).float().contiguous()
 
         def interleaved(weight: Weight) -> Weight:
-            return weight.interleave(weights) if isinstance(weight, QuantWeight) else weight
+            if not isinstance(weight, QuantWeight):
+                return weight
+            repacked = weight.interleave(weights)
+            for name, tensor in weights.tensors.items():  # a matrix converted at load (Q4_0, Q3_K) is a copy of its
+                if tensor is weight:  # own: the file's tensors let go of it, so it is freed once repacked
+                    weights.tensors[name] = repacked
+            return repacked
 
         layers = []
         for i in range(config.num_hidden_layers):

@@ -1874,6 +1874,75 @@ torch::Tensor qdequantize_rows(torch::Tensor weight, int64_t type, int64_t K, to
   return out;
 }
 
+// ------------------------------------------------------------------------------ formats read as another one
+// Q4_0 and Q3_K have no kernels: their blocks are rewritten at load in a format that holds the same values (the
+// numpy twins in gguf_weights.py say how, and the tests hold these to them).
+constexpr int64_t kQ4_0 = 2, kQ3_K = 11;
+
+// Q4_0 (d, qs[16]; value d * (q - 8)) -> Q5_0 (d, qh, qs[16]; value d * (q - 16)) with q5 = q4 + 8: its low bits
+// q4 ^ 8, its fifth bit q4's fourth.
+static void q4_0_as_q5_0_block(const uint8_t* in, uint8_t* out) {
+  std::memcpy(out, in, 2);
+  uint32_t high_bits = 0;
+  for (int j = 0; j < 16; ++j) {
+    high_bits |= static_cast<uint32_t>((in[2 + j] >> 3) & 1) << j;
+    high_bits |= static_cast<uint32_t>(in[2 + j] >> 7) << (j + 16);
+    out[6 + j] = in[2 + j] ^ 0x88;
+  }
+  std::memcpy(out + 2, &high_bits, 4);
+}
+
+// Q3_K (hmask[32], qs[64], scales[12], d; value d * (s - 32) * (q - 4)) -> Q6_K (ql[128], qh[64], int8 scales[16],
+// d; value d * s6 * (q6 - 32)) with s6 = s - 32 and q6 = q + 28. Q3_K's weight 128n + 32j + 16p + l: low bits
+// (qs[32n + 16p + l] >> 2j) & 3, high bit (hmask[16p + l] >> 4n + j) & 1; scale s: low four bits nibble s / 8 of
+// scales[s % 8], high two bits 2(s / 4).. of scales[8 + s % 4].
+static void q3_k_as_q6_k_block(const uint8_t* in, uint8_t* out) {
+  const uint8_t* hmask = in;
+  const uint8_t* qs = in + 32;
+  const uint8_t* packed = in + 96;
+  uint8_t q6[256];
+  for (int n = 0; n < 2; ++n)
+    for (int j = 0; j < 4; ++j)
+      for (int p = 0; p < 2; ++p)
+        for (int l = 0; l < 16; ++l)
+          q6[128 * n + 32 * j + 16 * p + l] = static_cast<uint8_t>(
+              ((qs[32 * n + 16 * p + l] >> (2 * j)) & 3) + 4 * ((hmask[16 * p + l] >> (4 * n + j)) & 1) + 28);
+  std::memset(out, 0, 192);
+  // Q6_K's weight 128h + 32k + l: nibble k / 2 of ql[64h + 32(k % 2) + l], bits 2k..2k + 1 of qh[32h + l]
+  for (int h = 0; h < 2; ++h)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t v = q6[128 * h + 32 * k + l];
+        out[64 * h + 32 * (k % 2) + l] |= static_cast<uint8_t>((v & 0x0F) << (4 * (k / 2)));
+        out[128 + 32 * h + l] |= static_cast<uint8_t>((v >> 4) << (2 * k));
+      }
+  for (int s = 0; s < 16; ++s) {
+    const int scale = ((packed[s % 8] >> (4 * (s / 8))) & 0x0F) | (((packed[8 + s % 4] >> (2 * (s / 4))) & 3) << 4);
+    out[192 + s] = static_cast<uint8_t>(static_cast<int8_t>(scale - 32));
+  }
+  std::memcpy(out + 208, in + 108, 2);
+}
+
+// raw [N, K / per block * its bytes] uint8 rows of Q4_0 or Q3_K -> [N, ...] the same rows as Q5_0 or Q6_K
+torch::Tensor qconvert_rows(torch::Tensor raw, int64_t type, int64_t K) {
+  TORCH_CHECK(type == kQ4_0 || type == kQ3_K, "only Q4_0 and Q3_K rows are converted, not type ", type);
+  const int64_t per_block = type == kQ4_0 ? 32 : 256, in_bytes = type == kQ4_0 ? 18 : 110;
+  const int64_t out_bytes = type == kQ4_0 ? 22 : 210;
+  TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == torch::kUInt8 && raw.is_contiguous() && K % per_block == 0 &&
+              raw.size(1) == K / per_block * in_bytes, "raw must be [N, row bytes] uint8 blocks of the type");
+  const int64_t N = raw.size(0), blocks = K / per_block;
+  auto out = torch::empty({N, blocks * out_bytes}, torch::kUInt8);
+  const uint8_t* in = raw.data_ptr<uint8_t>();
+  uint8_t* o = out.data_ptr<uint8_t>();
+  at::parallel_for(0, N * blocks, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      if (type == kQ4_0) q4_0_as_q5_0_block(in + b * in_bytes, o + b * out_bytes);
+      else q3_k_as_q6_k_block(in + b * in_bytes, o + b * out_bytes);
+    }
+  });
+  return out;
+}
+
 // Interleaved row groups (rows a multiple of 8): weight [N, row_bytes] -> [N / 8, blocks per row * group block
 // bytes], a copy whose block columns of 8 rows are repacked as Q4Kx8, Q5Kx8, Q6Kx8, Q80x8 and Q50x8 describe.
 int64_t x8_bytes(int64_t type) {
