@@ -309,11 +309,9 @@ CONVERTED_TYPES = {2: Q5_0, 11: Q6_K}  # Q4_0, Q3_K -> the format their rows are
 
 def converted_rows(raw: np.ndarray, qtype: int, cols: int) -> torch.Tensor:
     """Q4_0 or Q3_K rows rewritten as Q5_0 or Q6_K rows of the same values, by the kernels (quant_kernels.cpp,
-    `qconvert_rows`: a 1.5B's Q4_0 matrices in about a second, the numpy twins above take ten)."""
-    ops = load_kernels()
-    if ops is not None:
-        return ops.qconvert_rows(torch.from_numpy(raw), int(qtype), cols)
-    return torch.from_numpy(q4_0_as_q5_0(raw) if int(qtype) == 2 else q3_k_as_q6_k(raw))
+    `qconvert_rows`: a 1.5B's Q4_0 matrices in about a second; the numpy twins above, which the tests hold it to,
+    take ten)."""
+    return load_kernels().qconvert_rows(torch.from_numpy(raw), int(qtype), cols)
 
 
 def read_gguf(path: str | Path) -> GGUFTensors:
