@@ -212,6 +212,20 @@ def test_a_gguf_file_of_ones_own_runs_as_its_packaged_twin(tmp_path, monkeypatch
     mine = load_model(str(user_file), cache_dir=str(cache), progress=False)
     assert mine.native is not None and mine.model is None  # the file's own block formats, natively
     assert fetch_mod.gguf_source(mine.path) == user_file.resolve()
+    # its files are what transformers makes of the GGUF itself (read there through a copy of its header)
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    reference = tmp_path / "reference"
+    config = AutoConfig.from_pretrained(str(user_file.parent), gguf_file=user_file.name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(reference)
+    GenerationConfig.from_model_config(config).save_pretrained(reference)
+    AutoTokenizer.from_pretrained(str(user_file.parent), gguf_file=user_file.name).save_pretrained(reference)
+    assert sorted(f.name for f in reference.iterdir()) == sorted(
+        f.name for f in Path(mine.path).iterdir() if f.name != fetch_mod.COMPLETE_MARKER)
+    for made in reference.iterdir():
+        assert made.read_bytes() == (Path(mine.path) / made.name).read_bytes(), made.name
     messages = [{"role": "user", "content": "Name a prime number."}]
     prompt = packaged.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert mine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == prompt

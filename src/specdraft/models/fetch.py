@@ -20,12 +20,14 @@ Cache layout (root: ``$SPECDRAFT_CACHE`` or ``~/.cache/specdraft``)::
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +36,7 @@ from typing import Callable
 from tqdm.auto import tqdm
 
 from ..errors import SpecdraftError
+from .gguf_header import metadata_copy
 
 CACHE_ENV = "SPECDRAFT_CACHE"
 COMPLETE_MARKER = "specdraft.json"
@@ -261,6 +264,28 @@ def _converting_dir(out_dir: Path) -> Path:
     return out_dir.with_name(f"{out_dir.name}.converting-{os.getpid()}")
 
 
+@contextlib.contextmanager
+def _config_read_from(gguf_path: Path, header: Path):
+    """While open, transformers reads `gguf_path`'s config (`load_gguf_checkpoint` without tensors, the `gguf`
+    package's reader: seconds per 100,000 vocabulary entries) from `header`, a `metadata_copy` of it, which gives
+    the same config in a fraction of a second (its tokenizer is read by transformers' own fast reader).
+    (`tests/test_fetch.py` holds the result to what transformers makes of the file itself.)"""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    load = gguf_utils.load_gguf_checkpoint
+
+    def load_header_instead(path, return_tensors=False, *args, **kwargs):
+        if not return_tensors and Path(path).resolve() == gguf_path.resolve():
+            path = header
+        return load(path, return_tensors, *args, **kwargs)
+
+    gguf_utils.load_gguf_checkpoint = load_header_instead
+    try:
+        yield
+    finally:
+        gguf_utils.load_gguf_checkpoint = load
+
+
 def _write_model_dir(gguf_path: Path, out_dir: Path, source: dict, with_weights: bool) -> Path:
     """The Hugging Face directory of a GGUF, written atomically (marker last, then one rename): config, tokenizer
     and generation config; with_weights: the weights too, dequantized to fp32 safetensors."""
@@ -270,7 +295,12 @@ def _write_model_dir(gguf_path: Path, out_dir: Path, source: dict, with_weights:
     tmp_dir = _converting_dir(out_dir)
     shutil.rmtree(tmp_dir, ignore_errors=True)
     _check_disk(out_dir.parent, (5 if with_weights else 1) * gguf_path.stat().st_size)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    with tempfile.TemporaryDirectory(prefix="specdraft-gguf-header-") as header_dir:
+        header = Path(header_dir) / "header.gguf"
+        metadata_copy(gguf_path, header)
+        with _config_read_from(gguf_path, header):
+            config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     if with_weights:
         print(f"converting {gguf_path.name} to fp32 safetensors for float weights (once; takes a minute)...",
               file=sys.stderr)
@@ -283,7 +313,6 @@ def _write_model_dir(gguf_path: Path, out_dir: Path, source: dict, with_weights:
             del model.config.quantization_config
         model.save_pretrained(tmp_dir)
     else:
-        config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         if hasattr(config, "quantization_config"):
             del config.quantization_config
         config.save_pretrained(tmp_dir)
@@ -461,8 +490,8 @@ def import_gguf(name_or_path: str, cache: Path | None = None, progress: bool = T
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     source = {"name": path.stem, "gguf_path": str(path), "file": identity, "weights": "in the GGUF"}
     if progress:
-        print(f"specdraft: reading the tokenizer and config of {path.name} (once per file; half a minute for a "
-              "150,000-token vocabulary)...", file=sys.stderr, flush=True)
+        print(f"specdraft: reading the tokenizer and config of {path.name} (once per file)...", file=sys.stderr,
+              flush=True)
     try:
         _write_model_dir(path, out_dir, source, with_weights=False)
     except SpecdraftError:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ...errors import SpecdraftError
+from ..gguf_header import read_header
 from .kernels import load_kernels
 
 # ggml type number -> name, for the block formats the kernels multiply directly
@@ -198,50 +199,6 @@ class GGUFTensors:
         return self.tensors[name]
 
 
-# GGUF metadata value types: struct formats of the fixed-size ones, 8 a string, 9 an array
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_STRING, _ARRAY = 8, 9
-
-
-class _Header:
-    """Reads a GGUF file's header: the metadata this module needs, and the tensor table. (The `gguf` package's
-    reader builds numpy objects for every vocabulary entry, seconds for a 150k vocabulary; here those arrays are
-    stepped over with `struct`.)"""
-
-    def __init__(self, buffer):
-        self.buffer, self.at = buffer, 0
-
-    def read(self, fmt: str):
-        (value,) = struct.unpack_from("<" + fmt, self.buffer, self.at)
-        self.at += struct.calcsize(fmt)
-        return value
-
-    def string(self) -> str:
-        length = self.read("Q")
-        text = bytes(self.buffer[self.at: self.at + length]).decode("utf-8", errors="replace")
-        self.at += length
-        return text
-
-    def value(self, kind: int):
-        """A metadata value (arrays are skipped and read as None)."""
-        if kind in _SCALARS:
-            return self.read(_SCALARS[kind])
-        if kind == _STRING:
-            return self.string()
-        if kind != _ARRAY:
-            raise ValueError(f"unknown metadata type {kind}")
-        item_kind, count = self.read("I"), self.read("Q")
-        if item_kind in _SCALARS:
-            self.at += count * struct.calcsize(_SCALARS[item_kind])
-        elif item_kind == _STRING:
-            for _ in range(count):
-                self.at += 8 + struct.unpack_from("<Q", self.buffer, self.at)[0]
-        else:
-            for _ in range(count):
-                self.value(item_kind)
-        return None
-
-
 Q5_0 = 6  # ggml's type number
 Q4_0_BLOCK_BYTES = 18  # d, qs[16] (weight j: low nibble of qs[j], weight j + 16: high nibble); value d * (q - 8)
 
@@ -322,24 +279,9 @@ def read_gguf(path: str | Path) -> GGUFTensors:
     path = Path(path)
     try:
         data = np.memmap(path, dtype=np.uint8, mode="c")  # copy-on-write: writable views, nothing written back
-        header = _Header(memoryview(data))
-        if bytes(data[:4]) != b"GGUF":
-            raise ValueError("no GGUF magic number")
-        header.at = 4
-        version, n_tensors, n_values = header.read("I"), header.read("Q"), header.read("Q")
-        if version < 2:
-            raise ValueError(f"GGUF version {version} is older than this reader (2 and later)")
-        metadata = {}
-        for _ in range(n_values):
-            key = header.string()
-            metadata[key] = header.value(header.read("I"))
-        table = []
-        for _ in range(n_tensors):
-            name = header.string()
-            dims = [header.read("Q") for _ in range(header.read("I"))]  # fastest-varying first
-            table.append((name, dims, header.read("I"), header.read("Q")))
-        alignment = int(metadata.get("general.alignment") or 32)
-        start = (header.at + alignment - 1) // alignment * alignment
+        header = read_header(memoryview(data))
+        metadata, start = header.metadata, header.data_start
+        table = [(t.name, t.dims, t.qtype, t.offset) for t in header.tensors]
     except (OSError, ValueError, IndexError, struct.error) as error:
         raise SpecdraftError(f"cannot read {path} as a GGUF file: {error}") from None
     tensors: dict[str, torch.Tensor | QuantWeight] = {}
