@@ -24,9 +24,10 @@ from specdraft.models.native.gguf_weights import BLOCK_TYPES, HUGE_PAGE, QuantWe
 from specdraft.models.native import kernels
 from specdraft.models.native.kernels import load_kernels
 
-TYPES = {"Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "Q8_0": (8, 32, 34),
-         "Q5_0": (6, 32, 22), "Q4_1": (3, 32, 20)}  # name -> (ggml type, weights per block, bytes per block)
-HALF_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q5_0": (0,),
+# name -> (ggml type, weights per block, bytes per block)
+TYPES = {"Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210),
+         "Q8_0": (8, 32, 34), "Q5_0": (6, 32, 22), "Q4_1": (3, 32, 20)}
+HALF_FIELDS = {"Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q5_0": (0,),
                "Q4_1": (0, 2)}  # byte offsets of halves
 RELATIVE_TOLERANCE = 1e-5
 
@@ -89,8 +90,8 @@ def test_negative_control_a_wrong_block_layout_fails_the_same_check(name):
     weight = random_blocks(name, 37, 512, seed=1)
     _, per_block, nbytes = TYPES[name]
     blocks = weight.blocks.view(37, -1, nbytes).clone()
-    payload = (slice(4, nbytes) if name in ("Q4_K", "Q5_K", "Q4_1") else slice(2, nbytes) if name != "Q6_K"
-               else slice(0, 192))
+    payload = (slice(4, nbytes) if name in ("Q4_K", "Q5_K", "Q4_1") else slice(0, 192) if name == "Q6_K"
+               else slice(0, 108) if name == "Q3_K" else slice(2, nbytes))
     blocks[:, :, payload] = blocks[:, :, payload].flip(-1)
     misread = QuantWeight(blocks.reshape(37, -1).contiguous(), weight.qtype, weight.cols)
     x = torch.randn(5, 512)
@@ -178,13 +179,13 @@ def test_quant_weight_rows_select_and_assign_like_a_tensor():
 
 # ----------------------------------------------------------------------------------- interleaved row groups
 
-INTERLEAVED = ["Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0"]
+INTERLEAVED = ["Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0"]
 
 
 def extreme_blocks(name: str, rows: int, cols: int) -> QuantWeight:
     """Every weight at its format's largest magnitude and every scale at its largest: the int16 sums of the
-    interleaved kernels reach their stated bounds (Q4_K 30480, Q5_K 31496, Q6_K 32004, Q8_0 32512, Q5_0 31496)
-    against activations of 127."""
+    interleaved kernels reach their stated bounds (Q3_K 7112, Q4_K 30480, Q5_K 31496, Q6_K 32004, Q8_0 32512,
+    Q5_0 31496) against activations of 127."""
     qtype, per_block, nbytes = TYPES[name]
     blocks = np.full((rows, cols // per_block, nbytes), 0xFF, dtype=np.uint8)
     half = np.array([0.001], dtype=np.float16).view(np.uint8)
@@ -193,6 +194,8 @@ def extreme_blocks(name: str, rows: int, cols: int) -> QuantWeight:
     elif name == "Q6_K":
         blocks[:, :, 192:208] = 127  # int8 scales
         blocks[:, :, 208:210] = half
+    elif name == "Q3_K":  # q 7 (value 3), scales 63 (31)
+        blocks[:, :, 108:110] = half
     else:
         blocks[:, :, 0:2] = half
         if name == "Q8_0":
@@ -260,7 +263,7 @@ def test_negative_control_an_interleaved_layout_read_wrong_fails_the_same_check(
     weight = random_blocks(name, rows, 768, seed=12)
     packed = weight.interleave()
     # where the 4-byte-per-row vectors start
-    payload = {"Q4_K": 160, "Q5_K": 160, "Q6_K": 144, "Q8_0": 16, "Q5_0": 48}[name]
+    payload = {"Q3_K": 144, "Q4_K": 160, "Q5_K": 160, "Q6_K": 144, "Q8_0": 16, "Q5_0": 48}[name]
     groups = packed.blocks.view(rows // 8, 768 // TYPES[name][1], -1).clone()  # [groups, blocks, group block bytes]
     body = groups[:, :, payload:].reshape(*groups.shape[:2], -1, 8, 4)  # [..., vectors, rows, 4 bytes]
     groups[:, :, payload:] = body.flip(3).reshape(*groups.shape[:2], -1)
@@ -442,8 +445,8 @@ def random_q3_k(rows: int, cols: int, seed: int) -> np.ndarray:
 
 
 def test_q3_k_rows_become_q6_k_rows_of_the_same_values(monkeypatch):
-    """Q3_K (no kernel of its own) is rewritten at load as Q6_K: the gguf package's own Q3_K values exactly, a slice
-    of rows at a time, and the product matches the float64 reference of those values."""
+    """Q3_K rewritten as Q6_K (as its row kernel and dequantization do block by block): the gguf package's own Q3_K
+    values exactly, a slice of rows at a time, and the product matches the float64 reference of those values."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
@@ -492,7 +495,7 @@ def test_a_gguf_with_q3_k_and_q4_0_matrices_reads_them_in_supported_formats(tmp_
     writer.write_tensors_to_file()
     writer.close()
     weights = read_gguf(tmp_path / "mixed.gguf")
-    assert weights.formats == {"Q3_K (as Q6_K)": 1, "Q4_0 (as Q5_0)": 1}
+    assert weights.formats == {"Q3_K": 1, "Q4_0 (as Q5_0)": 1}
     for name, raw, kind in (("blk.0.ffn_up.weight", q3, "Q3_K"), ("blk.0.ffn_gate.weight", q4, "Q4_0")):
         expected = dequantize(raw, gguf.GGMLQuantizationType[kind])
         assert torch.equal(weights.need(name).dequantize(), torch.from_numpy(expected)), kind

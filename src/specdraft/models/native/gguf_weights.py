@@ -1,10 +1,9 @@
 """Weights read from a GGUF file and kept in its own block formats (`--dtype gguf`).
 
-The file is memory-mapped: a weight matrix in a supported block format (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_1) is a
-`QuantWeight`, a view of the file's bytes that `quant_kernels.cpp` multiplies as it is (no copy, no widening: a
-step of the 1.5B reads its 1.0 GiB instead of 3.1 GB of bf16). Q4_0 and Q3_K matrices are rewritten at load in
-a supported format of the same values (`q4_0_as_q5_0`: Q5_0, 22 bytes a block for 18; `q3_k_as_q6_k`: Q6_K, 210
-for 110). Matrices in other formats are dequantized once at
+The file is memory-mapped: a weight matrix in a supported block format (Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_1)
+is a `QuantWeight`, a view of the file's bytes that `quant_kernels.cpp` multiplies as it is (no copy, no widening:
+a step of the 1.5B reads its 1.0 GiB instead of 3.1 GB of bf16). Q4_0 matrices are rewritten at load as Q5_0
+blocks of the same values (`q4_0_as_q5_0`: 22 bytes a block for 18). Matrices in other formats are dequantized once at
 load (F32 and F16 to float32, BF16 kept, any other block format to bfloat16 through the `gguf` package's own
 dequantization); norms and biases are float32.
 """
@@ -24,11 +23,12 @@ from ..gguf_header import read_header
 from .kernels import load_kernels
 
 # ggml type number -> name, for the block formats the kernels multiply directly
-BLOCK_TYPES = {3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
-BLOCK_SHAPES = {3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 13: (256, 176),
+BLOCK_TYPES = {3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+BLOCK_SHAPES = {3: (32, 20), 6: (32, 22), 8: (32, 34), 11: (256, 110), 12: (256, 144), 13: (256, 176),
                 14: (256, 210)}  # (weights, bytes) per block
-INTERLEAVED_TYPES = {6, 8, 12, 13, 14}  # formats whose matrices `interleave` repacks into groups of ROW_GROUP rows
-INTERLEAVED_BLOCK_BYTES = {6: 176, 8: 272, 12: 1184, 13: 1440, 14: 1680}  # bytes of one block column of ROW_GROUP rows
+INTERLEAVED_TYPES = {6, 8, 11, 12, 13, 14}  # formats whose matrices `interleave` repacks into groups of ROW_GROUP rows
+INTERLEAVED_BLOCK_BYTES = {6: 176, 8: 272, 11: 912, 12: 1184, 13: 1440,
+                           14: 1680}  # bytes of one block column of ROW_GROUP rows
 ROW_GROUP = 8
 INTERLEAVE_ROWS = 8192  # rows `interleave` repacks at a time (a multiple of ROW_GROUP)
 HUGE_PAGE = 2 << 20  # bytes of an x86-64 huge page
@@ -129,8 +129,8 @@ class QuantWeight:
 
     def interleave(self, source: GGUFTensors | None = None) -> QuantWeight:
         """This matrix repacked into groups of 8 rows for passes of several tokens (quant_kernels.cpp, "interleaved
-        row groups"): a verify pass of 8 tokens then costs about half what it costs row by row. Q4_K, Q5_K, Q6_K,
-        Q8_0 and Q5_0 with a multiple of 8 rows; any other matrix is returned as it is. Repacked a slice of rows at a
+        row groups"): a verify pass of 8 tokens then costs about half what it costs row by row. Q3_K, Q4_K, Q5_K,
+        Q6_K, Q8_0 and Q5_0 with a multiple of 8 rows; any other matrix is returned as it is. Repacked a slice of rows at a
         time into the final buffer; with `source`, the file this matrix is a view of, each slice's mapped pages
         are released once copied (a 150k-row LM head would otherwise be resident twice for a moment)."""
         if self.interleaved or self.qtype not in INTERLEAVED_TYPES or len(self) % ROW_GROUP:
@@ -261,11 +261,11 @@ def q3_k_as_q6_k(raw: np.ndarray) -> np.ndarray:
     return out.reshape(rows, -1)
 
 
-CONVERTED_TYPES = {2: Q5_0, 11: Q6_K}  # Q4_0, Q3_K -> the format their rows are rewritten in at load
+CONVERTED_TYPES = {2: Q5_0}  # Q4_0 -> the format its rows are rewritten in at load
 
 
 def converted_rows(raw: np.ndarray, qtype: int, cols: int) -> torch.Tensor:
-    """Q4_0 or Q3_K rows rewritten as Q5_0 or Q6_K rows of the same values, by the kernels (quant_kernels.cpp,
+    """Q4_0 (or Q3_K) rows rewritten as Q5_0 (or Q6_K) rows of the same values, by the kernels (quant_kernels.cpp,
     `qconvert_rows`: a 1.5B's Q4_0 matrices in about a second; the numpy twins above, which the tests hold it to,
     take ten)."""
     return load_kernels().qconvert_rows(torch.from_numpy(raw), int(qtype), cols)

@@ -174,7 +174,7 @@ class NativeLlama:
                 post_norm=norm(prefix + "ffn_norm.weight"),
                 gate=weights.need(prefix + "ffn_gate.weight"), up=weights.need(prefix + "ffn_up.weight"),
                 down=weights.need(prefix + "ffn_down.weight")))
-        for layer in layers:  # the Q4_K/Q5_K/Q6_K/Q8_0/Q5_0 matrices in groups of 8 rows, for passes of several tokens
+        for layer in layers:  # the block-format matrices in groups of 8 rows, for passes of several tokens
             for field in ("q", "k", "v", "o", "gate", "up", "down"):
                 setattr(layer, field, interleaved(getattr(layer, field)))
         embed = weights.need("token_embd.weight")  # rows looked up one by one: kept as the file has it

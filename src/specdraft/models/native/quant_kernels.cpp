@@ -1,4 +1,4 @@
-// Matrix products over weights kept in their GGUF block formats (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_1).
+// Matrix products over weights kept in their GGUF block formats (Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_1).
 //
 // Activations are quantized per row to int8 blocks (one float scale per 256 values for the k-quants, per 32 for the
 // 32-value formats; each row on its own, so a row quantizes the same whatever else is in the call). A weight block
@@ -14,6 +14,9 @@
 // ("AMX tiles" below): the same integers again.
 //
 // Block layouts (ggml's, little-endian; "d" fields are IEEE half floats):
+//   Q3_K, 256 weights in 110 bytes: hmask[32], qs[64], scales[12] (16 six-bit scales), d; weight 128n + 32j + 16p
+//         + l has low bits (qs[32n + 16p + l] >> 2j) & 3 and high bit (hmask[16p + l] >> 4n + j) & 1; value
+//         d * (scale[8n + 2j + p] - 32) * (q - 4), q in 0..7.
 //   Q4_K, 256 weights in 144 bytes: d, dmin, scales[12] (8 six-bit scales and 8 six-bit mins), qs[128];
 //         weight 64j + 32s + l is nibble s of qs[32j + l]; its value d * scale[2j+s] * q - dmin * min[2j+s].
 //   Q5_K, 256 weights in 176 bytes: d, dmin, scales[12] (as Q4_K's), qh[32], qs[128]; weight 64j + 32s + l is
@@ -43,7 +46,7 @@
 namespace {
 
 // ggml's type numbers
-enum QType : int64_t { kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
+enum QType : int64_t { kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
 
 inline float half_to_float(const uint8_t* p) {
   uint16_t bits;
@@ -348,6 +351,53 @@ struct Q6K {
       const __m256i offsets = _mm256_slli_epi32(_mm256_madd_epi16(scales, load256(x[g].sums)), 5);
       acc[g] = scaled_add(acc[g], _mm256_sub_epi32(_mm256_add_epi32(even[g], odd[g]), offsets), d * x[g].d);
     }
+  }
+};
+
+// Q3_K's scale s (of 16) as the signed value it multiplies by: s - 32 of its six bits, whose low four bits are
+// nibble s / 8 of packed[s % 8] and high two bits 2(s / 4).. of packed[8 + s % 4] (`packed`: the block's scales[12]).
+inline int8_t q3_k_scale(const uint8_t* packed, int s) {
+  const int six = ((packed[s % 8] >> (4 * (s / 8))) & 0x0F) | (((packed[8 + s % 4] >> (2 * (s / 4))) & 3) << 4);
+  return static_cast<int8_t>(six - 32);
+}
+
+// Q3_K (hmask[32], qs[64], scales[12], d; value d * (s - 32) * (q - 4)) -> Q6_K (ql[128], qh[64], int8 scales[16],
+// d; value d * s6 * (q6 - 32)) with s6 = s - 32 and q6 = q + 28. Q3_K's weight 128n + 32j + 16p + l: low bits
+// (qs[32n + 16p + l] >> 2j) & 3, high bit (hmask[16p + l] >> 4n + j) & 1; scale s: low four bits nibble s / 8 of
+// scales[s % 8], high two bits 2(s / 4).. of scales[8 + s % 4].
+inline void q3_k_as_q6_k_block(const uint8_t* in, uint8_t* out) {
+  const uint8_t* hmask = in;
+  const uint8_t* qs = in + 32;
+  const uint8_t* packed = in + 96;
+  uint8_t q6[256];
+  for (int n = 0; n < 2; ++n)
+    for (int j = 0; j < 4; ++j)
+      for (int p = 0; p < 2; ++p)
+        for (int l = 0; l < 16; ++l)
+          q6[128 * n + 32 * j + 16 * p + l] = static_cast<uint8_t>(
+              ((qs[32 * n + 16 * p + l] >> (2 * j)) & 3) + 4 * ((hmask[16 * p + l] >> (4 * n + j)) & 1) + 28);
+  std::memset(out, 0, 192);
+  // Q6_K's weight 128h + 32k + l: nibble k / 2 of ql[64h + 32(k % 2) + l], bits 2k..2k + 1 of qh[32h + l]
+  for (int h = 0; h < 2; ++h)
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t v = q6[128 * h + 32 * k + l];
+        out[64 * h + 32 * (k % 2) + l] |= static_cast<uint8_t>((v & 0x0F) << (4 * (k / 2)));
+        out[128 + 32 * h + l] |= static_cast<uint8_t>((v >> 4) << (2 * k));
+      }
+  for (int s = 0; s < 16; ++s) out[192 + s] = static_cast<uint8_t>(q3_k_scale(packed, s));
+  std::memcpy(out + 208, in + 108, 2);
+}
+
+// Q3_K row by row: each block rewritten as the Q6_K block of the same values (s6 = s - 32, q6 = q + 28) and
+// multiplied as one. Matrices of a multiple of 8 rows (all of a Q3_K file's but odd heads) run Q3Kx8 instead.
+struct Q3K {
+  static constexpr int64_t kWeights = 256, kBytes = 110, kActBlock = 256;
+  template <int G>
+  static void dot(const uint8_t* block, const TokenBlock* x, __m256* acc) {
+    alignas(32) uint8_t as_q6_k[Q6K::kBytes];
+    q3_k_as_q6_k_block(block, as_q6_k);
+    Q6K::dot<G>(as_q6_k, x, acc);
   }
 };
 
@@ -878,8 +928,8 @@ struct Q6Kx8 {
     finish<G>(block, x, dots, acc);
   }
 
-  // the offsets' part and the float part: acc += d dx (dots - 32 offsets)
-  template <int G>
+  // the offsets' part and the float part: acc += d dx (dots - 2^shift offsets): Q6_K's offset 32, Q3_K's 4
+  template <int G, int shift = 5>
   static void finish(const uint8_t* block, const TokenSuper* x, const __m256i* dots, __m256* acc) {
     __m256i offsets[G];
     for (int g = 0; g < G; ++g) offsets[g] = _mm256_setzero_si256();
@@ -892,9 +942,84 @@ struct Q6Kx8 {
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
     for (int g = 0; g < G; ++g) {  // total lane r = sum_i scale_ri (q_ri - 32) xq_i over the block
-      const __m256i total = _mm256_sub_epi32(dots[g], _mm256_slli_epi32(offsets[g], 5));
+      const __m256i total = _mm256_sub_epi32(dots[g], _mm256_slli_epi32(offsets[g], shift));
       acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
     }
+  }
+};
+
+// Q3_K, 8 rows x 256 weights in 912 bytes: [0, 16) d of rows 0-7 (halves), [16, 144) byte 16 + 8s + r: scale s of
+//   row r as int8 (s - 32, as Q6Kx8's), [144, 656) byte 144 + 32(8n + 4p + k) + 4r + i: qs[32n + 16p + 4k + i] of
+//   row r (its bits 2j..2j + 1: the low bits of weight 128n + 32j + 16p + 4k + i), [656, 912) byte 656 + 32(4p + k)
+//   + 4r + i: hmask[16p + 4k + i] of row r (its bit 4n + j: that weight's high bit). A vector of 4 weights of each
+//   of 8 rows is one sub-block's: two shifts and masks and an or make it, q in 0..7.
+struct Q3Kx8 {
+  static constexpr int64_t kWeights = 256, kBytes = 912, kActBlock = 256;
+  static constexpr int kGroupsTokens = kGroup;
+
+  static void pack(const uint8_t* const rows[8], uint8_t* out) {
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* b = rows[r];
+      std::memcpy(out + 2 * r, b + 108, 2);
+      for (int s = 0; s < 16; ++s) out[16 + 8 * s + r] = static_cast<uint8_t>(q3_k_scale(b + 96, s));
+      for (int v = 0; v < 16; ++v) std::memcpy(out + 144 + 32 * v + 4 * r, b + 32 + 4 * v, 4);  // v = 8n + 4p + k
+      for (int v = 0; v < 8; ++v) std::memcpy(out + 656 + 32 * v + 4 * r, b + 4 * v, 4);  // v = 4p + k
+    }
+  }
+
+  static void unpack(const uint8_t* in, uint8_t* const rows[8]) {
+    for (int r = 0; r < 8; ++r) {
+      uint8_t* b = rows[r];
+      std::memcpy(b + 108, in + 2 * r, 2);
+      std::memset(b + 96, 0, 12);
+      for (int s = 0; s < 16; ++s) {  // the inverse of q3_k_scale
+        const int six = static_cast<int8_t>(in[16 + 8 * s + r]) + 32;
+        b[96 + s % 8] |= static_cast<uint8_t>((six & 0x0F) << (4 * (s / 8)));
+        b[104 + s % 4] |= static_cast<uint8_t>((six >> 4) << (2 * (s / 4)));
+      }
+      for (int v = 0; v < 16; ++v) std::memcpy(b + 32 + 4 * v, in + 144 + 32 * v + 4 * r, 4);
+      for (int v = 0; v < 8; ++v) std::memcpy(b + 4 * v, in + 656 + 32 * v + 4 * r, 4);
+    }
+  }
+
+  // bit `from` of each byte of v moved to bit `to` (shifts within int16 lanes, then a byte mask: what crosses into
+  // the next byte lands below bit `to`, or is shifted out)
+  template <int from, int to>
+  static __m256i bit_to(__m256i v, __m256i mask) {
+    if constexpr (from > to) return _mm256_and_si256(_mm256_srli_epi16(v, from - to), mask);
+    else if constexpr (from < to) return _mm256_and_si256(_mm256_slli_epi16(v, to - from), mask);
+    else return _mm256_and_si256(v, mask);
+  }
+
+  // sum_i w_ri x_i = d_r dx (sum_s scale_rs sum_{i in s} q_ri xq_i - 4 sum_s scale_rs sum_{i in s} xq_i), q in 0..7.
+  // int16: a lane adds the 4 vpmaddubsw lanes of a sub-block's 16 weights (2 products each): at most 7112. One code
+  // for every build (with VNNI too: the same integers).
+  template <int G>
+  static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    const __m256i crumb = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    __m256i dots[G];
+    for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
+    unrolled<2>([&](auto half) __attribute__((always_inline)) {
+      constexpr int n = half;
+      unrolled<4>([&](auto shift) __attribute__((always_inline)) {
+        constexpr int j = shift;
+        for (int p = 0; p < 2; ++p) {  // sub-block 8n + 2j + p
+          __m256i sums[G];
+          for (int k = 0; k < 4; ++k) {
+            const __m256i low = bit_to<2 * j, 0>(load256(block + 144 + 32 * (8 * n + 4 * p + k)), crumb);
+            const __m256i w = _mm256_or_si256(low, bit_to<4 * n + j, 2>(load256(block + 656 + 32 * (4 * p + k)), four));
+            const int64_t at = 128 * n + 32 * j + 16 * p + 4 * k;
+            for (int g = 0; g < G; ++g) {
+              const __m256i product = _mm256_maddubs_epi16(w, broadcast4(x[g].q + at));
+              sums[g] = k ? add_i16_into(sums[g], product) : product;
+            }
+          }
+          const __m256i scale = row_pairs_s8(block + 16 + 8 * (8 * n + 2 * j + p));
+          for (int g = 0; g < G; ++g) dots[g] = add_i32_into(dots[g], _mm256_madd_epi16(sums[g], scale));
+        }
+      });
+    });
+    Q6Kx8::finish<G, 2>(block, x, dots, acc);
   }
 };
 
@@ -1730,6 +1855,7 @@ void qlinear_x8_small_blocks(const uint8_t* weight, int64_t N, int64_t K, const 
 
 int64_t block_weights(int64_t type) {
   switch (type) {
+    case kQ3_K: return Q3K::kWeights;
     case kQ4_K: return Q4K::kWeights;
     case kQ5_K: return Q5K::kWeights;
     case kQ6_K: return Q6K::kWeights;
@@ -1742,6 +1868,7 @@ int64_t block_weights(int64_t type) {
 
 int64_t block_bytes(int64_t type) {
   switch (type) {
+    case kQ3_K: return Q3K::kBytes;
     case kQ4_K: return Q4K::kBytes;
     case kQ5_K: return Q5K::kBytes;
     case kQ6_K: return Q6K::kBytes;
@@ -1771,6 +1898,12 @@ void dequantize_k_block(const uint8_t* block, const uint8_t* qs, const uint8_t* 
 
 void dequantize_block(int64_t type, const uint8_t* block, float* y) {
   switch (type) {
+    case kQ3_K: {
+      uint8_t as_q6_k[Q6K::kBytes];
+      q3_k_as_q6_k_block(block, as_q6_k);
+      dequantize_block(kQ6_K, as_q6_k, y);
+      break;
+    }
     case kQ4_K: dequantize_k_block(block, block + 16, nullptr, y); break;
     case kQ5_K: dequantize_k_block(block, block + 48, block + 16, y); break;
     case kQ6_K: {
@@ -1819,7 +1952,7 @@ void dequantize_block(int64_t type, const uint8_t* block, float* y) {
 
 void check_weight(const torch::Tensor& weight, int64_t type, int64_t K) {
   TORCH_CHECK(block_weights(type) > 0, "unsupported block type ", type,
-              " (supported: Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_1)");
+              " (supported: Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_1)");
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kUInt8 && weight.is_contiguous(),
               "quantized weight must be [N, row_bytes] uint8");
   TORCH_CHECK(K % block_weights(type) == 0, "row length ", K, " is not a multiple of the block size");
@@ -1845,6 +1978,7 @@ torch::Tensor qlinear(torch::Tensor x, torch::Tensor weight, int64_t type, c10::
   const uint8_t* w = weight.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   switch (type) {
+    case kQ3_K: qlinear_impl<Q3K>(w, N, K, rows, bias_ptr, o); break;
     case kQ4_K: qlinear_impl<Q4K>(w, N, K, rows, bias_ptr, o); break;
     case kQ5_K: qlinear_impl<Q5K>(w, N, K, rows, bias_ptr, o); break;
     case kQ6_K: qlinear_impl<Q6K>(w, N, K, rows, bias_ptr, o); break;
@@ -1875,9 +2009,10 @@ torch::Tensor qdequantize_rows(torch::Tensor weight, int64_t type, int64_t K, to
 }
 
 // ------------------------------------------------------------------------------ formats read as another one
-// Q4_0 and Q3_K have no kernels: their blocks are rewritten at load in a format that holds the same values (the
-// numpy twins in gguf_weights.py say how, and the tests hold these to them).
-constexpr int64_t kQ4_0 = 2, kQ3_K = 11;
+// Q4_0 has no kernel: its blocks are rewritten at load as Q5_0 blocks of the same values. Q3_K's row kernel and
+// dequantization rewrite each block as Q6_K (`q3_k_as_q6_k_block`, above). `qconvert_rows` does either to whole
+// rows; the numpy twins in gguf_weights.py say how, and the tests hold these to them.
+constexpr int64_t kQ4_0 = 2;
 
 // Q4_0 (d, qs[16]; value d * (q - 8)) -> Q5_0 (d, qh, qs[16]; value d * (q - 16)) with q5 = q4 + 8: its low bits
 // q4 ^ 8, its fifth bit q4's fourth.
@@ -1890,37 +2025,6 @@ static void q4_0_as_q5_0_block(const uint8_t* in, uint8_t* out) {
     out[6 + j] = in[2 + j] ^ 0x88;
   }
   std::memcpy(out + 2, &high_bits, 4);
-}
-
-// Q3_K (hmask[32], qs[64], scales[12], d; value d * (s - 32) * (q - 4)) -> Q6_K (ql[128], qh[64], int8 scales[16],
-// d; value d * s6 * (q6 - 32)) with s6 = s - 32 and q6 = q + 28. Q3_K's weight 128n + 32j + 16p + l: low bits
-// (qs[32n + 16p + l] >> 2j) & 3, high bit (hmask[16p + l] >> 4n + j) & 1; scale s: low four bits nibble s / 8 of
-// scales[s % 8], high two bits 2(s / 4).. of scales[8 + s % 4].
-static void q3_k_as_q6_k_block(const uint8_t* in, uint8_t* out) {
-  const uint8_t* hmask = in;
-  const uint8_t* qs = in + 32;
-  const uint8_t* packed = in + 96;
-  uint8_t q6[256];
-  for (int n = 0; n < 2; ++n)
-    for (int j = 0; j < 4; ++j)
-      for (int p = 0; p < 2; ++p)
-        for (int l = 0; l < 16; ++l)
-          q6[128 * n + 32 * j + 16 * p + l] = static_cast<uint8_t>(
-              ((qs[32 * n + 16 * p + l] >> (2 * j)) & 3) + 4 * ((hmask[16 * p + l] >> (4 * n + j)) & 1) + 28);
-  std::memset(out, 0, 192);
-  // Q6_K's weight 128h + 32k + l: nibble k / 2 of ql[64h + 32(k % 2) + l], bits 2k..2k + 1 of qh[32h + l]
-  for (int h = 0; h < 2; ++h)
-    for (int k = 0; k < 4; ++k)
-      for (int l = 0; l < 32; ++l) {
-        const uint8_t v = q6[128 * h + 32 * k + l];
-        out[64 * h + 32 * (k % 2) + l] |= static_cast<uint8_t>((v & 0x0F) << (4 * (k / 2)));
-        out[128 + 32 * h + l] |= static_cast<uint8_t>((v >> 4) << (2 * k));
-      }
-  for (int s = 0; s < 16; ++s) {
-    const int scale = ((packed[s % 8] >> (4 * (s / 8))) & 0x0F) | (((packed[8 + s % 4] >> (2 * (s / 4))) & 3) << 4);
-    out[192 + s] = static_cast<uint8_t>(static_cast<int8_t>(scale - 32));
-  }
-  std::memcpy(out + 208, in + 108, 2);
 }
 
 // raw [N, K / per block * its bytes] uint8 rows of Q4_0 or Q3_K -> [N, ...] the same rows as Q5_0 or Q6_K
@@ -1944,9 +2048,10 @@ torch::Tensor qconvert_rows(torch::Tensor raw, int64_t type, int64_t K) {
 }
 
 // Interleaved row groups (rows a multiple of 8): weight [N, row_bytes] -> [N / 8, blocks per row * group block
-// bytes], a copy whose block columns of 8 rows are repacked as Q4Kx8, Q5Kx8, Q6Kx8, Q80x8 and Q50x8 describe.
+// bytes], a copy whose block columns of 8 rows are repacked as Q3Kx8, Q4Kx8, Q5Kx8, Q6Kx8, Q80x8 and Q50x8 describe.
 int64_t x8_bytes(int64_t type) {
   switch (type) {
+    case kQ3_K: return Q3Kx8::kBytes;
     case kQ4_K: return Q4Kx8::kBytes;
     case kQ5_K: return Q5Kx8::kBytes;
     case kQ6_K: return Q6Kx8::kBytes;
@@ -1958,6 +2063,7 @@ int64_t x8_bytes(int64_t type) {
 
 void pack_x8(int64_t type, const uint8_t* const rows[8], uint8_t* out) {
   switch (type) {
+    case kQ3_K: Q3Kx8::pack(rows, out); break;
     case kQ4_K: Q4Kx8::pack(rows, out); break;
     case kQ5_K: Q5Kx8::pack(rows, out); break;
     case kQ6_K: Q6Kx8::pack(rows, out); break;
@@ -1968,6 +2074,7 @@ void pack_x8(int64_t type, const uint8_t* const rows[8], uint8_t* out) {
 
 void unpack_x8(int64_t type, const uint8_t* in, uint8_t* const rows[8]) {
   switch (type) {
+    case kQ3_K: Q3Kx8::unpack(in, rows); break;
     case kQ4_K: Q4Kx8::unpack(in, rows); break;
     case kQ5_K: Q5Kx8::unpack(in, rows); break;
     case kQ6_K: Q6Kx8::unpack(in, rows); break;
@@ -1977,7 +2084,7 @@ void unpack_x8(int64_t type, const uint8_t* in, uint8_t* const rows[8]) {
 }
 
 void check_packed(const torch::Tensor& packed, int64_t type, int64_t K) {
-  TORCH_CHECK(x8_bytes(type) > 0, "only Q4_K, Q5_K, Q6_K, Q8_0 and Q5_0 matrices interleave rows");
+  TORCH_CHECK(x8_bytes(type) > 0, "only Q3_K, Q4_K, Q5_K, Q6_K, Q8_0 and Q5_0 matrices interleave rows");
   TORCH_CHECK(K % block_weights(type) == 0, "row length ", K, " is not a multiple of the block size");
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() &&
               packed.size(1) == K / block_weights(type) * x8_bytes(type),
@@ -1987,7 +2094,7 @@ void check_packed(const torch::Tensor& packed, int64_t type, int64_t K) {
 // weight [N, row_bytes] -> out [N / 8, ...] (written in place: a slice of a larger interleaved matrix)
 void qinterleave_into(torch::Tensor weight, int64_t type, int64_t K, torch::Tensor out) {
   check_weight(weight, type, K);
-  TORCH_CHECK(x8_bytes(type) > 0, "only Q4_K, Q5_K, Q6_K, Q8_0 and Q5_0 matrices interleave rows");
+  TORCH_CHECK(x8_bytes(type) > 0, "only Q3_K, Q4_K, Q5_K, Q6_K, Q8_0 and Q5_0 matrices interleave rows");
   const int64_t N = weight.size(0), blocks = K / block_weights(type), row_bytes = weight.size(1);
   TORCH_CHECK(N % kRowGroup == 0, "rows (", N, ") must be a multiple of ", kRowGroup, " to interleave");
   check_packed(out, type, K);
@@ -2061,6 +2168,7 @@ torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c1
     case kQ6_K: qlinear_x8_impl<Q6Kx8>(w, N, K, rows, bias_ptr, o); break;
 #endif
     case kQ5_K: qlinear_x8_impl<Q5Kx8>(w, N, K, rows, bias_ptr, o); break;  // no tiles of its own (yet)
+    case kQ3_K: qlinear_x8_impl<Q3Kx8>(w, N, K, rows, bias_ptr, o); break;  // nor has Q3_K
     case kQ8_0: qlinear_x8_small_blocks<Q80x8>(w, N, K, rows, bias_ptr, o); break;
     case kQ5_0: qlinear_x8_small_blocks<Q50x8>(w, N, K, rows, bias_ptr, o); break;
   }
