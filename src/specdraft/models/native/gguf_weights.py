@@ -27,7 +27,7 @@ BLOCK_TYPES = {3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 11: "Q3_K", 12: "Q4_K", 13: "Q5_
 BLOCK_SHAPES = {3: (32, 20), 6: (32, 22), 8: (32, 34), 11: (256, 110), 12: (256, 144), 13: (256, 176),
                 14: (256, 210)}  # (weights, bytes) per block
 INTERLEAVED_TYPES = {6, 8, 11, 12, 13, 14}  # formats whose matrices `interleave` repacks into groups of ROW_GROUP rows
-INTERLEAVED_BLOCK_BYTES = {6: 176, 8: 272, 11: 912, 12: 1184, 13: 1440,
+INTERLEAVED_BLOCK_BYTES = {6: 176, 8: 272, 11: 1168, 12: 1184, 13: 1440,
                            14: 1680}  # bytes of one block column of ROW_GROUP rows
 ROW_GROUP = 8
 INTERLEAVE_ROWS = 8192  # rows `interleave` repacks at a time (a multiple of ROW_GROUP)
