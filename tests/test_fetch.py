@@ -209,7 +209,18 @@ def test_a_gguf_file_of_ones_own_runs_as_its_packaged_twin(tmp_path, monkeypatch
     user_file.parent.mkdir()
     shutil.copyfile(fetch_mod.gguf_source(packaged.path), user_file)
     cache = tmp_path / "cache"
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils
+
+    load_checkpoint = modeling_gguf_pytorch_utils.load_gguf_checkpoint
+    read = []  # the files the gguf package's (slow) reader opens: only the header copy
+    init = gguf.GGUFReader.__init__
+    monkeypatch.setattr(gguf.GGUFReader, "__init__", lambda self, path, *a, **k: (read.append(Path(path).name),
+                                                                                 init(self, path, *a, **k))[1])
     mine = load_model(str(user_file), cache_dir=str(cache), progress=False)
+    monkeypatch.undo()
+    assert read and set(read) == {"header.gguf"}
+    assert modeling_gguf_pytorch_utils.load_gguf_checkpoint is load_checkpoint  # put back
     assert mine.native is not None and mine.model is None  # the file's own block formats, natively
     assert fetch_mod.gguf_source(mine.path) == user_file.resolve()
     # its files are what transformers makes of the GGUF itself (read there through a copy of its header)
@@ -248,14 +259,19 @@ def test_a_gguf_file_of_ones_own_runs_as_its_packaged_twin(tmp_path, monkeypatch
 
 
 def test_a_gguf_path_that_is_missing_not_gguf_or_cut_short_is_a_clear_error(tmp_path):
+    from test_gguf_header import write_file
+
     from specdraft import load_model
 
     not_gguf = tmp_path / "notes.gguf"
     not_gguf.write_bytes(b"GGML" + bytes(1000))
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(8))  # a version, then the header ends
+    cut_in_data = tmp_path / "cut-in-data.gguf"  # a whole header, the last tensor's data cut short
+    write_file(cut_in_data)
+    cut_in_data.write_bytes(cut_in_data.read_bytes()[:-100])
     cases = [(tmp_path / "missing.gguf", "no GGUF file at"), (not_gguf, "is not a GGUF file"),
-             (cut, "cannot read a tokenizer and config from")]
+             (cut, "cannot read a tokenizer and config from"), (cut_in_data, "runs past the end of the file")]
     for path, message in cases:
         with pytest.raises(SpecdraftError, match=message):
             load_model(str(path), cache_dir=str(tmp_path / "cache"), progress=False)

@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,26 +265,34 @@ def _converting_dir(out_dir: Path) -> Path:
     return out_dir.with_name(f"{out_dir.name}.converting-{os.getpid()}")
 
 
+_config_redirect = threading.Lock()  # one redirect at a time: each restores the function it replaced
+
+
 @contextlib.contextmanager
-def _config_read_from(gguf_path: Path, header: Path):
+def _config_read_from(gguf_path: Path, header: Path, vocabulary: int | None):
     """While open, transformers reads `gguf_path`'s config (`load_gguf_checkpoint` without tensors, the `gguf`
     package's reader: seconds per 100,000 vocabulary entries) from `header`, a `metadata_copy` of it, which gives
-    the same config in a fraction of a second (its tokenizer is read by transformers' own fast reader).
-    (`tests/test_fetch.py` holds the result to what transformers makes of the file itself.)"""
+    the same config in a fraction of a second (its tokenizer is read by transformers' own fast reader). For an
+    architecture whose config takes the vocabulary's size from the token list alone, `vocabulary` (its length)
+    stands in. (`tests/test_fetch.py` holds the result to what transformers makes of the file itself.)"""
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
-    load = gguf_utils.load_gguf_checkpoint
+    with _config_redirect:
+        load = gguf_utils.load_gguf_checkpoint
 
-    def load_header_instead(path, return_tensors=False, *args, **kwargs):
-        if not return_tensors and Path(path).resolve() == gguf_path.resolve():
-            path = header
-        return load(path, return_tensors, *args, **kwargs)
+        def load_header_instead(path, return_tensors=False, *args, **kwargs):
+            if return_tensors or Path(path).resolve() != gguf_path.resolve():
+                return load(path, return_tensors, *args, **kwargs)
+            parsed = load(header, return_tensors, *args, **kwargs)
+            if vocabulary is not None:
+                parsed["config"].setdefault("vocab_size", vocabulary)
+            return parsed
 
-    gguf_utils.load_gguf_checkpoint = load_header_instead
-    try:
-        yield
-    finally:
-        gguf_utils.load_gguf_checkpoint = load
+        gguf_utils.load_gguf_checkpoint = load_header_instead
+        try:
+            yield
+        finally:
+            gguf_utils.load_gguf_checkpoint = load
 
 
 def _write_model_dir(gguf_path: Path, out_dir: Path, source: dict, with_weights: bool) -> Path:
@@ -297,15 +306,16 @@ def _write_model_dir(gguf_path: Path, out_dir: Path, source: dict, with_weights:
     _check_disk(out_dir.parent, (5 if with_weights else 1) * gguf_path.stat().st_size)
     with tempfile.TemporaryDirectory(prefix="specdraft-gguf-header-") as header_dir:
         header = Path(header_dir) / "header.gguf"
-        metadata_copy(gguf_path, header)
-        with _config_read_from(gguf_path, header):
+        vocabulary = metadata_copy(gguf_path, header)
+        with _config_read_from(gguf_path, header, vocabulary):
             config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
             tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+            if with_weights:
+                print(f"converting {gguf_path.name} to fp32 safetensors for float weights (once; takes a minute)...",
+                      file=sys.stderr)
+                model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                             dtype=torch.float32)
     if with_weights:
-        print(f"converting {gguf_path.name} to fp32 safetensors for float weights (once; takes a minute)...",
-              file=sys.stderr)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                     dtype=torch.float32)
         # The weights are already dequantized; drop the GGUF quantizer so save_pretrained writes a plain model.
         model.hf_quantizer = None
         model.is_quantized = False

@@ -108,18 +108,34 @@ def read_header(buffer) -> GGUFHeader:
     return GGUFHeader(version, metadata, array_lengths, spans, tensors, data_start)
 
 
+def check_tensor_data(header: GGUFHeader, file_size: int) -> None:
+    """ValueError naming the first tensor whose data runs past the end of a file of `file_size` bytes (a download
+    cut short), or of a type this version of the `gguf` package does not know."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    for tensor in header.tensors:
+        per_block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(tensor.qtype)]
+        count = 1
+        for n in tensor.dims:
+            count *= n
+        if header.data_start + tensor.offset + count // per_block * block_bytes > file_size:
+            raise ValueError(f"tensor {tensor.name!r} runs past the end of the file (cut short?)")
+
+
 def _string(text: str) -> bytes:
     encoded = text.encode("utf-8")
     return struct.pack("<Q", len(encoded)) + encoded
 
 
-def metadata_copy(path: str | Path, out: str | Path, arrays_over: int = 1024) -> None:
+def metadata_copy(path: str | Path, out: str | Path, arrays_over: int = 1024) -> int | None:
     """Write to `out` a GGUF with `path`'s metadata except arrays of more than `arrays_over` entries (the
     vocabulary's tokens, scores, types and merges), and its tensors' names, each as a one-element F32 tensor.
     Where the file names no `<architecture>.vocab_size`, the copy gets one: the length of its token list (what
-    transformers takes as the vocabulary size when the key is missing)."""
+    transformers takes as the vocabulary size when the key is missing). Returns that length (None: no token list).
+    A file whose tensor data is cut short is refused (ValueError), as reading its weights would be."""
     with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as head:
         header = read_header(head)
+        check_tensor_data(header, len(head))
         pairs = [head[slice(*span)] for key, span in header.spans.items()
                  if header.array_lengths.get(key, 0) <= arrays_over]
     vocab_key = f"{header.metadata.get('general.architecture')}.vocab_size"
@@ -132,3 +148,4 @@ def metadata_copy(path: str | Path, out: str | Path, arrays_over: int = 1024) ->
     body = b"GGUF" + struct.pack("<IQQ", header.version, len(header.tensors), len(pairs)) + b"".join(pairs) + table
     body += b"\0" * (-len(body) % alignment)
     Path(out).write_bytes(body + b"\0" * (alignment * len(header.tensors)))
+    return tokens

@@ -130,9 +130,9 @@ class QuantWeight:
     def interleave(self, source: GGUFTensors | None = None) -> QuantWeight:
         """This matrix repacked into groups of 8 rows for passes of several tokens (quant_kernels.cpp, "interleaved
         row groups"): a verify pass of 8 tokens then costs about half what it costs row by row. Q3_K, Q4_K, Q5_K,
-        Q6_K, Q8_0 and Q5_0 with a multiple of 8 rows; any other matrix is returned as it is. Repacked a slice of rows at a
-        time into the final buffer; with `source`, the file this matrix is a view of, each slice's mapped pages
-        are released once copied (a 150k-row LM head would otherwise be resident twice for a moment)."""
+        Q6_K, Q8_0 and Q5_0 with a multiple of 8 rows; any other matrix is returned as it is. Repacked a slice of
+        rows at a time into the final buffer; with `source`, the file this matrix is a view of, each slice's mapped
+        pages are released once copied (a 150k-row LM head would otherwise be resident twice for a moment)."""
         if self.interleaved or self.qtype not in INTERLEAVED_TYPES or len(self) % ROW_GROUP:
             return self
         ops = load_kernels()
@@ -265,7 +265,7 @@ CONVERTED_TYPES = {2: Q5_0}  # Q4_0 -> the format its rows are rewritten in at l
 
 
 def converted_rows(raw: np.ndarray, qtype: int, cols: int) -> torch.Tensor:
-    """Q4_0 (or Q3_K) rows rewritten as Q5_0 (or Q6_K) rows of the same values, by the kernels (quant_kernels.cpp,
+    """Q4_0 rows rewritten as Q5_0 rows of the same values, by the kernels (quant_kernels.cpp,
     `qconvert_rows`: a 1.5B's Q4_0 matrices in about a second; the numpy twins above, which the tests hold it to,
     take ten)."""
     return load_kernels().qconvert_rows(torch.from_numpy(raw), int(qtype), cols)

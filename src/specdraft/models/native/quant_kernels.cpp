@@ -389,15 +389,58 @@ inline void q3_k_as_q6_k_block(const uint8_t* in, uint8_t* out) {
   std::memcpy(out + 208, in + 108, 2);
 }
 
-// Q3_K row by row: each block rewritten as the Q6_K block of the same values (s6 = s - 32, q6 = q + 28) and
-// multiplied as one. Matrices of a multiple of 8 rows (all of a Q3_K file's but odd heads) run Q3Kx8 instead.
+// Bit `from` of each byte of v moved to bit `to`, masked (shifts within int16 lanes, then a byte mask: what crosses
+// into the next byte lands below bit `to`, or is shifted out).
+template <int from, int to>
+inline __m256i move_bits(__m256i v, __m256i mask) {
+  if constexpr (from > to) return _mm256_and_si256(_mm256_srli_epi16(v, from - to), mask);
+  else if constexpr (from < to) return _mm256_and_si256(_mm256_slli_epi16(v, to - from), mask);
+  else return _mm256_and_si256(v, mask);
+}
+
+// Q3_K row by row (matrices not in 8-row groups: other row counts, a draft's vocabulary rows). Weights 128n + 32j ..
+// + 31 are one vector: the two low bits from qs[32n ..] shifted by 2j, the high bit from hmask shifted from 4n + j,
+// q in 0..7; as Q6K with the scales decoded from their six bits and an offset of 4.
 struct Q3K {
   static constexpr int64_t kWeights = 256, kBytes = 110, kActBlock = 256;
+
+  // the 16 scales (int8, s - 32) from their 12 bytes, four at a time (q3_k_scale's bits in 32-bit words)
+  static __m128i scales16(const uint8_t* packed_bytes) {
+    uint32_t packed[3];
+    std::memcpy(packed, packed_bytes, 12);
+    const uint32_t low = 0x0F0F0F0F, top = 0x03030303;
+    const __m128i six = _mm_setr_epi32(static_cast<int>((packed[0] & low) | ((packed[2] & top) << 4)),
+                                       static_cast<int>((packed[1] & low) | (((packed[2] >> 2) & top) << 4)),
+                                       static_cast<int>(((packed[0] >> 4) & low) | (((packed[2] >> 4) & top) << 4)),
+                                       static_cast<int>(((packed[1] >> 4) & low) | (((packed[2] >> 6) & top) << 4)));
+    return _mm_sub_epi8(six, _mm_set1_epi8(32));
+  }
+
   template <int G>
   static void dot(const uint8_t* block, const TokenBlock* x, __m256* acc) {
-    alignas(32) uint8_t as_q6_k[Q6K::kBytes];
-    q3_k_as_q6_k_block(block, as_q6_k);
-    Q6K::dot<G>(as_q6_k, x, acc);
+    const __m128i scale_bytes = scales16(block + 96);
+    const __m256i table = _mm256_broadcastsi128_si256(scale_bytes);
+    // chunk c (weights 32c..32c+31): 8 int16 lanes of scale 2c, then 8 of scale 2c + 1
+    const auto scale = [&](int c) { return _mm256_srai_epi16(_mm256_shuffle_epi8(table, kSpread.both_bytes[c]), 8); };
+    const __m256i crumb = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    const __m256i hmask = load256(block);
+    __m256i even[G], odd[G];
+    for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm256_setzero_si256();
+    unrolled<2>([&](auto half) __attribute__((always_inline)) {
+      constexpr int n = half;
+      const __m256i qs = load256(block + 32 + 32 * n);
+      unrolled<4>([&](auto shift) __attribute__((always_inline)) {
+        constexpr int j = shift;
+        const __m256i w = _mm256_or_si256(move_bits<2 * j, 0>(qs, crumb), move_bits<4 * n + j, 2>(hmask, four));
+        chunk_products<G>(w, scale(4 * n + j), x, 128 * n + 32 * j, j % 2 ? odd : even);
+      });
+    });
+    const __m256i scales = _mm256_cvtepi8_epi16(scale_bytes);
+    const float d = half_to_float(block + 108);
+    for (int g = 0; g < G; ++g) {
+      const __m256i offsets = _mm256_slli_epi32(_mm256_madd_epi16(scales, load256(x[g].sums)), 2);
+      acc[g] = scaled_add(acc[g], _mm256_sub_epi32(_mm256_add_epi32(even[g], odd[g]), offsets), d * x[g].d);
+    }
   }
 };
 
@@ -574,7 +617,7 @@ void qlinear_impl(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRo
   });
 }
 
-// ------------------------------------------------------------------- interleaved row groups (Q4_K, Q5_K, Q6_K)
+// ------------------------------------------------------------------- interleaved row groups (Q3_K .. Q6_K, Q8_0, Q5_0)
 // For passes of several tokens the k-quant matrices are repacked at load into groups of 8 rows whose blocks
 // interleave 4 bytes at a time: one 32-byte load holds 4 consecutive weights of each of the 8 rows, a broadcast
 // of a token's 4 activation bytes meets all of them in one `vpmaddubsw`, and int16 lanes 2r and 2r + 1 are row
@@ -941,7 +984,7 @@ struct Q6Kx8 {
         offsets[g] = dot_s16(offsets[g], scale_pairs, broadcast4(x[g].sums16 + 2 * p));
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-    for (int g = 0; g < G; ++g) {  // total lane r = sum_i scale_ri (q_ri - 32) xq_i over the block
+    for (int g = 0; g < G; ++g) {  // total lane r = sum_i scale_ri (q_ri - 2^shift) xq_i over the block
       const __m256i total = _mm256_sub_epi32(dots[g], _mm256_slli_epi32(offsets[g], shift));
       acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
     }
