@@ -4,9 +4,11 @@
         out/qwen2.5-coder-1.5b-q5_k_m.gguf --to Q5_K
 
 Matrices in the --from formats (default Q4_K: a Q4_K_M file's Q6_K matrices stay, as in a Q5_K_M file) are
-dequantized by the `gguf` package and quantized to --to: Q4_0 or Q8_0 by the `gguf` package, Q5_K here (per
-32-weight sub-block its minimum and maximum, six-bit scales and mins against the super-block's largest; llama.cpp
-searches for better ones, so these values are a little rougher: the file is for timing, not for quality). Every
+dequantized by the `gguf` package and quantized to --to: Q4_0 or Q8_0 by the `gguf` package, Q5_K and Q3_K here
+(Q5_K: per 32-weight sub-block its minimum and maximum, six-bit scales and mins against the super-block's largest;
+Q3_K: per 16-weight sub-block its largest magnitude as 4 steps, q - 4 in -4..3, positive six-bit scales against the
+super-block's largest step; llama.cpp searches for better ones, so these values are rougher: the file is for
+timing, not for quality). Every
 metadata field is copied. The result's weights are the source's requantized, so its text differs from the
 source's; llama.cpp reads it as it reads its own.
 """
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-FILE_TYPES = {"Q4_0": 2, "Q8_0": 7, "Q5_K": 17}  # llama.cpp's general.file_type (Q5_K: MOSTLY_Q5_K_M)
+FILE_TYPES = {"Q4_0": 2, "Q8_0": 7, "Q3_K": 12, "Q5_K": 17}  # llama.cpp's general.file_type (MOSTLY_Q3_K_M, _Q5_K_M)
 
 
 def quantize_q5_k(x: np.ndarray) -> np.ndarray:
@@ -52,6 +54,35 @@ def quantize_q5_k(x: np.ndarray) -> np.ndarray:
     return out.reshape(rows, -1)
 
 
+def quantize_q3_k(x: np.ndarray) -> np.ndarray:
+    """float32 [rows, K] (K a multiple of 256) -> uint8 [rows, K / 256 * 110]: Q3_K blocks (hmask[32], qs[64],
+    scales[12], d; weight 128n + 32j + 16p + l: low bits (qs[32n + 16p + l] >> 2j) & 3, high bit (hmask[16p + l] >>
+    4n + j) & 1, value d * (scale - 32) * (q - 4) with scale 8n + 2j + p)."""
+    rows, cols = x.shape
+    sub = x.reshape(rows, cols // 256, 16, 16).astype(np.float32)  # [rows, blocks, sub-block, weight]
+    step = np.abs(sub).max(-1) / 4  # [rows, blocks, 16]
+    d = (step.max(-1) / 31).astype(np.float16)  # [rows, blocks]
+    d32 = d.astype(np.float32)[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(d32 > 0, np.clip(np.rint(step / d32), 0, 31), 0).astype(np.uint8)  # [rows, blocks, 16]
+        sub_step = (d32 * scale)[..., None]
+        q = (np.where(sub_step > 0, np.clip(np.rint(sub / sub_step), -4, 3), 0) + 4).astype(np.uint8)
+    q = q.reshape(rows, cols // 256, 2, 4, 2, 16)  # [rows, blocks, n, j, p, l]
+    out = np.zeros((rows, cols // 256, 110), dtype=np.uint8)
+    out[..., 0:32] = sum(((q[:, :, n, j] >> 2) << (4 * n + j)) for n in range(2) for j in range(4)).reshape(
+        rows, -1, 32)
+    out[..., 32:96] = sum((q[:, :, :, j] & 3) << (2 * j) for j in range(4)).reshape(rows, -1, 64)
+    biased = scale + 32  # six bits
+    for s in range(16):
+        out[..., 96 + s % 8] |= (biased[..., s] & 0x0F) << (4 * (s // 8))
+        out[..., 104 + s % 4] |= (biased[..., s] >> 4) << (2 * (s // 4))
+    out[..., 108:110] = d.view(np.uint8).reshape(rows, -1, 2)
+    return out.reshape(rows, -1)
+
+
+QUANTIZERS = {"Q5_K": quantize_q5_k, "Q3_K": quantize_q3_k}  # the formats the gguf package cannot quantize
+
+
 def main() -> int:
     import gguf
     from gguf.quants import dequantize, quantize
@@ -77,7 +108,7 @@ def main() -> int:
         shape = [int(n) for n in reversed(tensor.shape)]  # the reader's shape is fastest-varying first
         if tensor.tensor_type in wanted and len(shape) == 2:
             values = dequantize(tensor.data, tensor.tensor_type).reshape(shape)
-            blocks = quantize_q5_k(values) if args.to == "Q5_K" else quantize(values, target)
+            blocks = QUANTIZERS[args.to](values) if args.to in QUANTIZERS else quantize(values, target)
             writer.add_tensor(tensor.name, blocks, raw_dtype=target)
         else:
             writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
