@@ -21,8 +21,8 @@ import torch
 from specdraft.models.native.gguf_weights import BLOCK_SHAPES, BLOCK_TYPES, QuantWeight
 
 TYPE_OF = {name: qtype for qtype, name in BLOCK_TYPES.items()}
-HALF_OFFSETS = {"Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q5_0": (0,),
-                "Q4_1": (0, 2)}
+HALF_OFFSETS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,),
+                "Q5_0": (0,), "Q4_1": (0, 2)}
 
 
 def random_matrix(name: str, rows: int, cols: int, seed: int) -> QuantWeight:

@@ -25,10 +25,10 @@ from specdraft.models.native import kernels
 from specdraft.models.native.kernels import load_kernels
 
 # name -> (ggml type, weights per block, bytes per block)
-TYPES = {"Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210),
-         "Q8_0": (8, 32, 34), "Q5_0": (6, 32, 22), "Q4_1": (3, 32, 20)}
-HALF_FIELDS = {"Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,), "Q5_0": (0,),
-               "Q4_1": (0, 2)}  # byte offsets of halves
+TYPES = {"Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176),
+         "Q6_K": (14, 256, 210), "Q8_0": (8, 32, 34), "Q5_0": (6, 32, 22), "Q4_1": (3, 32, 20)}
+HALF_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,),
+               "Q5_0": (0,), "Q4_1": (0, 2)}  # byte offsets of halves
 RELATIVE_TOLERANCE = 1e-5
 
 ops = load_kernels()
@@ -42,7 +42,7 @@ def random_blocks(name: str, rows: int, cols: int, seed: int = 0) -> QuantWeight
     blocks = rng.integers(0, 256, size=(rows, cols // per_block, nbytes), dtype=np.uint8)
     for offset in HALF_FIELDS[name]:
         halves = rng.uniform(-0.05, 0.05, size=blocks.shape[:2]).astype(np.float16)
-        if name in ("Q4_K", "Q5_K"):  # d and dmin are multipliers of unsigned scales: keep them positive
+        if name in ("Q2_K", "Q4_K", "Q5_K"):  # d and dmin are multipliers of unsigned scales: keep them positive
             halves = np.abs(halves)
         blocks[:, :, offset: offset + 2] = halves.view(np.uint8).reshape(*blocks.shape[:2], 2)
     return QuantWeight(torch.from_numpy(blocks.reshape(rows, -1)), qtype, cols)
@@ -90,8 +90,9 @@ def test_negative_control_a_wrong_block_layout_fails_the_same_check(name):
     weight = random_blocks(name, 37, 512, seed=1)
     _, per_block, nbytes = TYPES[name]
     blocks = weight.blocks.view(37, -1, nbytes).clone()
-    payload = (slice(4, nbytes) if name in ("Q4_K", "Q5_K", "Q4_1") else slice(0, 192) if name == "Q6_K"
-               else slice(0, 108) if name == "Q3_K" else slice(2, nbytes))
+    payloads = {"Q4_K": slice(4, nbytes), "Q5_K": slice(4, nbytes), "Q4_1": slice(4, nbytes), "Q6_K": slice(0, 192),
+                "Q3_K": slice(0, 108), "Q2_K": slice(0, 80)}
+    payload = payloads.get(name, slice(2, nbytes))
     blocks[:, :, payload] = blocks[:, :, payload].flip(-1)
     misread = QuantWeight(blocks.reshape(37, -1).contiguous(), weight.qtype, weight.cols)
     x = torch.randn(5, 512)
@@ -179,12 +180,12 @@ def test_quant_weight_rows_select_and_assign_like_a_tensor():
 
 # ----------------------------------------------------------------------------------- interleaved row groups
 
-INTERLEAVED = ["Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0"]
+INTERLEAVED = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0"]
 
 
 def extreme_blocks(name: str, rows: int, cols: int) -> QuantWeight:
     """Every weight at its format's largest magnitude and every scale at its largest: the int16 sums of the
-    interleaved kernels reach their stated bounds (Q3_K 7112, Q4_K 30480, Q5_K 31496, Q6_K 32004, Q8_0 32512,
+    interleaved kernels reach their stated bounds (Q2_K 3048, Q3_K 7112, Q4_K 30480, Q5_K 31496, Q6_K 32004, Q8_0 32512,
     Q5_0 31496) against activations of 127."""
     qtype, per_block, nbytes = TYPES[name]
     blocks = np.full((rows, cols // per_block, nbytes), 0xFF, dtype=np.uint8)
@@ -196,6 +197,8 @@ def extreme_blocks(name: str, rows: int, cols: int) -> QuantWeight:
         blocks[:, :, 208:210] = half
     elif name == "Q3_K":  # q 7 (value 3), scales 63 (31)
         blocks[:, :, 108:110] = half
+    elif name == "Q2_K":  # q 3, scales and mins 15
+        blocks[:, :, 80:82], blocks[:, :, 82:84] = half, np.array([0.0], dtype=np.float16).view(np.uint8)
     else:
         blocks[:, :, 0:2] = half
         if name == "Q8_0":
@@ -263,7 +266,7 @@ def test_negative_control_an_interleaved_layout_read_wrong_fails_the_same_check(
     weight = random_blocks(name, rows, 768, seed=12)
     packed = weight.interleave()
     # where the 4-byte-per-row vectors start
-    payload = {"Q3_K": 144, "Q4_K": 160, "Q5_K": 160, "Q6_K": 144, "Q8_0": 16, "Q5_0": 48}[name]
+    payload = {"Q2_K": 160, "Q3_K": 144, "Q4_K": 160, "Q5_K": 160, "Q6_K": 144, "Q8_0": 16, "Q5_0": 48}[name]
     groups = packed.blocks.view(rows // 8, 768 // TYPES[name][1], -1).clone()  # [groups, blocks, group block bytes]
     body = groups[:, :, payload:].reshape(*groups.shape[:2], -1, 8, 4)  # [..., vectors, rows, 4 bytes]
     groups[:, :, payload:] = body.flip(3).reshape(*groups.shape[:2], -1)

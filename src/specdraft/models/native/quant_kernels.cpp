@@ -1,4 +1,4 @@
-// Matrix products over weights kept in their GGUF block formats (Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_1).
+// Matrix products over weights kept in their GGUF block formats (Q2_K to Q6_K, Q8_0, Q5_0, Q4_1).
 //
 // Activations are quantized per row to int8 blocks (one float scale per 256 values for the k-quants, per 32 for the
 // 32-value formats; each row on its own, so a row quantizes the same whatever else is in the call). A weight block
@@ -14,6 +14,9 @@
 // ("AMX tiles" below): the same integers again.
 //
 // Block layouts (ggml's, little-endian; "d" fields are IEEE half floats):
+//   Q2_K, 256 weights in 84 bytes: scales[16] (per 16 weights: scale in the low nibble, min in the high), qs[64],
+//         d, dmin; weight 128n + 32j + l is (qs[32n + l] >> 2j) & 3, value d * scale * q - dmin * min of sub-block
+//         8n + 2j + l / 16.
 //   Q3_K, 256 weights in 110 bytes: hmask[32], qs[64], scales[12] (16 six-bit scales), d; weight 128n + 32j + 16p
 //         + l has low bits (qs[32n + 16p + l] >> 2j) & 3 and high bit (hmask[16p + l] >> 4n + j) & 1; value
 //         d * (scale[8n + 2j + p] - 32) * (q - 4), q in 0..7.
@@ -46,7 +49,7 @@
 namespace {
 
 // ggml's type numbers
-enum QType : int64_t { kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
+enum QType : int64_t { kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
 
 inline float half_to_float(const uint8_t* p) {
   uint16_t bits;
@@ -398,6 +401,36 @@ inline __m256i move_bits(__m256i v, __m256i mask) {
   else return _mm256_and_si256(v, mask);
 }
 
+// Q2_K row by row: weights 128n + 32j .. + 31 are one vector, (qs[32n ..] >> 2j) & 3; the scales and mins are the
+// low and high nibbles of the block's first 16 bytes. As Q4K, with a min per 16 weights.
+struct Q2K {
+  static constexpr int64_t kWeights = 256, kBytes = 84, kActBlock = 256;
+  template <int G>
+  static void dot(const uint8_t* block, const TokenBlock* x, __m256* acc) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block)), nibble = _mm_set1_epi8(0x0F);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_and_si128(packed, nibble));
+    // chunk c (weights 32c..32c+31): 8 int16 lanes of scale 2c, then 8 of scale 2c + 1
+    const auto scale = [&](int c) { return _mm256_srai_epi16(_mm256_shuffle_epi8(table, kSpread.both_bytes[c]), 8); };
+    const __m256i crumb = _mm256_set1_epi8(3);
+    __m256i even[G], odd[G];
+    for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm256_setzero_si256();
+    unrolled<2>([&](auto half) __attribute__((always_inline)) {
+      constexpr int n = half;
+      const __m256i qs = load256(block + 16 + 32 * n);
+      unrolled<4>([&](auto shift) __attribute__((always_inline)) {
+        constexpr int j = shift;
+        chunk_products<G>(move_bits<2 * j, 0>(qs, crumb), scale(4 * n + j), x, 128 * n + 32 * j, j % 2 ? odd : even);
+      });
+    });
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), nibble));
+    const float d = half_to_float(block + 80), dmin = half_to_float(block + 82);
+    for (int g = 0; g < G; ++g) {
+      acc[g] = scaled_add(acc[g], _mm256_add_epi32(even[g], odd[g]), d * x[g].d);
+      acc[g] = scaled_add(acc[g], _mm256_madd_epi16(mins, load256(x[g].sums)), -(dmin * x[g].d));
+    }
+  }
+};
+
 // Q3_K row by row (matrices not in 8-row groups: other row counts, a draft's vocabulary rows). Weights 128n + 32j ..
 // + 31 are one vector: the two low bits from qs[32n ..] shifted by 2j, the high bit from hmask shifted from 4n + j,
 // q in 0..7; as Q6K with the scales decoded from their six bits and an offset of 4.
@@ -617,7 +650,7 @@ void qlinear_impl(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRo
   });
 }
 
-// ------------------------------------------------------------------- interleaved row groups (Q3_K .. Q6_K, Q8_0, Q5_0)
+// ------------------------------------------------------------------- interleaved row groups (Q2_K .. Q6_K, Q8_0, Q5_0)
 // For passes of several tokens the k-quant matrices are repacked at load into groups of 8 rows whose blocks
 // interleave 4 bytes at a time: one 32-byte load holds 4 consecutive weights of each of the 8 rows, a broadcast
 // of a token's 4 activation bytes meets all of them in one `vpmaddubsw`, and int16 lanes 2r and 2r + 1 are row
@@ -987,6 +1020,79 @@ struct Q6Kx8 {
     for (int g = 0; g < G; ++g) {  // total lane r = sum_i scale_ri (q_ri - 2^shift) xq_i over the block
       const __m256i total = _mm256_sub_epi32(dots[g], _mm256_slli_epi32(offsets[g], shift));
       acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
+    }
+  }
+};
+
+// Q2_K, 8 rows x 256 weights in 672 bytes (8 x 84): [0, 16) d of rows 0-7 (halves), [16, 32) dmin, [32, 160) byte
+//   32 + 8s + r: the scale (low nibble) and min (high) of sub-block s of row r, [160, 672) byte 160 + 32(8n + k) +
+//   4r + i: qs[32n + 4k + i] of row r (its bits 2j..2j + 1: weight 128n + 32j + 4k + i, of sub-block 8n + 2j + k / 4).
+struct Q2Kx8 {
+  static constexpr int64_t kWeights = 256, kBytes = 672, kActBlock = 256;
+  static constexpr int kGroupsTokens = kGroup;
+
+  static void pack(const uint8_t* const rows[8], uint8_t* out) {
+    for (int r = 0; r < 8; ++r) {
+      const uint8_t* b = rows[r];
+      std::memcpy(out + 2 * r, b + 80, 2);
+      std::memcpy(out + 16 + 2 * r, b + 82, 2);
+      for (int s = 0; s < 16; ++s) out[32 + 8 * s + r] = b[s];
+      for (int v = 0; v < 16; ++v) std::memcpy(out + 160 + 32 * v + 4 * r, b + 16 + 4 * v, 4);  // v = 8n + k
+    }
+  }
+
+  static void unpack(const uint8_t* in, uint8_t* const rows[8]) {
+    for (int r = 0; r < 8; ++r) {
+      uint8_t* b = rows[r];
+      std::memcpy(b + 80, in + 2 * r, 2);
+      std::memcpy(b + 82, in + 16 + 2 * r, 2);
+      for (int s = 0; s < 16; ++s) b[s] = in[32 + 8 * s + r];
+      for (int v = 0; v < 16; ++v) std::memcpy(b + 16 + 4 * v, in + 160 + 32 * v + 4 * r, 4);
+    }
+  }
+
+  // sum_i w_ri x_i = d_r dx sum_s scale_rs sum_{i in s} q_ri xq_i - dmin_r dx sum_s min_rs sum_{i in s} xq_i, q in
+  // 0..3. int16: a lane adds the 4 vpmaddubsw lanes of a sub-block's 16 weights (2 products each): at most 3048.
+  // One code for every build (with VNNI too: the same integers).
+  template <int G>
+  static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    const __m256i crumb = _mm256_set1_epi8(3);
+    const __m128i nibble = _mm_set1_epi8(0x0F);
+    __m256i dots[G], mins[G];
+    for (int g = 0; g < G; ++g) dots[g] = mins[g] = _mm256_setzero_si256();
+    unrolled<2>([&](auto half) __attribute__((always_inline)) {
+      constexpr int n = half;
+      unrolled<4>([&](auto shift) __attribute__((always_inline)) {
+        constexpr int j = shift;
+        for (int p = 0; p < 2; ++p) {  // sub-block 8n + 2j + p: chunks k = 4p .. 4p + 3
+          __m256i sums[G];
+          for (int k = 4 * p; k < 4 * p + 4; ++k) {
+            const __m256i w = move_bits<2 * j, 0>(load256(block + 160 + 32 * (8 * n + k)), crumb);
+            const int64_t at = 128 * n + 32 * j + 4 * k;
+            for (int g = 0; g < G; ++g) {
+              const __m256i product = _mm256_maddubs_epi16(w, broadcast4(x[g].q + at));
+              sums[g] = k % 4 ? add_i16_into(sums[g], product) : product;
+            }
+          }
+          const uint8_t* packed_bytes = block + 32 + 8 * (8 * n + 2 * j + p);
+          const __m128i low = _mm_and_si128(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed_bytes)), nibble);
+          const __m256i scale = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(low, low));
+          for (int g = 0; g < G; ++g) dots[g] = add_i32_into(dots[g], _mm256_madd_epi16(sums[g], scale));
+        }
+      });
+    });
+    for (int p = 0; p < 8; ++p) {  // int16 lanes (2r, 2r + 1): mins of sub-blocks 2p and 2p + 1 of row r
+      const __m128i a = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 32 + 16 * p));
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 40 + 16 * p));
+      const __m256i min_pairs = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(_mm_unpacklo_epi8(a, b), 4), nibble));
+      for (int g = 0; g < G; ++g) mins[g] = dot_s16(mins[g], min_pairs, broadcast4(x[g].sums16 + 2 * p));
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
+    for (int g = 0; g < G; ++g) {
+      const __m256 dx = _mm256_set1_ps(x[g].scales[0]);
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[g]), _mm256_mul_ps(d, dx), acc[g]);
+      acc[g] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[g]), _mm256_mul_ps(dmin, dx), acc[g]);
     }
   }
 };
@@ -1904,6 +2010,7 @@ void qlinear_x8_small_blocks(const uint8_t* weight, int64_t N, int64_t K, const 
 
 int64_t block_weights(int64_t type) {
   switch (type) {
+    case kQ2_K: return Q2K::kWeights;
     case kQ3_K: return Q3K::kWeights;
     case kQ4_K: return Q4K::kWeights;
     case kQ5_K: return Q5K::kWeights;
@@ -1917,6 +2024,7 @@ int64_t block_weights(int64_t type) {
 
 int64_t block_bytes(int64_t type) {
   switch (type) {
+    case kQ2_K: return Q2K::kBytes;
     case kQ3_K: return Q3K::kBytes;
     case kQ4_K: return Q4K::kBytes;
     case kQ5_K: return Q5K::kBytes;
@@ -1947,6 +2055,14 @@ void dequantize_k_block(const uint8_t* block, const uint8_t* qs, const uint8_t* 
 
 void dequantize_block(int64_t type, const uint8_t* block, float* y) {
   switch (type) {
+    case kQ2_K: {
+      const float d = half_to_float(block + 80), dmin = half_to_float(block + 82);
+      for (int i = 0; i < 256; ++i) {
+        const int q = (block[16 + 32 * (i / 128) + i % 32] >> (2 * (i % 128 / 32))) & 3, s = i / 16;
+        y[i] = d * (block[s] & 0x0F) * q - dmin * (block[s] >> 4);
+      }
+      break;
+    }
     case kQ3_K: {
       uint8_t as_q6_k[Q6K::kBytes];
       q3_k_as_q6_k_block(block, as_q6_k);
@@ -2001,7 +2117,7 @@ void dequantize_block(int64_t type, const uint8_t* block, float* y) {
 
 void check_weight(const torch::Tensor& weight, int64_t type, int64_t K) {
   TORCH_CHECK(block_weights(type) > 0, "unsupported block type ", type,
-              " (supported: Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_1)");
+              " (supported: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_1)");
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kUInt8 && weight.is_contiguous(),
               "quantized weight must be [N, row_bytes] uint8");
   TORCH_CHECK(K % block_weights(type) == 0, "row length ", K, " is not a multiple of the block size");
@@ -2027,6 +2143,7 @@ torch::Tensor qlinear(torch::Tensor x, torch::Tensor weight, int64_t type, c10::
   const uint8_t* w = weight.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   switch (type) {
+    case kQ2_K: qlinear_impl<Q2K>(w, N, K, rows, bias_ptr, o); break;
     case kQ3_K: qlinear_impl<Q3K>(w, N, K, rows, bias_ptr, o); break;
     case kQ4_K: qlinear_impl<Q4K>(w, N, K, rows, bias_ptr, o); break;
     case kQ5_K: qlinear_impl<Q5K>(w, N, K, rows, bias_ptr, o); break;
@@ -2097,9 +2214,10 @@ torch::Tensor qconvert_rows(torch::Tensor raw, int64_t type, int64_t K) {
 }
 
 // Interleaved row groups (rows a multiple of 8): weight [N, row_bytes] -> [N / 8, blocks per row * group block
-// bytes], a copy whose block columns of 8 rows are repacked as Q3Kx8, Q4Kx8, Q5Kx8, Q6Kx8, Q80x8 and Q50x8 describe.
+// bytes], a copy whose block columns of 8 rows are repacked as Q2Kx8 .. Q6Kx8, Q80x8 and Q50x8 describe.
 int64_t x8_bytes(int64_t type) {
   switch (type) {
+    case kQ2_K: return Q2Kx8::kBytes;
     case kQ3_K: return Q3Kx8::kBytes;
     case kQ4_K: return Q4Kx8::kBytes;
     case kQ5_K: return Q5Kx8::kBytes;
@@ -2112,6 +2230,7 @@ int64_t x8_bytes(int64_t type) {
 
 void pack_x8(int64_t type, const uint8_t* const rows[8], uint8_t* out) {
   switch (type) {
+    case kQ2_K: Q2Kx8::pack(rows, out); break;
     case kQ3_K: Q3Kx8::pack(rows, out); break;
     case kQ4_K: Q4Kx8::pack(rows, out); break;
     case kQ5_K: Q5Kx8::pack(rows, out); break;
@@ -2123,6 +2242,7 @@ void pack_x8(int64_t type, const uint8_t* const rows[8], uint8_t* out) {
 
 void unpack_x8(int64_t type, const uint8_t* in, uint8_t* const rows[8]) {
   switch (type) {
+    case kQ2_K: Q2Kx8::unpack(in, rows); break;
     case kQ3_K: Q3Kx8::unpack(in, rows); break;
     case kQ4_K: Q4Kx8::unpack(in, rows); break;
     case kQ5_K: Q5Kx8::unpack(in, rows); break;
@@ -2133,7 +2253,7 @@ void unpack_x8(int64_t type, const uint8_t* in, uint8_t* const rows[8]) {
 }
 
 void check_packed(const torch::Tensor& packed, int64_t type, int64_t K) {
-  TORCH_CHECK(x8_bytes(type) > 0, "only Q3_K, Q4_K, Q5_K, Q6_K, Q8_0 and Q5_0 matrices interleave rows");
+  TORCH_CHECK(x8_bytes(type) > 0, "only Q2_K to Q6_K, Q8_0 and Q5_0 matrices interleave rows");
   TORCH_CHECK(K % block_weights(type) == 0, "row length ", K, " is not a multiple of the block size");
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() &&
               packed.size(1) == K / block_weights(type) * x8_bytes(type),
@@ -2143,7 +2263,7 @@ void check_packed(const torch::Tensor& packed, int64_t type, int64_t K) {
 // weight [N, row_bytes] -> out [N / 8, ...] (written in place: a slice of a larger interleaved matrix)
 void qinterleave_into(torch::Tensor weight, int64_t type, int64_t K, torch::Tensor out) {
   check_weight(weight, type, K);
-  TORCH_CHECK(x8_bytes(type) > 0, "only Q3_K, Q4_K, Q5_K, Q6_K, Q8_0 and Q5_0 matrices interleave rows");
+  TORCH_CHECK(x8_bytes(type) > 0, "only Q2_K to Q6_K, Q8_0 and Q5_0 matrices interleave rows");
   const int64_t N = weight.size(0), blocks = K / block_weights(type), row_bytes = weight.size(1);
   TORCH_CHECK(N % kRowGroup == 0, "rows (", N, ") must be a multiple of ", kRowGroup, " to interleave");
   check_packed(out, type, K);
@@ -2217,7 +2337,8 @@ torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c1
     case kQ6_K: qlinear_x8_impl<Q6Kx8>(w, N, K, rows, bias_ptr, o); break;
 #endif
     case kQ5_K: qlinear_x8_impl<Q5Kx8>(w, N, K, rows, bias_ptr, o); break;  // no tiles of its own (yet)
-    case kQ3_K: qlinear_x8_impl<Q3Kx8>(w, N, K, rows, bias_ptr, o); break;  // nor has Q3_K
+    case kQ3_K: qlinear_x8_impl<Q3Kx8>(w, N, K, rows, bias_ptr, o); break;  // nor have Q3_K
+    case kQ2_K: qlinear_x8_impl<Q2Kx8>(w, N, K, rows, bias_ptr, o); break;  // and Q2_K
     case kQ8_0: qlinear_x8_small_blocks<Q80x8>(w, N, K, rows, bias_ptr, o); break;
     case kQ5_0: qlinear_x8_small_blocks<Q50x8>(w, N, K, rows, bias_ptr, o); break;
   }
