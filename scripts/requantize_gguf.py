@@ -4,10 +4,10 @@
         out/qwen2.5-coder-1.5b-q5_k_m.gguf --to Q5_K
 
 Matrices in the --from formats (default Q4_K: a Q4_K_M file's Q6_K matrices stay, as in a Q5_K_M file) are
-dequantized by the `gguf` package and quantized to --to: Q4_0 or Q8_0 by the `gguf` package, Q5_K and Q3_K here
-(Q5_K: per 32-weight sub-block its minimum and maximum, six-bit scales and mins against the super-block's largest;
-Q3_K: per 16-weight sub-block its largest magnitude as 4 steps, q - 4 in -4..3, positive six-bit scales against the
-super-block's largest step; llama.cpp searches for better ones, so these values are rougher: the file is for
+dequantized by the `gguf` package and quantized to --to: Q4_0 or Q8_0 by the `gguf` package, Q5_K, Q3_K and Q2_K
+here (Q5_K: per 32-weight sub-block its minimum and maximum, six-bit scales and mins against the super-block's
+largest; Q3_K: per 16-weight sub-block its largest magnitude as 4 steps, q - 4 in -4..3, positive six-bit scales
+against the super-block's largest step; Q2_K: per 16 weights the minimum and maximum, four-bit scales and mins; llama.cpp searches for better ones, so these values are rougher: the file is for
 timing, not for quality). Every
 metadata field is copied. The result's weights are the source's requantized, so its text differs from the
 source's; llama.cpp reads it as it reads its own.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-FILE_TYPES = {"Q4_0": 2, "Q8_0": 7, "Q3_K": 12, "Q5_K": 17}  # llama.cpp's general.file_type (MOSTLY_Q3_K_M, _Q5_K_M)
+FILE_TYPES = {"Q4_0": 2, "Q8_0": 7, "Q2_K": 10, "Q3_K": 12, "Q5_K": 17}  # llama.cpp's general.file_type
 
 
 def quantize_q5_k(x: np.ndarray) -> np.ndarray:
@@ -80,7 +80,33 @@ def quantize_q3_k(x: np.ndarray) -> np.ndarray:
     return out.reshape(rows, -1)
 
 
-QUANTIZERS = {"Q5_K": quantize_q5_k, "Q3_K": quantize_q3_k}  # the formats the gguf package cannot quantize
+def quantize_q2_k(x: np.ndarray) -> np.ndarray:
+    """float32 [rows, K] (K a multiple of 256) -> uint8 [rows, K / 256 * 84]: Q2_K blocks (scales[16]: scale | min
+    << 4 per 16 weights, qs[64], d, dmin; weight 128n + 32j + l: (qs[32n + l] >> 2j) & 3, value d * scale * q - dmin
+    * min)."""
+    rows, cols = x.shape
+    sub = x.reshape(rows, cols // 256, 16, 16).astype(np.float32)  # [rows, blocks, sub-block, weight]
+    low = np.minimum(sub.min(-1), 0.0)
+    step = (sub.max(-1) - low) / 3
+    d = (step.max(-1) / 15).astype(np.float16)
+    dmin = (-low.min(-1) / 15).astype(np.float16)
+    d32, dmin32 = d.astype(np.float32)[..., None], dmin.astype(np.float32)[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(d32 > 0, np.clip(np.rint(step / d32), 0, 15), 0).astype(np.uint8)
+        mins = np.where(dmin32 > 0, np.clip(np.rint(-low / dmin32), 0, 15), 0).astype(np.uint8)
+        sub_step = (d32 * scale)[..., None]
+        offset = (dmin32 * mins)[..., None]
+        q = np.where(sub_step > 0, np.clip(np.rint((sub + offset) / sub_step), 0, 3), 0).astype(np.uint8)
+    q = q.reshape(rows, cols // 256, 2, 4, 32)  # [rows, blocks, n, j, l]
+    out = np.zeros((rows, cols // 256, 84), dtype=np.uint8)
+    out[..., 0:16] = scale | (mins << 4)
+    out[..., 16:80] = sum(q[:, :, :, j] << (2 * j) for j in range(4)).reshape(rows, -1, 64)
+    out[..., 80:82] = d.view(np.uint8).reshape(rows, -1, 2)
+    out[..., 82:84] = dmin.view(np.uint8).reshape(rows, -1, 2)
+    return out.reshape(rows, -1)
+
+
+QUANTIZERS = {"Q5_K": quantize_q5_k, "Q3_K": quantize_q3_k, "Q2_K": quantize_q2_k}  # the formats the gguf package cannot quantize
 
 
 def main() -> int:
