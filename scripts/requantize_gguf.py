@@ -7,10 +7,10 @@ Matrices in the --from formats (default Q4_K: a Q4_K_M file's Q6_K matrices stay
 dequantized by the `gguf` package and quantized to --to: Q4_0 or Q8_0 by the `gguf` package, Q5_K, Q3_K and Q2_K
 here (Q5_K: per 32-weight sub-block its minimum and maximum, six-bit scales and mins against the super-block's
 largest; Q3_K: per 16-weight sub-block its largest magnitude as 4 steps, q - 4 in -4..3, positive six-bit scales
-against the super-block's largest step; Q2_K: per 16 weights the minimum and maximum, four-bit scales and mins; llama.cpp searches for better ones, so these values are rougher: the file is for
-timing, not for quality). Every
-metadata field is copied. The result's weights are the source's requantized, so its text differs from the
-source's; llama.cpp reads it as it reads its own.
+against the super-block's largest step; Q2_K: per 16 weights the minimum and maximum, four-bit scales and mins;
+llama.cpp searches for better ones, so these values are rougher: the file is for timing, not for quality). Every
+metadata field is copied. The result's weights are the source's requantized, so its text differs from the source's;
+llama.cpp reads it as it reads its own.
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ def quantize_q2_k(x: np.ndarray) -> np.ndarray:
     return out.reshape(rows, -1)
 
 
-QUANTIZERS = {"Q5_K": quantize_q5_k, "Q3_K": quantize_q3_k, "Q2_K": quantize_q2_k}  # the formats the gguf package cannot quantize
+# the formats the gguf package cannot quantize
+QUANTIZERS = {"Q5_K": quantize_q5_k, "Q3_K": quantize_q3_k, "Q2_K": quantize_q2_k}
 
 
 def main() -> int:
