@@ -448,7 +448,7 @@ def random_q3_k(rows: int, cols: int, seed: int) -> np.ndarray:
 
 
 def test_q3_k_rows_become_q6_k_rows_of_the_same_values(monkeypatch):
-    """Q3_K rewritten as Q6_K (as its row kernel and dequantization do block by block): the gguf package's own Q3_K
+    """Q3_K rewritten as Q6_K (as its dequantization does block by block): the gguf package's own Q3_K
     values exactly, a slice of rows at a time, and the product matches the float64 reference of those values."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize

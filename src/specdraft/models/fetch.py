@@ -265,7 +265,7 @@ def _converting_dir(out_dir: Path) -> Path:
     return out_dir.with_name(f"{out_dir.name}.converting-{os.getpid()}")
 
 
-_config_redirect = threading.Lock()  # one redirect at a time: each restores the function it replaced
+_config_redirect = threading.RLock()  # one redirect at a time: each restores the function it replaced
 
 
 @contextlib.contextmanager

@@ -393,7 +393,7 @@ inline void q3_k_as_q6_k_block(const uint8_t* in, uint8_t* out) {
 }
 
 // Bit `from` of each byte of v moved to bit `to`, masked (shifts within int16 lanes, then a byte mask: what crosses
-// into the next byte lands below bit `to`, or is shifted out).
+// into a neighbouring byte lands on other bits than `to` and is masked off, or is shifted out).
 template <int from, int to>
 inline __m256i move_bits(__m256i v, __m256i mask) {
   if constexpr (from > to) return _mm256_and_si256(_mm256_srli_epi16(v, from - to), mask);
@@ -1101,7 +1101,7 @@ struct Q2Kx8 {
 //   row r as int8 (s - 32, as Q6Kx8's), [144, 1168) byte 144 + 128c + 32k + 4r + i: row r's q (0..7, its low
 //   three bits and high bit joined) of weight 32c + 4k + i in the low nibble, of weight 32c + 16 + 4k + i in the
 //   high one. Four bits a weight where the file has 3.44 (a Q4_K's unpacking: one vector of each sub-block's 4
-//   weights per row from a mask, or a shift and a mask), 1.28x the file's bytes. Zen 3, 2026-12-06, 8960 x 1536,
+//   weights per row from a mask, or a shift and a mask), 1.33x the file's bytes. Zen 3, 2026-12-06, 8960 x 1536,
 //   2 threads, `scripts/format_speed.py --formats Q3_K,Q6_K,Q4_K --tokens 1,4,8,16`: 1.46 / 1.33 / 1.24 / 1.24x
 //   faster than the Q6_K blocks Q3_K was rewritten in before (1, 4, 8, 16 tokens), as fast as Q4_K at one token,
 //   1.14-1.16x slower in passes (88 multiplies a unit against 76). Kept as the file's crumbs and high bits (912
@@ -2175,8 +2175,8 @@ torch::Tensor qdequantize_rows(torch::Tensor weight, int64_t type, int64_t K, to
 }
 
 // ------------------------------------------------------------------------------ formats read as another one
-// Q4_0 has no kernel: its blocks are rewritten at load as Q5_0 blocks of the same values. Q3_K's row kernel and
-// dequantization rewrite each block as Q6_K (`q3_k_as_q6_k_block`, above). `qconvert_rows` does either to whole
+// Q4_0 has no kernel: its blocks are rewritten at load as Q5_0 blocks of the same values. Q3_K's dequantization
+// rewrites each block as Q6_K (`q3_k_as_q6_k_block`, above). `qconvert_rows` does either to whole
 // rows; the numpy twins in gguf_weights.py say how, and the tests hold these to them.
 constexpr int64_t kQ4_0 = 2;
 
