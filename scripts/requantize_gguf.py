@@ -24,22 +24,31 @@ import numpy as np
 FILE_TYPES = {"Q4_0": 2, "Q8_0": 7, "Q2_K": 10, "Q3_K": 12, "Q5_K": 17}  # llama.cpp's general.file_type
 
 
+def affine_sub_blocks(sub: np.ndarray, q_max: int, scale_max: int):
+    """Sub-blocks [rows, blocks, sub-block, weight] float32 as d * scale * q - dmin * min: per sub-block its minimum
+    (at most 0) and maximum over q_max steps, integer scales and mins up to scale_max against the super-block's
+    largest, q in 0..q_max. Returns d, dmin (float16 [rows, blocks]), scale, mins ([rows, blocks, sub-blocks]) and
+    q (uint8, the shape of `sub`)."""
+    low = np.minimum(sub.min(-1), 0.0)
+    step = (sub.max(-1) - low) / q_max
+    d = (step.max(-1) / scale_max).astype(np.float16)
+    dmin = (-low.min(-1) / scale_max).astype(np.float16)
+    d32, dmin32 = d.astype(np.float32)[..., None], dmin.astype(np.float32)[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(d32 > 0, np.clip(np.rint(step / d32), 0, scale_max), 0).astype(np.uint8)
+        mins = np.where(dmin32 > 0, np.clip(np.rint(-low / dmin32), 0, scale_max), 0).astype(np.uint8)
+        sub_step = (d32 * scale)[..., None]
+        offset = (dmin32 * mins)[..., None]
+        q = np.where(sub_step > 0, np.clip(np.rint((sub + offset) / sub_step), 0, q_max), 0).astype(np.uint8)
+    return d, dmin, scale, mins, q
+
+
 def quantize_q5_k(x: np.ndarray) -> np.ndarray:
     """float32 [rows, K] (K a multiple of 256) -> uint8 [rows, K / 256 * 176]: Q5_K blocks (d, dmin, scales[12],
     qh[32], qs[128]; weight 64j + 32s + l: nibble s of qs[32j + l], fifth bit: bit 2j + s of qh[l])."""
     rows, cols = x.shape
     sub = x.reshape(rows, cols // 256, 8, 32).astype(np.float32)  # [rows, blocks, sub-block, weight]
-    low = np.minimum(sub.min(-1), 0.0)
-    step = (sub.max(-1) - low) / 31  # [rows, blocks, 8]
-    d = (step.max(-1) / 63).astype(np.float16)  # [rows, blocks]
-    dmin = (-low.min(-1) / 63).astype(np.float16)
-    d32, dmin32 = d.astype(np.float32)[..., None], dmin.astype(np.float32)[..., None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        scale = np.where(d32 > 0, np.clip(np.rint(step / d32), 0, 63), 0).astype(np.uint8)
-        mins = np.where(dmin32 > 0, np.clip(np.rint(-low / dmin32), 0, 63), 0).astype(np.uint8)
-        sub_step = (d32 * scale)[..., None]
-        offset = (dmin32 * mins)[..., None]
-        q = np.where(sub_step > 0, np.clip(np.rint((sub + offset) / sub_step), 0, 31), 0).astype(np.uint8)
+    d, dmin, scale, mins, q = affine_sub_blocks(sub, q_max=31, scale_max=63)
     out = np.zeros((rows, cols // 256, 176), dtype=np.uint8)
     out[..., 0:2] = d.view(np.uint8).reshape(rows, -1, 2)
     out[..., 2:4] = dmin.view(np.uint8).reshape(rows, -1, 2)
@@ -86,17 +95,7 @@ def quantize_q2_k(x: np.ndarray) -> np.ndarray:
     * min)."""
     rows, cols = x.shape
     sub = x.reshape(rows, cols // 256, 16, 16).astype(np.float32)  # [rows, blocks, sub-block, weight]
-    low = np.minimum(sub.min(-1), 0.0)
-    step = (sub.max(-1) - low) / 3
-    d = (step.max(-1) / 15).astype(np.float16)
-    dmin = (-low.min(-1) / 15).astype(np.float16)
-    d32, dmin32 = d.astype(np.float32)[..., None], dmin.astype(np.float32)[..., None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        scale = np.where(d32 > 0, np.clip(np.rint(step / d32), 0, 15), 0).astype(np.uint8)
-        mins = np.where(dmin32 > 0, np.clip(np.rint(-low / dmin32), 0, 15), 0).astype(np.uint8)
-        sub_step = (d32 * scale)[..., None]
-        offset = (dmin32 * mins)[..., None]
-        q = np.where(sub_step > 0, np.clip(np.rint((sub + offset) / sub_step), 0, 3), 0).astype(np.uint8)
+    d, dmin, scale, mins, q = affine_sub_blocks(sub, q_max=3, scale_max=15)
     q = q.reshape(rows, cols // 256, 2, 4, 32)  # [rows, blocks, n, j, l]
     out = np.zeros((rows, cols // 256, 84), dtype=np.uint8)
     out[..., 0:16] = scale | (mins << 4)

@@ -700,6 +700,20 @@ struct TokenSuper {
   const float* scales;
 };
 
+// The float part of a group whose d and dmin halves of rows 0-7 are its first 32 bytes (Q4Kx8, Q2Kx8):
+// acc += d dx dots - dmin dx mins, lane r row r.
+template <int G>
+inline void scaled_dots_minus_mins(const uint8_t* block, const TokenSuper* x, const __m256i* dots,
+                                   const __m256i* mins, __m256* acc) {
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+  const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
+  for (int g = 0; g < G; ++g) {
+    const __m256 dx = _mm256_set1_ps(x[g].scales[0]);
+    acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[g]), _mm256_mul_ps(d, dx), acc[g]);
+    acc[g] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[g]), _mm256_mul_ps(dmin, dx), acc[g]);
+  }
+}
+
 // Q4_K, 8 rows x 256 weights in 1184 bytes:
 //   [0, 16) d of rows 0-7 (halves), [16, 32) dmin, [32, 96) byte 8c + r: scale of sub-block c of row r (6 bits),
 //   [96, 160) byte 16p + 2r + e: min of sub-block 2p + e of row r,
@@ -824,13 +838,7 @@ struct Q4Kx8 {
       for (int g = 0; g < G; ++g)
         mins[g] = dot_s16(mins[g], min_pairs, broadcast4(x[g].sums32 + 2 * p));
     }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
-    for (int g = 0; g < G; ++g) {
-      const __m256 dx = _mm256_set1_ps(x[g].scales[0]);
-      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[g]), _mm256_mul_ps(d, dx), acc[g]);
-      acc[g] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[g]), _mm256_mul_ps(dmin, dx), acc[g]);
-    }
+    scaled_dots_minus_mins<G>(block, x, dots, mins, acc);
   }
 };
 
@@ -1087,13 +1095,7 @@ struct Q2Kx8 {
       const __m256i min_pairs = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(_mm_unpacklo_epi8(a, b), 4), nibble));
       for (int g = 0; g < G; ++g) mins[g] = dot_s16(mins[g], min_pairs, broadcast4(x[g].sums16 + 2 * p));
     }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
-    for (int g = 0; g < G; ++g) {
-      const __m256 dx = _mm256_set1_ps(x[g].scales[0]);
-      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[g]), _mm256_mul_ps(d, dx), acc[g]);
-      acc[g] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[g]), _mm256_mul_ps(dmin, dx), acc[g]);
-    }
+    scaled_dots_minus_mins<G>(block, x, dots, mins, acc);
   }
 };
 
