@@ -447,40 +447,15 @@ def random_q3_k(rows: int, cols: int, seed: int) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
-def test_q3_k_rows_become_q6_k_rows_of_the_same_values(monkeypatch):
-    """Q3_K rewritten as Q6_K (as its dequantization does block by block): the gguf package's own Q3_K
-    values exactly, a slice of rows at a time, and the product matches the float64 reference of those values."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    from specdraft.models.native import gguf_weights
-
-    raw = random_q3_k(24, 512, seed=6)
-    expected = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q3_K)).double()
-    monkeypatch.setattr(gguf_weights, "INTERLEAVE_ROWS", 16)  # two slices, the second short
-    weight = QuantWeight(torch.from_numpy(gguf_weights.q3_k_as_q6_k(raw)), TYPES["Q6_K"][0], 512)
-    assert torch.equal(weight.dequantize().double(), expected)
-    x = torch.randn(5, 512)
-    assert relative_error(weight.interleave().linear(x, None), reference_product(x, expected, 256)) < RELATIVE_TOLERANCE
-    # negative control: the high bits of hmask read as all set (q3 - 4 taken as the two low bits alone)
-    misread = raw.reshape(24, 2, 110).copy()
-    misread[..., :32] = 0xFF
-    wrong = QuantWeight(torch.from_numpy(gguf_weights.q3_k_as_q6_k(misread.reshape(24, -1))), TYPES["Q6_K"][0], 512)
-    assert not torch.equal(wrong.dequantize().double(), expected)
-    assert relative_error(wrong.linear(x, None), reference_product(x, expected, 256)) > 100 * RELATIVE_TOLERANCE
-
-
-@pytest.mark.parametrize("qtype, per_block, nbytes", [(2, 32, 18), (11, 256, 110)])
-def test_the_kernels_convert_q4_0_and_q3_k_rows_as_their_numpy_twins_do(qtype, per_block, nbytes):
-    """`qconvert_rows` (what the loader runs) against the slow, readable twins the tests above hold to the gguf
+def test_the_kernels_convert_q4_0_rows_as_their_numpy_twin_does():
+    """`qconvert_rows` (what the loader runs) against the slow, readable twin the test above holds to the gguf
     package: every random byte pattern, the same bytes; a type without a conversion is refused."""
-    from specdraft.models.native.gguf_weights import q3_k_as_q6_k, q4_0_as_q5_0
+    from specdraft.models.native.gguf_weights import q4_0_as_q5_0
 
-    raw = np.random.default_rng(qtype).integers(0, 256, size=(37, 1024 // per_block * nbytes), dtype=np.uint8)
-    twin = q4_0_as_q5_0(raw) if qtype == 2 else q3_k_as_q6_k(raw)
-    assert np.array_equal(ops.qconvert_rows(torch.from_numpy(raw), qtype, 1024).numpy(), twin)
-    with pytest.raises(RuntimeError, match="only Q4_0 and Q3_K"):
-        ops.qconvert_rows(torch.from_numpy(raw), 8, 1024)
+    raw = np.random.default_rng(2).integers(0, 256, size=(37, 1024 // 32 * 18), dtype=np.uint8)
+    assert np.array_equal(ops.qconvert_rows(torch.from_numpy(raw), 2, 1024).numpy(), q4_0_as_q5_0(raw))
+    with pytest.raises(RuntimeError, match="only Q4_0"):
+        ops.qconvert_rows(torch.from_numpy(raw), 11, 1024)
 
 
 def test_a_gguf_with_q3_k_and_q4_0_matrices_reads_them_in_supported_formats(tmp_path):

@@ -223,51 +223,13 @@ def q4_0_as_q5_0(raw: np.ndarray) -> np.ndarray:
     return out.reshape(rows, -1)
 
 
-Q6_K = 14  # ggml's type number
-Q3_K_BLOCK_BYTES = 110  # hmask[32], qs[64], scales[12] (16 six-bit), d; value d * (scale - 32) * (q - 4), q in 0..7
-
-
-def q3_k_as_q6_k(raw: np.ndarray) -> np.ndarray:
-    """Q3_K rows uint8 [rows, blocks * 110] as Q6_K rows [rows, blocks * 210] of the same values, exactly: both are
-    d times an int8 scale per 16 weights times a small integer, d * (s3 - 32) * (q3 - 4) = d * s6 * (q6 - 32) with
-    s6 = s3 - 32 and q6 = q3 + 28. In Q3_K, weight 128n + 32j + 16p + l has low bits (qs[32n + 16p + l] >> 2j) & 3
-    and high bit (hmask[16p + l] >> 4n + j) & 1 (q3 = low + 4 high), scale 8n + 2j + p, whose low four bits are
-    nibble k / 8 of scales[k % 8] and high two bits bits 2(k / 4).. of scales[8 + k % 4]. Converted INTERLEAVE_ROWS
-    rows at a time."""
-    rows = raw.shape[0]
-    blocks = raw.reshape(rows, -1, Q3_K_BLOCK_BYTES)
-    out = np.empty((rows, blocks.shape[1], 210), dtype=np.uint8)
-    k = np.arange(16)
-    low_shift = (2 * np.arange(4, dtype=np.uint8))[:, None, None]  # [j, 1, 1]
-    high_shift = (4 * np.arange(2, dtype=np.uint8)[:, None] + np.arange(4, dtype=np.uint8))[:, :, None, None]  # [n, j]
-    for start in range(0, rows, INTERLEAVE_ROWS):
-        part = blocks[start: start + INTERLEAVE_ROWS]
-        shape = part.shape[:2]
-        qs = part[..., 32:96].reshape(*shape, 2, 1, 2, 16)  # [rows, blocks, n, 1, p, l]
-        hmask = part[..., :32].reshape(*shape, 1, 1, 2, 16)  # [rows, blocks, 1, 1, p, l]
-        packed = part[..., 96:108]
-        low_bits = (packed[..., k % 8] >> (4 * (k // 8))) & 0x0F
-        scales = low_bits | (((packed[..., 8 + k % 4] >> (2 * (k // 4))) & 3) << 4)  # [rows, blocks, 16], 0..63
-        # q3 + 28 in the order n, j, p, l: weight 128n + 32j + 16p + l
-        q6 = ((qs >> low_shift) & 3) + 4 * ((hmask >> high_shift) & 1) + 28  # [rows, blocks, n, j, p, l]
-        # Q6_K: weight 128h + 32k + l has low bits nibble k / 2 of ql[64h + 32(k % 2) + l], high bits 2k.. of
-        # qh[32h + l]
-        by_half = q6.reshape(*shape, 2, 4, 32)  # [rows, blocks, h, k, l]
-        target = out[start: start + INTERLEAVE_ROWS]
-        target[..., :128] = ((by_half[:, :, :, :2] & 0x0F) | ((by_half[:, :, :, 2:] & 0x0F) << 4)).reshape(*shape, 128)
-        target[..., 128:192] = sum((by_half[:, :, :, c] >> 4) << (2 * c) for c in range(4)).reshape(*shape, 64)
-        target[..., 192:208] = (scales.astype(np.int16) - 32).astype(np.int8).view(np.uint8)
-        target[..., 208:210] = part[..., 108:110]
-    return out.reshape(rows, -1)
-
-
 CONVERTED_TYPES = {2: Q5_0}  # Q4_0 -> the format its rows are rewritten in at load
 
 
 def converted_rows(raw: np.ndarray, qtype: int, cols: int) -> torch.Tensor:
     """Q4_0 rows rewritten as Q5_0 rows of the same values, by the kernels (quant_kernels.cpp,
-    `qconvert_rows`: a 1.5B's Q4_0 matrices in about a second; the numpy twins above, which the tests hold it to,
-    take ten)."""
+    `qconvert_rows`: a 1.5B's Q4_0 matrices in about a second; the numpy twin above, which the tests hold it to,
+    takes ten)."""
     return load_kernels().qconvert_rows(torch.from_numpy(raw), int(qtype), cols)
 
 

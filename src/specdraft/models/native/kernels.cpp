@@ -771,7 +771,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_store", &rope_store, "rotary embedding of q and k, k and v written to their cache slots");
   m.def("qlinear", &qlinear, "batch-invariant x @ W.T (+ b) with W in a GGUF block format (int8 activations)");
   m.def("qdequantize_rows", &qdequantize_rows, "rows of a GGUF block-format matrix as float32");
-  m.def("qconvert_rows", &qconvert_rows, "Q4_0 / Q3_K rows as Q5_0 / Q6_K rows of the same values");
+  m.def("qconvert_rows", &qconvert_rows, "Q4_0 rows as Q5_0 rows of the same values");
   m.def("quantize_activations", &quantize_activations, "x as the block kernels quantize it: (int8, scales)");
   m.def("quant_vnni", &quant_vnni, "whether the block kernels use AVX512-VNNI");
   m.def("quant_amx", &quant_amx, "whether passes of several tokens over Q4_K/Q6_K/Q8_0/Q5_0 use AMX tiles");

@@ -364,34 +364,6 @@ inline int8_t q3_k_scale(const uint8_t* packed, int s) {
   return static_cast<int8_t>(six - 32);
 }
 
-// Q3_K (hmask[32], qs[64], scales[12], d; value d * (s - 32) * (q - 4)) -> Q6_K (ql[128], qh[64], int8 scales[16],
-// d; value d * s6 * (q6 - 32)) with s6 = s - 32 and q6 = q + 28. Q3_K's weight 128n + 32j + 16p + l: low bits
-// (qs[32n + 16p + l] >> 2j) & 3, high bit (hmask[16p + l] >> 4n + j) & 1; scale s: low four bits nibble s / 8 of
-// scales[s % 8], high two bits 2(s / 4).. of scales[8 + s % 4].
-inline void q3_k_as_q6_k_block(const uint8_t* in, uint8_t* out) {
-  const uint8_t* hmask = in;
-  const uint8_t* qs = in + 32;
-  const uint8_t* packed = in + 96;
-  uint8_t q6[256];
-  for (int n = 0; n < 2; ++n)
-    for (int j = 0; j < 4; ++j)
-      for (int p = 0; p < 2; ++p)
-        for (int l = 0; l < 16; ++l)
-          q6[128 * n + 32 * j + 16 * p + l] = static_cast<uint8_t>(
-              ((qs[32 * n + 16 * p + l] >> (2 * j)) & 3) + 4 * ((hmask[16 * p + l] >> (4 * n + j)) & 1) + 28);
-  std::memset(out, 0, 192);
-  // Q6_K's weight 128h + 32k + l: nibble k / 2 of ql[64h + 32(k % 2) + l], bits 2k..2k + 1 of qh[32h + l]
-  for (int h = 0; h < 2; ++h)
-    for (int k = 0; k < 4; ++k)
-      for (int l = 0; l < 32; ++l) {
-        const uint8_t v = q6[128 * h + 32 * k + l];
-        out[64 * h + 32 * (k % 2) + l] |= static_cast<uint8_t>((v & 0x0F) << (4 * (k / 2)));
-        out[128 + 32 * h + l] |= static_cast<uint8_t>((v >> 4) << (2 * k));
-      }
-  for (int s = 0; s < 16; ++s) out[192 + s] = static_cast<uint8_t>(q3_k_scale(packed, s));
-  std::memcpy(out + 208, in + 108, 2);
-}
-
 // Bit `from` of each byte of v moved to bit `to`, masked (shifts within int16 lanes, then a byte mask: what crosses
 // into a neighbouring byte lands on other bits than `to` and is masked off, or is shifted out).
 template <int from, int to>
@@ -2066,9 +2038,12 @@ void dequantize_block(int64_t type, const uint8_t* block, float* y) {
       break;
     }
     case kQ3_K: {
-      uint8_t as_q6_k[Q6K::kBytes];
-      q3_k_as_q6_k_block(block, as_q6_k);
-      dequantize_block(kQ6_K, as_q6_k, y);
+      const float d = half_to_float(block + 108);
+      for (int i = 0; i < 256; ++i) {  // weight 128n + 32j + 16p + l
+        const int n = i / 128, j = i % 128 / 32, l = i % 32;  // l here: 16p + l
+        const int q = ((block[32 + 32 * n + l] >> (2 * j)) & 3) | (((block[l] >> (4 * n + j)) & 1) << 2);
+        y[i] = d * q3_k_scale(block + 96, i / 16) * (q - 4);
+      }
       break;
     }
     case kQ4_K: dequantize_k_block(block, block + 16, nullptr, y); break;
@@ -2177,9 +2152,8 @@ torch::Tensor qdequantize_rows(torch::Tensor weight, int64_t type, int64_t K, to
 }
 
 // ------------------------------------------------------------------------------ formats read as another one
-// Q4_0 has no kernel: its blocks are rewritten at load as Q5_0 blocks of the same values. Q3_K's dequantization
-// rewrites each block as Q6_K (`q3_k_as_q6_k_block`, above). `qconvert_rows` does either to whole
-// rows; the numpy twins in gguf_weights.py say how, and the tests hold these to them.
+// Q4_0 has no kernel: its blocks are rewritten at load as Q5_0 blocks of the same values (`qconvert_rows`; the numpy
+// twin in gguf_weights.py says how, and the tests hold it to it).
 constexpr int64_t kQ4_0 = 2;
 
 // Q4_0 (d, qs[16]; value d * (q - 8)) -> Q5_0 (d, qh, qs[16]; value d * (q - 16)) with q5 = q4 + 8: its low bits
@@ -2195,11 +2169,10 @@ static void q4_0_as_q5_0_block(const uint8_t* in, uint8_t* out) {
   std::memcpy(out + 2, &high_bits, 4);
 }
 
-// raw [N, K / per block * its bytes] uint8 rows of Q4_0 or Q3_K -> [N, ...] the same rows as Q5_0 or Q6_K
+// raw [N, K / 32 * 18] uint8 rows of Q4_0 -> [N, K / 32 * 22], the same rows as Q5_0
 torch::Tensor qconvert_rows(torch::Tensor raw, int64_t type, int64_t K) {
-  TORCH_CHECK(type == kQ4_0 || type == kQ3_K, "only Q4_0 and Q3_K rows are converted, not type ", type);
-  const int64_t per_block = type == kQ4_0 ? 32 : 256, in_bytes = type == kQ4_0 ? 18 : 110;
-  const int64_t out_bytes = type == kQ4_0 ? 22 : 210;
+  TORCH_CHECK(type == kQ4_0, "only Q4_0 rows are converted, not type ", type);
+  const int64_t per_block = 32, in_bytes = 18, out_bytes = 22;
   TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == torch::kUInt8 && raw.is_contiguous() && K % per_block == 0 &&
               raw.size(1) == K / per_block * in_bytes, "raw must be [N, row bytes] uint8 blocks of the type");
   const int64_t N = raw.size(0), blocks = K / per_block;
@@ -2207,10 +2180,7 @@ torch::Tensor qconvert_rows(torch::Tensor raw, int64_t type, int64_t K) {
   const uint8_t* in = raw.data_ptr<uint8_t>();
   uint8_t* o = out.data_ptr<uint8_t>();
   at::parallel_for(0, N * blocks, 4096, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      if (type == kQ4_0) q4_0_as_q5_0_block(in + b * in_bytes, o + b * out_bytes);
-      else q3_k_as_q6_k_block(in + b * in_bytes, o + b * out_bytes);
-    }
+    for (int64_t b = begin; b < end; ++b) q4_0_as_q5_0_block(in + b * in_bytes, o + b * out_bytes);
   });
   return out;
 }
