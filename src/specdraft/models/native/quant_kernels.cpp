@@ -1040,26 +1040,31 @@ struct Q2Kx8 {
     const __m128i nibble = _mm_set1_epi8(0x0F);
     __m256i dots[G], mins[G];
     for (int g = 0; g < G; ++g) dots[g] = mins[g] = _mm256_setzero_si256();
+    // the 4 vectors of a sub-block column (n, p) loaded once, each of the 4 sub-blocks (j) shifted out of them:
+    // Zen 3, 2026-12-06, one process, against a vector loaded per sub-block, 16 alternations, 8960 x 1536, 2 threads:
+    // 4 / 8 / 16 tokens 0.85 / 0.82 / 0.84x the time, one token 0.99x
     unrolled<2>([&](auto half) __attribute__((always_inline)) {
       constexpr int n = half;
-      unrolled<4>([&](auto shift) __attribute__((always_inline)) {
-        constexpr int j = shift;
-        for (int p = 0; p < 2; ++p) {  // sub-block 8n + 2j + p: chunks k = 4p .. 4p + 3
-          __m256i sums[G];
-          for (int k = 4 * p; k < 4 * p + 4; ++k) {
-            const __m256i w = move_bits<2 * j, 0>(load256(block + 160 + 32 * (8 * n + k)), crumb);
-            const int64_t at = 128 * n + 32 * j + 4 * k;
-            for (int g = 0; g < G; ++g) {
-              const __m256i product = _mm256_maddubs_epi16(w, broadcast4(x[g].q + at));
-              sums[g] = k % 4 ? add_i16_into(sums[g], product) : product;
-            }
-          }
+      for (int p = 0; p < 2; ++p) {  // chunks k = 4p .. 4p + 3: sub-blocks 8n + 2j + p
+        const uint8_t* base = block + 160 + 32 * (8 * n + 4 * p);
+        const __m256i v0 = load256(base), v1 = load256(base + 32), v2 = load256(base + 64), v3 = load256(base + 96);
+        unrolled<4>([&](auto shift) __attribute__((always_inline)) {
+          constexpr int j = shift;
+          const int64_t at = 128 * n + 32 * j + 16 * p;
+          const __m256i w0 = move_bits<2 * j, 0>(v0, crumb), w1 = move_bits<2 * j, 0>(v1, crumb);
+          const __m256i w2 = move_bits<2 * j, 0>(v2, crumb), w3 = move_bits<2 * j, 0>(v3, crumb);
           const uint8_t* packed_bytes = block + 32 + 8 * (8 * n + 2 * j + p);
           const __m128i low = _mm_and_si128(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed_bytes)), nibble);
           const __m256i scale = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(low, low));
-          for (int g = 0; g < G; ++g) dots[g] = add_i32_into(dots[g], _mm256_madd_epi16(sums[g], scale));
-        }
-      });
+          for (int g = 0; g < G; ++g) {
+            const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, broadcast4(x[g].q + at)),
+                                                 _mm256_maddubs_epi16(w1, broadcast4(x[g].q + at + 4)));
+            const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(w2, broadcast4(x[g].q + at + 8)),
+                                                 _mm256_maddubs_epi16(w3, broadcast4(x[g].q + at + 12)));
+            dots[g] = add_i32_into(dots[g], _mm256_madd_epi16(_mm256_add_epi16(s01, s23), scale));
+          }
+        });
+      }
     });
     for (int p = 0; p < 8; ++p) {  // int16 lanes (2r, 2r + 1): mins of sub-blocks 2p and 2p + 1 of row r
       const __m128i a = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 32 + 16 * p));
