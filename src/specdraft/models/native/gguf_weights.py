@@ -26,9 +26,9 @@ from .kernels import load_kernels
 BLOCK_TYPES = {3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 BLOCK_SHAPES = {3: (32, 20), 6: (32, 22), 8: (32, 34), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176),
                 14: (256, 210)}  # (weights, bytes) per block
-INTERLEAVED_TYPES = {6, 8, 10, 11, 12, 13, 14}  # formats whose matrices `interleave` repacks in groups of ROW_GROUP rows
-INTERLEAVED_BLOCK_BYTES = {6: 176, 8: 272, 10: 672, 11: 1168, 12: 1184, 13: 1440,
-                           14: 1680}  # bytes of one block column of ROW_GROUP rows
+# the formats whose matrices `interleave` repacks in groups of ROW_GROUP rows -> bytes of one block column of them
+INTERLEAVED_BLOCK_BYTES = {6: 176, 8: 272, 10: 672, 11: 1168, 12: 1184, 13: 1440, 14: 1680}
+INTERLEAVED_TYPES = set(INTERLEAVED_BLOCK_BYTES)
 ROW_GROUP = 8
 INTERLEAVE_ROWS = 8192  # rows `interleave` repacks at a time (a multiple of ROW_GROUP)
 HUGE_PAGE = 2 << 20  # bytes of an x86-64 huge page
