@@ -26,9 +26,10 @@ from specdraft.models.native.kernels import load_kernels
 
 # name -> (ggml type, weights per block, bytes per block)
 TYPES = {"Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176),
-         "Q6_K": (14, 256, 210), "Q8_0": (8, 32, 34), "Q5_0": (6, 32, 22), "Q4_1": (3, 32, 20)}
+         "Q6_K": (14, 256, 210), "Q8_0": (8, 32, 34), "Q5_0": (6, 32, 22), "Q4_1": (3, 32, 20),
+         "IQ4_NL": (20, 32, 18), "IQ4_XS": (23, 256, 136)}
 HALF_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,),
-               "Q5_0": (0,), "Q4_1": (0, 2)}  # byte offsets of halves
+               "Q5_0": (0,), "Q4_1": (0, 2), "IQ4_NL": (0,), "IQ4_XS": (0,)}  # byte offsets of halves
 RELATIVE_TOLERANCE = 1e-5
 
 ops = load_kernels()
@@ -67,7 +68,7 @@ def relative_error(got: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def activation_block(name: str) -> int:
-    return 256 if name.endswith("_K") else 32
+    return TYPES[name][1]  # activations are quantized in blocks of the weights' block size
 
 
 @pytest.mark.parametrize("name", list(TYPES))
@@ -180,13 +181,13 @@ def test_quant_weight_rows_select_and_assign_like_a_tensor():
 
 # ----------------------------------------------------------------------------------- interleaved row groups
 
-INTERLEAVED = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0"]
+INTERLEAVED = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0", "IQ4_NL", "IQ4_XS"]
 
 
 def extreme_blocks(name: str, rows: int, cols: int) -> QuantWeight:
     """Every weight at its format's largest magnitude and every scale at its largest: the int16 sums of the
     interleaved kernels reach their stated bounds (Q2_K 3048, Q3_K 7112, Q4_K 30480, Q5_K 31496, Q6_K 32004, Q8_0 32512,
-    Q5_0 31496) against activations of 127."""
+    Q5_0 31496, IQ4_NL and IQ4_XS 32258) against activations of 127, IQ4_XS's int32 sums 256 * 127 * 127 * 32."""
     qtype, per_block, nbytes = TYPES[name]
     blocks = np.full((rows, cols // per_block, nbytes), 0xFF, dtype=np.uint8)
     half = np.array([0.001], dtype=np.float16).view(np.uint8)
@@ -199,10 +200,14 @@ def extreme_blocks(name: str, rows: int, cols: int) -> QuantWeight:
         blocks[:, :, 108:110] = half
     elif name == "Q2_K":  # q 3, scales and mins 15
         blocks[:, :, 80:82], blocks[:, :, 82:84] = half, np.array([0.0], dtype=np.float16).view(np.uint8)
+    elif name == "IQ4_XS":  # every scale -32 (six bits 0), every value -127 (nibble 0)
+        blocks[:, :, 0:2], blocks[:, :, 2:] = half, 0
     else:
         blocks[:, :, 0:2] = half
         if name == "Q8_0":
             blocks[:, :, 2:] = 0x80  # -128
+        elif name == "IQ4_NL":
+            blocks[:, :, 2:] = 0  # -127
     return QuantWeight(torch.from_numpy(blocks.reshape(rows, -1)), qtype, cols)
 
 
@@ -266,7 +271,8 @@ def test_negative_control_an_interleaved_layout_read_wrong_fails_the_same_check(
     weight = random_blocks(name, rows, 768, seed=12)
     packed = weight.interleave()
     # where the 4-byte-per-row vectors start
-    payload = {"Q2_K": 160, "Q3_K": 144, "Q4_K": 160, "Q5_K": 160, "Q6_K": 144, "Q8_0": 16, "Q5_0": 48}[name]
+    payload = {"Q2_K": 160, "Q3_K": 144, "Q4_K": 160, "Q5_K": 160, "Q6_K": 144, "Q8_0": 16, "Q5_0": 48, "IQ4_NL": 16,
+               "IQ4_XS": 80}[name]
     groups = packed.blocks.view(rows // 8, 768 // TYPES[name][1], -1).clone()  # [groups, blocks, group block bytes]
     body = groups[:, :, payload:].reshape(*groups.shape[:2], -1, 8, 4)  # [..., vectors, rows, 4 bytes]
     groups[:, :, payload:] = body.flip(3).reshape(*groups.shape[:2], -1)
@@ -624,6 +630,43 @@ def test_a_q4_0_file_runs_natively_as_q5_0(tiny_pair, tmp_path):
     state = quantized.new_state()
     steps = torch.cat([state.forward([token], 1) for token in prompt])
     assert torch.equal(draft, steps)
+
+
+def test_an_iq4_nl_file_runs_natively_and_its_passes_equal_single_steps(tiny_pair, tmp_path):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+    from tiny_gguf import quantize_iq4_nl, write_gguf
+
+    values = np.random.default_rng(3).standard_normal((8, 64)).astype(np.float32)
+    error = dequantize(quantize_iq4_nl(values), GGMLQuantizationType.IQ4_NL) - values
+    assert np.linalg.norm(error) / np.linalg.norm(values) < 0.12  # the test's quantizer is a fair 4-bit one
+    folder = write_gguf(tiny_pair["llama_hf"], tmp_path, "tiny-llama-iq4_nl", "IQ4_NL")
+    assert read_gguf(fetch.gguf_source(folder)).formats == {"IQ4_NL": 9}
+    quantized = load_model(str(folder), "gguf", progress=False)
+    full = load_model(str(tiny_pair["llama_hf"]), "float32", progress=False)
+    prompt = [2, 3, 4, 5, 6, 3, 2]
+    got = quantized.new_state().forward(prompt, len(prompt))
+    # 4-bit weights of a random 64-wide model, as the Q4_0 file above
+    assert relative_error(got, full.new_state().forward(prompt, len(prompt)).double()) < 0.6
+    draft = quantized.new_state().verify(prompt[0], Draft(torch.tensor(prompt[1:])))
+    state = quantized.new_state()
+    assert torch.equal(draft, torch.cat([state.forward([token], 1) for token in prompt]))
+
+
+def test_a_gguf_with_iq4_xs_matrices_reads_them_in_their_format(tmp_path):
+    import gguf
+
+    weight = random_blocks("IQ4_XS", 16, 512, seed=9)
+    writer = gguf.GGUFWriter(tmp_path / "iq4xs.gguf", "llama")
+    raw = weight.blocks.numpy()
+    writer.add_tensor("blk.0.ffn_up.weight", raw, raw_dtype=gguf.GGMLQuantizationType.IQ4_XS)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    weights = read_gguf(tmp_path / "iq4xs.gguf")
+    assert weights.formats == {"IQ4_XS": 1}
+    assert torch.equal(weights.need("blk.0.ffn_up.weight").dequantize().double(), gguf_dequantize(weight))
 
 
 def test_cut_gguf_file_is_a_clear_error(tmp_path, tiny_pair):

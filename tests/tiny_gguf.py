@@ -1,5 +1,5 @@
 """Tiny GGUF files for tests: a tiny Hugging Face model (tiny.py) written as llama.cpp's converter writes it, its
-matrices in a 32-weight block format quantized by the `gguf` package, laid out in a cache folder the way
+matrices in a 32-weight block format quantized by the `gguf` package (IQ4_NL here), laid out in a cache folder the way
 `specdraft models fetch` lays out the packaged models (so `load_model(dir, "gguf")` finds the file)."""
 
 from __future__ import annotations
@@ -46,6 +46,27 @@ def permute_for_llama_cpp(weight: np.ndarray, n_heads: int) -> np.ndarray:
             .reshape(weight.shape))
 
 
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.float32)
+
+
+def quantize_iq4_nl(values: np.ndarray) -> np.ndarray:
+    """float32 [rows, K] -> uint8 [rows, K / 32 * 18]: IQ4_NL blocks (d, then weight j in the low nibble of byte j,
+    weight 16 + j in its high nibble; value d * IQ4_VALUES[nibble]), which the gguf package cannot write. Per 32
+    weights d maps the one of largest magnitude to -127, the table's end; each weight takes the nearest value (no
+    search for a better d, as llama.cpp does: a test file, not a good one)."""
+    rows, cols = values.shape
+    blocks = values.reshape(rows, cols // 32, 32)
+    extreme = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1)[..., 0]
+    d = (extreme / -127).astype(np.float16)
+    d32 = d.astype(np.float32)[..., None]
+    scaled = np.divide(blocks, d32, out=np.zeros_like(blocks), where=d32 != 0)
+    q = np.abs(scaled[..., None] - IQ4_VALUES).argmin(-1).astype(np.uint8)
+    out = np.empty((rows, cols // 32, 18), dtype=np.uint8)
+    out[..., :2] = d.view(np.uint8).reshape(rows, cols // 32, 2)
+    out[..., 2:] = q[..., :16] | (q[..., 16:] << 4)
+    return out.reshape(rows, -1)
+
+
 def write_gguf(hf_dir: Path, cache: Path, name: str, qtype: str = "Q8_0", mixed: str | None = None) -> Path:
     """Write hf_dir's model as <cache>/gguf/<name>.gguf (matrices in `qtype`; every other matrix in `mixed` when
     given) and <cache>/models/<name>/ (config, tokenizer, the marker naming the file). Returns the model folder."""
@@ -68,7 +89,8 @@ def write_gguf(hf_dir: Path, cache: Path, name: str, qtype: str = "Q8_0", mixed:
         if values.ndim == 2:
             kind = getattr(gguf.GGMLQuantizationType, mixed if mixed and matrix % 2 else qtype)
             matrix += 1
-            writer.add_tensor(_gguf_name(hf_name), quantize(values, kind), raw_dtype=kind)
+            blocks = quantize_iq4_nl(values) if kind == gguf.GGMLQuantizationType.IQ4_NL else quantize(values, kind)
+            writer.add_tensor(_gguf_name(hf_name), blocks, raw_dtype=kind)
         else:
             writer.add_tensor(_gguf_name(hf_name), values)
     writer.write_header_to_file()

@@ -1,8 +1,8 @@
 """Weights read from a GGUF file and kept in its own block formats (`--dtype gguf`).
 
-The file is memory-mapped: a weight matrix in a supported block format (Q2_K to Q6_K, Q8_0, Q5_0, Q4_1)
-is a `QuantWeight`, a view of the file's bytes that `quant_kernels.cpp` multiplies as it is (no copy, no widening:
-a step of the 1.5B reads its 1.0 GiB instead of 3.1 GB of bf16). Q4_0 matrices are rewritten at load as Q5_0
+The file is memory-mapped: a weight matrix in a supported block format (Q2_K to Q6_K, Q8_0, Q5_0, Q4_1, IQ4_NL,
+IQ4_XS) is a `QuantWeight`, a view of the file's bytes that `quant_kernels.cpp` multiplies as it is (no copy, no
+widening: a step of the 1.5B reads its 1.0 GiB instead of 3.1 GB of bf16). Q4_0 matrices are rewritten at load as Q5_0
 blocks of the same values (`q4_0_as_q5_0`: 22 bytes a block for 18). Matrices in other formats are dequantized once at
 load (F32 and F16 to float32, BF16 kept, any other block format to bfloat16 through the `gguf` package's own
 dequantization); norms and biases are float32.
@@ -23,11 +23,12 @@ from ..gguf_header import read_header
 from .kernels import load_kernels
 
 # ggml type number -> name, for the block formats the kernels multiply directly
-BLOCK_TYPES = {3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+BLOCK_TYPES = {3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K",
+               20: "IQ4_NL", 23: "IQ4_XS"}
 BLOCK_SHAPES = {3: (32, 20), 6: (32, 22), 8: (32, 34), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176),
-                14: (256, 210)}  # (weights, bytes) per block
+                14: (256, 210), 20: (32, 18), 23: (256, 136)}  # (weights, bytes) per block
 # the formats whose matrices `interleave` repacks in groups of ROW_GROUP rows -> bytes of one block column of them
-INTERLEAVED_BLOCK_BYTES = {6: 176, 8: 272, 10: 672, 11: 1168, 12: 1184, 13: 1440, 14: 1680}
+INTERLEAVED_BLOCK_BYTES = {6: 176, 8: 272, 10: 672, 11: 1168, 12: 1184, 13: 1440, 14: 1680, 20: 144, 23: 1104}
 INTERLEAVED_TYPES = set(INTERLEAVED_BLOCK_BYTES)
 ROW_GROUP = 8
 INTERLEAVE_ROWS = 8192  # rows `interleave` repacks at a time (a multiple of ROW_GROUP)
@@ -129,8 +130,8 @@ class QuantWeight:
 
     def interleave(self, source: GGUFTensors | None = None) -> QuantWeight:
         """This matrix repacked into groups of 8 rows for passes of several tokens (quant_kernels.cpp, "interleaved
-        row groups"): a verify pass of 8 tokens then costs about half what it costs row by row. Q2_K to Q6_K, Q8_0
-        and Q5_0 with a multiple of 8 rows; any other matrix is returned as it is. Repacked a slice of
+        row groups"): a verify pass of 8 tokens then costs about half what it costs row by row. Q2_K to Q6_K, Q8_0,
+        Q5_0, IQ4_NL and IQ4_XS with a multiple of 8 rows; any other matrix is returned as it is. Repacked a slice of
         rows at a time into the final buffer; with `source`, the file this matrix is a view of, each slice's mapped
         pages are released once copied (a 150k-row LM head would otherwise be resident twice for a moment)."""
         if self.interleaved or self.qtype not in INTERLEAVED_TYPES or len(self) % ROW_GROUP:

@@ -1,4 +1,4 @@
-// Matrix products over weights kept in their GGUF block formats (Q2_K to Q6_K, Q8_0, Q5_0, Q4_1).
+// Matrix products over weights kept in their GGUF block formats (Q2_K to Q6_K, Q8_0, Q5_0, Q4_1, IQ4_NL, IQ4_XS).
 //
 // Activations are quantized per row to int8 blocks (one float scale per 256 values for the k-quants, per 32 for the
 // 32-value formats; each row on its own, so a row quantizes the same whatever else is in the call). A weight block
@@ -31,6 +31,10 @@
 //   Q5_0, 32 weights in 22 bytes: d, qh (32 bits: bit j the 5th bit of weight j), qs[16] (weight j: low nibble of
 //         qs[j], weight j + 16: high nibble); value d * (q - 16).
 //   Q4_1, 32 weights in 20 bytes: d, m, qs[16] (as Q5_0's nibbles); value d * q + m.
+//   IQ4_NL, 32 weights in 18 bytes: d, qs[16] (as Q5_0's nibbles); value d * kvalues[q], kvalues 16 int8 (iq4_values).
+//   IQ4_XS, 256 weights in 136 bytes: d, scales_h (uint16), scales_l[4], qs[128]; sub-block c (32 weights) has the
+//         six-bit scale ls (low four bits nibble c % 2 of scales_l[c / 2], high two bits 2c.. of scales_h), its
+//         weights the nibbles of qs[16c ..] as IQ4_NL's; value d * (ls - 32) * kvalues[q].
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -49,7 +53,10 @@
 namespace {
 
 // ggml's type numbers
-enum QType : int64_t { kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
+enum QType : int64_t {
+  kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14,
+  kIQ4_NL = 20, kIQ4_XS = 23
+};
 
 inline float half_to_float(const uint8_t* p) {
   uint16_t bits;
@@ -506,6 +513,52 @@ struct Q41 {
   }
 };
 
+// IQ4_NL and IQ4_XS: a weight's nibble indexes 16 non-uniform int8 values (ggml's kvalues_iq4nl); a byte shuffle
+// looks up 32 nibbles at once. |value| <= 127, so the signed products of `signed_dot` stay in range.
+inline __m256i iq4_values(__m256i nibbles) {
+  const __m256i values = _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+                                          -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+  return _mm256_shuffle_epi8(values, nibbles);
+}
+
+struct IQ4NL {
+  static constexpr int64_t kWeights = 32, kBytes = 18, kActBlock = 32;
+  template <int G>
+  static void dot(const uint8_t* block, const TokenBlock* x, __m256* acc) {
+    signed_dot<G>(iq4_values(nibbles32(block + 2)), half_to_float(block), x, acc);
+  }
+};
+
+// IQ4_XS's sub-block scale c (of 8) as the signed value it multiplies by: ls - 32 of its six bits, whose low four are
+// nibble c % 2 of scales_l[c / 2] (the block's bytes 4-7) and high two bits 2c.. of scales_h (bytes 2-3).
+inline int8_t iq4_xs_scale(const uint8_t* block, int c) {
+  const int high = ((block[2] | (block[3] << 8)) >> (2 * c)) & 3;
+  return static_cast<int8_t>((((block[4 + c / 2] >> (4 * (c % 2))) & 0x0F) | (high << 4)) - 32);
+}
+
+// IQ4_XS row by row: sub-block c's 32 weights are the nibbles of qs[16c ..] looked up; per sub-block the signed
+// products' int16 pairs (at most 2 * 127 * 127 = 32258) go to int32 in the `vpmaddwd` that multiplies them by the
+// scale (|scale| <= 32: a block's total at most 256 * 127 * 127 * 32, about 1.3e8).
+struct IQ4XS {
+  static constexpr int64_t kWeights = 256, kBytes = 136, kActBlock = 256;
+  template <int G>
+  static void dot(const uint8_t* block, const TokenBlock* x, __m256* acc) {
+    __m256i even[G], odd[G];
+    for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+      const __m256i q = iq4_values(nibbles32(block + 8 + 16 * c)), magnitude = _mm256_sign_epi8(q, q);
+      const __m256i scale = _mm256_set1_epi16(iq4_xs_scale(block, c));
+      for (int g = 0; g < G; ++g) {
+        const __m256i p = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(load256(x[g].q + 32 * c), q));
+        __m256i& sums = c % 2 ? odd[g] : even[g];
+        sums = add_i32_into(sums, _mm256_madd_epi16(p, scale));
+      }
+    }
+    const float d = half_to_float(block);
+    for (int g = 0; g < G; ++g) acc[g] = scaled_add(acc[g], _mm256_add_epi32(even[g], odd[g]), d * x[g].d);
+  }
+};
+
 // ------------------------------------------------------------------------------------------------ the product
 constexpr int64_t kTokenTile = 64;  // tokens whose accumulators a row keeps at once (a pass longer than this
                                     // reads each weight block once per tile of tokens)
@@ -622,7 +675,7 @@ void qlinear_impl(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRo
   });
 }
 
-// ------------------------------------------------------------------- interleaved row groups (Q2_K .. Q6_K, Q8_0, Q5_0)
+// ----------------------------------------------- interleaved row groups (Q2_K .. Q6_K, Q8_0, Q5_0, IQ4_NL, IQ4_XS)
 // For passes of several tokens the k-quant matrices are repacked at load into groups of 8 rows whose blocks
 // interleave 4 bytes at a time: one 32-byte load holds 4 consecutive weights of each of the 8 rows, a broadcast
 // of a token's 4 activation bytes meets all of them in one `vpmaddubsw`, and int16 lanes 2r and 2r + 1 are row
@@ -1313,6 +1366,112 @@ struct Q50x8 {
   }
 };
 
+// IQ4_NL, 8 rows x 32 weights in 144 bytes (8 x 18): [0, 16) d of rows 0-7 (halves), [16, 144) byte 16 + 32k + 4r
+// + i: qs[4k + i] of row r (low nibble: weight 4k + i, high nibble: weight 16 + 4k + i). The looked-up values are
+// signed: as Q80x8's, |value| against x carrying its sign, each vpmaddubsw lane (at most 2 * 127 * 127) to int32 at
+// once. One code for every build (no VNNI or tile path of its own yet).
+struct IQ4NLx8 {
+  static constexpr int64_t kWeights = 32, kBytes = 144, kActBlock = 32;
+  static constexpr int kGroupsTokens = kGroup;
+
+  static void pack(const uint8_t* const rows[8], uint8_t* out) {
+    for (int r = 0; r < 8; ++r) {
+      std::memcpy(out + 2 * r, rows[r], 2);
+      for (int k = 0; k < 4; ++k) std::memcpy(out + 16 + 32 * k + 4 * r, rows[r] + 2 + 4 * k, 4);
+    }
+  }
+
+  static void unpack(const uint8_t* in, uint8_t* const rows[8]) {
+    for (int r = 0; r < 8; ++r) {
+      std::memcpy(rows[r], in + 2 * r, 2);
+      for (int k = 0; k < 4; ++k) std::memcpy(rows[r] + 2 + 4 * k, in + 16 + 32 * k + 4 * r, 4);
+    }
+  }
+
+  template <int G>
+  static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256i sums[G];
+    const auto products = [&](int k, bool start) __attribute__((always_inline)) {
+      const __m256i bytes = load256(block + 16 + 32 * k);
+      const __m256i w0 = iq4_values(_mm256_and_si256(bytes, low));
+      const __m256i w1 = iq4_values(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low));
+      const __m256i m0 = _mm256_sign_epi8(w0, w0), m1 = _mm256_sign_epi8(w1, w1);
+      for (int g = 0; g < G; ++g) {
+        const __m256i p0 = _mm256_maddubs_epi16(m0, _mm256_sign_epi8(broadcast4(x[g].q + 4 * k), w0));
+        const __m256i p1 = _mm256_maddubs_epi16(m1, _mm256_sign_epi8(broadcast4(x[g].q + 16 + 4 * k), w1));
+        const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_madd_epi16(p1, ones));
+        sums[g] = start ? p : add_i32_into(sums[g], p);
+      }
+    };
+    products(0, true);
+    for (int k = 1; k < 4; ++k) products(k, false);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    for (int g = 0; g < G; ++g)
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[g]), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
+  }
+};
+
+// IQ4_XS, 8 rows x 256 weights in 1104 bytes: [0, 16) d of rows 0-7 (halves), [16, 80) byte 16 + 8c + r: the scale
+// of sub-block c of row r (ls - 32, int8), [80, 1104) byte 80 + 128c + 32k + 4r + i: qs[16c + 4k + i] of row r (low
+// nibble: weight 32c + 4k + i, high nibble: weight 32c + 16 + 4k + i). Per vector and token a vpmaddubsw of the
+// signed values (as IQ4NLx8's) and a vpmaddwd by the rows' sub-block scales (int16 pairs 2r, 2r + 1 both row r's):
+// row r's int32 lane sums 256 products times scales, at most 256 * 127 * 127 * 32. One code for every build.
+struct IQ4XSx8 {
+  static constexpr int64_t kWeights = 256, kBytes = 1104, kActBlock = 256;
+  static constexpr int kGroupsTokens = kGroup;
+
+  static void pack(const uint8_t* const rows[8], uint8_t* out) {
+    for (int r = 0; r < 8; ++r) {
+      std::memcpy(out + 2 * r, rows[r], 2);
+      for (int c = 0; c < 8; ++c) {
+        out[16 + 8 * c + r] = static_cast<uint8_t>(iq4_xs_scale(rows[r], c));
+        for (int k = 0; k < 4; ++k) std::memcpy(out + 80 + 128 * c + 32 * k + 4 * r, rows[r] + 8 + 16 * c + 4 * k, 4);
+      }
+    }
+  }
+
+  static void unpack(const uint8_t* in, uint8_t* const rows[8]) {
+    for (int r = 0; r < 8; ++r) {
+      uint8_t* b = rows[r];
+      std::memcpy(b, in + 2 * r, 2);
+      uint16_t high = 0;
+      for (int c = 0; c < 8; ++c) {  // the inverse of iq4_xs_scale
+        const int six = static_cast<int8_t>(in[16 + 8 * c + r]) + 32;
+        high = static_cast<uint16_t>(high | ((six >> 4) << (2 * c)));
+        if (c % 2 == 0) b[4 + c / 2] = static_cast<uint8_t>(six & 0x0F);
+        else b[4 + c / 2] = static_cast<uint8_t>(b[4 + c / 2] | ((six & 0x0F) << 4));
+        for (int k = 0; k < 4; ++k) std::memcpy(b + 8 + 16 * c + 4 * k, in + 80 + 128 * c + 32 * k + 4 * r, 4);
+      }
+      b[2] = static_cast<uint8_t>(high & 0xFF), b[3] = static_cast<uint8_t>(high >> 8);
+    }
+  }
+
+  template <int G>
+  static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256i sums[G];
+    for (int c = 0; c < 8; ++c) {
+      const __m256i scale = row_pairs_s8(block + 16 + 8 * c);
+      for (int k = 0; k < 4; ++k) {
+        const __m256i bytes = load256(block + 80 + 128 * c + 32 * k);
+        const __m256i w0 = iq4_values(_mm256_and_si256(bytes, low));
+        const __m256i w1 = iq4_values(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low));
+        const __m256i m0 = _mm256_sign_epi8(w0, w0), m1 = _mm256_sign_epi8(w1, w1);
+        for (int g = 0; g < G; ++g) {
+          const __m256i p0 = _mm256_maddubs_epi16(m0, _mm256_sign_epi8(broadcast4(x[g].q + 32 * c + 4 * k), w0));
+          const __m256i p1 = _mm256_maddubs_epi16(m1, _mm256_sign_epi8(broadcast4(x[g].q + 32 * c + 16 + 4 * k), w1));
+          const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(p0, scale), _mm256_madd_epi16(p1, scale));
+          sums[g] = c == 0 && k == 0 ? p : add_i32_into(sums[g], p);  // the first products start the sums
+        }
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    for (int g = 0; g < G; ++g)
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[g]), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
+  }
+};
+
 template <typename F, int G>
 inline void dot_super(const uint8_t* block, const TokenSuper* x, __m256* acc) {
   F::template dot<G>(block, x, acc);
@@ -1980,8 +2139,9 @@ template <typename F>
 void qlinear_x8_small_blocks(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRows& x, const float* bias,
                              float* out) {
 #if SPECDRAFT_AMX
-  if (K % 64 == 0 && use_amx(x.T, N, kAmxMinTokensSmallBlocks))
-    return qlinear_expanded_amx<AmxSmallBlocks<F>>(weight, N, K, x, bias, out);
+  if constexpr (std::is_same_v<F, Q80x8> || std::is_same_v<F, Q50x8>)  // the formats with tiles of their own
+    if (K % 64 == 0 && use_amx(x.T, N, kAmxMinTokensSmallBlocks))
+      return qlinear_expanded_amx<AmxSmallBlocks<F>>(weight, N, K, x, bias, out);
 #endif
   if (x.T > 1 && K % Consecutive<F, 4>::kWeights == 0) qlinear_x8_impl<Consecutive<F, 4>>(weight, N, K, x, bias, out);
   else qlinear_x8_impl<F>(weight, N, K, x, bias, out);
@@ -1997,6 +2157,8 @@ int64_t block_weights(int64_t type) {
     case kQ8_0: return Q80::kWeights;
     case kQ5_0: return Q50::kWeights;
     case kQ4_1: return Q41::kWeights;
+    case kIQ4_NL: return IQ4NL::kWeights;
+    case kIQ4_XS: return IQ4XS::kWeights;
     default: return 0;
   }
 }
@@ -2011,6 +2173,8 @@ int64_t block_bytes(int64_t type) {
     case kQ8_0: return Q80::kBytes;
     case kQ5_0: return Q50::kBytes;
     case kQ4_1: return Q41::kBytes;
+    case kIQ4_NL: return IQ4NL::kBytes;
+    case kIQ4_XS: return IQ4XS::kBytes;
     default: return 0;
   }
 }
@@ -2093,13 +2257,30 @@ void dequantize_block(int64_t type, const uint8_t* block, float* y) {
       }
       break;
     }
+    case kIQ4_NL: {
+      const float d = half_to_float(block);
+      alignas(32) int8_t values[32];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(values), iq4_values(nibbles32(block + 2)));
+      for (int i = 0; i < 32; ++i) y[i] = d * values[i];
+      break;
+    }
+    case kIQ4_XS: {
+      const float d = half_to_float(block);
+      alignas(32) int8_t values[32];
+      for (int c = 0; c < 8; ++c) {
+        const float dl = d * iq4_xs_scale(block, c);  // the gguf package's order: (d * scale) * value
+        _mm256_store_si256(reinterpret_cast<__m256i*>(values), iq4_values(nibbles32(block + 8 + 16 * c)));
+        for (int i = 0; i < 32; ++i) y[32 * c + i] = dl * values[i];
+      }
+      break;
+    }
     default: TORCH_CHECK(false, "unsupported block type ", type);
   }
 }
 
 void check_weight(const torch::Tensor& weight, int64_t type, int64_t K) {
   TORCH_CHECK(block_weights(type) > 0, "unsupported block type ", type,
-              " (supported: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_1)");
+              " (supported: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_1, IQ4_NL, IQ4_XS)");
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kUInt8 && weight.is_contiguous(),
               "quantized weight must be [N, row_bytes] uint8");
   TORCH_CHECK(K % block_weights(type) == 0, "row length ", K, " is not a multiple of the block size");
@@ -2133,6 +2314,8 @@ torch::Tensor qlinear(torch::Tensor x, torch::Tensor weight, int64_t type, c10::
     case kQ8_0: qlinear_impl<Q80>(w, N, K, rows, bias_ptr, o); break;
     case kQ5_0: qlinear_impl<Q50>(w, N, K, rows, bias_ptr, o); break;
     case kQ4_1: qlinear_impl<Q41>(w, N, K, rows, bias_ptr, o); break;
+    case kIQ4_NL: qlinear_impl<IQ4NL>(w, N, K, rows, bias_ptr, o); break;
+    case kIQ4_XS: qlinear_impl<IQ4XS>(w, N, K, rows, bias_ptr, o); break;
   }
   return out;
 }
@@ -2191,7 +2374,8 @@ torch::Tensor qconvert_rows(torch::Tensor raw, int64_t type, int64_t K) {
 }
 
 // Interleaved row groups (rows a multiple of 8): weight [N, row_bytes] -> [N / 8, blocks per row * group block
-// bytes], a copy whose block columns of 8 rows are repacked as Q2Kx8 .. Q6Kx8, Q80x8 and Q50x8 describe.
+// bytes], a copy whose block columns of 8 rows are repacked as Q2Kx8 .. Q6Kx8, Q80x8, Q50x8, IQ4NLx8 and IQ4XSx8
+// describe.
 int64_t x8_bytes(int64_t type) {
   switch (type) {
     case kQ2_K: return Q2Kx8::kBytes;
@@ -2201,6 +2385,8 @@ int64_t x8_bytes(int64_t type) {
     case kQ6_K: return Q6Kx8::kBytes;
     case kQ8_0: return Q80x8::kBytes;
     case kQ5_0: return Q50x8::kBytes;
+    case kIQ4_NL: return IQ4NLx8::kBytes;
+    case kIQ4_XS: return IQ4XSx8::kBytes;
     default: return 0;
   }
 }
@@ -2214,6 +2400,8 @@ void pack_x8(int64_t type, const uint8_t* const rows[8], uint8_t* out) {
     case kQ6_K: Q6Kx8::pack(rows, out); break;
     case kQ8_0: Q80x8::pack(rows, out); break;
     case kQ5_0: Q50x8::pack(rows, out); break;
+    case kIQ4_NL: IQ4NLx8::pack(rows, out); break;
+    case kIQ4_XS: IQ4XSx8::pack(rows, out); break;
   }
 }
 
@@ -2226,11 +2414,13 @@ void unpack_x8(int64_t type, const uint8_t* in, uint8_t* const rows[8]) {
     case kQ6_K: Q6Kx8::unpack(in, rows); break;
     case kQ8_0: Q80x8::unpack(in, rows); break;
     case kQ5_0: Q50x8::unpack(in, rows); break;
+    case kIQ4_NL: IQ4NLx8::unpack(in, rows); break;
+    case kIQ4_XS: IQ4XSx8::unpack(in, rows); break;
   }
 }
 
 void check_packed(const torch::Tensor& packed, int64_t type, int64_t K) {
-  TORCH_CHECK(x8_bytes(type) > 0, "only Q2_K to Q6_K, Q8_0 and Q5_0 matrices interleave rows");
+  TORCH_CHECK(x8_bytes(type) > 0, "only Q2_K to Q6_K, Q8_0, Q5_0, IQ4_NL and IQ4_XS matrices interleave rows");
   TORCH_CHECK(K % block_weights(type) == 0, "row length ", K, " is not a multiple of the block size");
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() &&
               packed.size(1) == K / block_weights(type) * x8_bytes(type),
@@ -2240,7 +2430,7 @@ void check_packed(const torch::Tensor& packed, int64_t type, int64_t K) {
 // weight [N, row_bytes] -> out [N / 8, ...] (written in place: a slice of a larger interleaved matrix)
 void qinterleave_into(torch::Tensor weight, int64_t type, int64_t K, torch::Tensor out) {
   check_weight(weight, type, K);
-  TORCH_CHECK(x8_bytes(type) > 0, "only Q2_K to Q6_K, Q8_0 and Q5_0 matrices interleave rows");
+  TORCH_CHECK(x8_bytes(type) > 0, "only Q2_K to Q6_K, Q8_0, Q5_0, IQ4_NL and IQ4_XS matrices interleave rows");
   const int64_t N = weight.size(0), blocks = K / block_weights(type), row_bytes = weight.size(1);
   TORCH_CHECK(N % kRowGroup == 0, "rows (", N, ") must be a multiple of ", kRowGroup, " to interleave");
   check_packed(out, type, K);
@@ -2318,6 +2508,8 @@ torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c1
     case kQ2_K: qlinear_x8_impl<Q2Kx8>(w, N, K, rows, bias_ptr, o); break;  // and Q2_K
     case kQ8_0: qlinear_x8_small_blocks<Q80x8>(w, N, K, rows, bias_ptr, o); break;
     case kQ5_0: qlinear_x8_small_blocks<Q50x8>(w, N, K, rows, bias_ptr, o); break;
+    case kIQ4_NL: qlinear_x8_small_blocks<IQ4NLx8>(w, N, K, rows, bias_ptr, o); break;
+    case kIQ4_XS: qlinear_x8_impl<IQ4XSx8>(w, N, K, rows, bias_ptr, o); break;
   }
   return out;
 }
