@@ -117,7 +117,7 @@ def test_kernels_are_built_with_openmp_and_thread_count_never_changes_a_result(t
     assert torch.equal(one_thread, two_threads)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_linear_kernel_is_batch_invariant_across_k_blocks_and_tile_shapes(tiny_native, dtype):
     """The tiny models' K (64) fits in one k block; a real model's 1,536 or 8,960 do not. K here spans three
     blocks plus a tail that is not a multiple of 8, and N a partial row group: every token count's tile

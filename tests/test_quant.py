@@ -653,6 +653,24 @@ def test_an_iq4_nl_file_runs_natively_and_its_passes_equal_single_steps(tiny_pai
     assert torch.equal(draft, torch.cat([state.forward([token], 1) for token in prompt]))
 
 
+def test_an_f16_file_keeps_its_halves_and_its_passes_equal_single_steps(tiny_pair, tmp_path):
+    """F16 matrices stay float16 (widened in registers by the dense kernels: half the bytes of float32)."""
+    from tiny_gguf import write_gguf
+
+    folder = write_gguf(tiny_pair["qwen2_hf"], tmp_path, "tiny-qwen2-f16", "F16")
+    weights = read_gguf(fetch.gguf_source(folder))
+    assert weights.formats == {"F16": 16}
+    assert weights.need("blk.0.ffn_down.weight").dtype == torch.float16
+    quantized = load_model(str(folder), "gguf", progress=False)
+    full = load_model(str(tiny_pair["qwen2_hf"]), "float32", progress=False)
+    prompt = [2, 3, 4, 5, 6, 3, 2]
+    got = quantized.new_state().forward(prompt, len(prompt))
+    assert relative_error(got, full.new_state().forward(prompt, len(prompt)).double()) < 1e-2  # halves of floats
+    draft = quantized.new_state().verify(prompt[0], Draft(torch.tensor(prompt[1:])))
+    state = quantized.new_state()
+    assert torch.equal(draft, torch.cat([state.forward([token], 1) for token in prompt]))
+
+
 def test_a_gguf_with_iq4_xs_matrices_reads_them_in_their_format(tmp_path):
     import gguf
 

@@ -4,7 +4,7 @@ The file is memory-mapped: a weight matrix in a supported block format (Q2_K to 
 IQ4_XS) is a `QuantWeight`, a view of the file's bytes that `quant_kernels.cpp` multiplies as it is (no copy, no
 widening: a step of the 1.5B reads its 1.0 GiB instead of 3.1 GB of bf16). Q4_0 matrices are rewritten at load as Q5_0
 blocks of the same values (`q4_0_as_q5_0`: 22 bytes a block for 18). Matrices in other formats are dequantized once at
-load (F32 and F16 to float32, BF16 kept, any other block format to bfloat16 through the `gguf` package's own
+load (F16 and BF16 kept, F32 as it is, any other block format to bfloat16 through the `gguf` package's own
 dequantization); norms and biases are float32.
 """
 
@@ -270,6 +270,9 @@ def read_gguf(path: str | Path) -> GGUFTensors:
             elif kind == GGMLQuantizationType.BF16:
                 tensors[name] = torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16).reshape(shape)
                 label = "BF16"
+            elif kind == GGMLQuantizationType.F16 and len(dims) == 2:  # widened in registers by the dense kernels
+                tensors[name] = torch.from_numpy(raw.view(np.float16)).reshape(shape)
+                label = "F16"
             elif kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
                 values = raw.view(np.float32 if kind == GGMLQuantizationType.F32 else np.float16).astype(np.float32)
                 tensors[name] = torch.from_numpy(values).reshape(shape)

@@ -7,7 +7,7 @@
 // (batch invariance), and greedy speculative decoding is token-identical to plain decoding by construction.
 // (An AVX2 build and an AVX-512 build sum in different orders: each is batch-invariant on its own.)
 //
-// Weights are read in their stored dtype (float32 or bfloat16, widened in registers); activations, the KV
+// Weights are read in their stored dtype (float32, bfloat16 or float16, widened in registers); activations, the KV
 // cache and all accumulation are float32. Where the CPU has AVX512-BF16 (the "avx512bf16" build), a bfloat16
 // weight instead meets the activations rounded to bfloat16 (round to nearest even, once per call, as a
 // transformers bf16 forward rounds them) in `vdpbf16ps`: 32 weights per instruction, none widened, so a verify
@@ -32,8 +32,12 @@ inline __m256 load8(const at::BFloat16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
 
+// IEEE half (a GGUF's F16 matrices): F16C's conversion, exact (every half is a float32)
+inline __m256 load8(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
 inline float to_float(float v) { return v; }
 inline float to_float(at::BFloat16 v) { return static_cast<float>(v); }
+inline float to_float(at::Half v) { return static_cast<float>(v); }
 
 // Fixed-order horizontal sum of the 8 lanes.
 inline float hsum(__m256 v) {
@@ -55,6 +59,7 @@ inline Vec vload(const at::BFloat16* p) {
   __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
+inline Vec vload(const at::Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 inline Vec vfmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 // fixed order: the two 256-bit halves lane by lane, then as hsum above
 inline float vsum(Vec v) {
@@ -73,6 +78,7 @@ constexpr int kLanes = 8, kRegisters = 16;
 inline Vec vzero() { return _mm256_setzero_ps(); }
 inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
 inline Vec vload(const at::BFloat16* p) { return load8(p); }
+inline Vec vload(const at::Half* p) { return load8(p); }
 inline Vec vfmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline float vsum(Vec v) { return hsum(v); }
 constexpr const char* kIsa = "avx2";
@@ -214,7 +220,7 @@ void linear_impl(const XT* x, const WT* w, const float* bias, float* out, int64_
 
 }  // namespace
 
-// x: [T, K] float32, weight: [N, K] float32 or bfloat16, bias: [N] float32 or None  ->  [T, N] float32
+// x: [T, K] float32, weight: [N, K] float32, bfloat16 or float16, bias: [N] float32 or None  ->  [T, N] float32
 torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch::Tensor> bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x must be [T, K] float32");
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.size(1) == x.size(1), "weight must be [N, K]");
@@ -238,8 +244,11 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch:
     linear_impl<at::BFloat16, float>(x.data_ptr<float>(), weight.data_ptr<at::BFloat16>(), bias_ptr,
                                      out.data_ptr<float>(), T, K, N);
 #endif
+  } else if (weight.scalar_type() == torch::kHalf) {  // widened to float32 in registers, float32 activations
+    linear_impl<at::Half, float>(x.data_ptr<float>(), weight.data_ptr<at::Half>(), bias_ptr, out.data_ptr<float>(),
+                                 T, K, N);
   } else {
-    TORCH_CHECK(false, "weight must be float32 or bfloat16");
+    TORCH_CHECK(false, "weight must be float32, bfloat16 or float16");
   }
   return out;
 }
@@ -672,10 +681,10 @@ torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c1
 // interpreter work per layer between the kernels (4 ms of a 45 ms one-token step of the 1.5B, 2026-12-03).
 namespace {
 
-// A matrix as the kernels take it: dense float32/bfloat16 (`linear`), or a GGUF block format (`qlinear`; over
+// A matrix as the kernels take it: dense float32/bfloat16/float16 (`linear`), or a GGUF block format (`qlinear`; over
 // interleaved groups of 8 rows, `qlinear_x8`).
 struct StackMatrix {
-  torch::Tensor weight;  // dense [N, K] float32/bfloat16; else uint8 blocks [N, row bytes] or [N / 8, group bytes]
+  torch::Tensor weight;  // dense [N, K] float32/bf16/f16; else uint8 blocks [N, row bytes] or [N / 8, group bytes]
   int64_t qtype;  // ggml type number; -1: dense
   bool interleaved;
   c10::optional<torch::Tensor> bias;  // [N] float32
@@ -763,7 +772,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &LayerStack::forward, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("parallel_backend", &parallel_backend, "\"openmp\" when the kernels use several threads");
   m.def("isa", &isa, "the instruction set of the matrix products: \"amx\", \"avx512bf16\", \"avx512\" or \"avx2\"");
-  m.def("linear", &linear, "batch-invariant x @ W.T (+ b), float32 or bfloat16 weights");
+  m.def("linear", &linear, "batch-invariant x @ W.T (+ b), float32, bfloat16 or float16 weights");
   m.def("rms_norm", &rms_norm, "row-wise RMSNorm, fixed reduction order");
   m.def("attention", &attention, "causal GQA attention of new queries against the KV cache");
   m.def("tree_attention", &tree_attention, "GQA attention of new queries against chosen keys (token trees)");

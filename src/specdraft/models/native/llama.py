@@ -183,7 +183,7 @@ class NativeLlama:
                       norm("output_norm.weight"), layers, "gguf")
         # a separate head is repacked on its first full use (`logits`): a draft that scores a reduced vocabulary
         # copies its rows from the file and never needs the whole head repacked (145 MB for the 0.5B)
-        native._unpacked_head = None if lm_head is None else weights
+        native._unpacked_head = weights if isinstance(lm_head, QuantWeight) else None  # a dense head is used as it is
         native.gguf_formats = dict(weights.formats)
         return native
 
