@@ -653,6 +653,63 @@ def test_an_iq4_nl_file_runs_natively_and_its_passes_equal_single_steps(tiny_pai
     assert torch.equal(draft, torch.cat([state.forward([token], 1) for token in prompt]))
 
 
+def random_iq3(qtype: int, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random IQ3_XXS or IQ3_S rows (every byte pattern is a valid block once d is a moderate half float: here
+    normal, at least 0.001, so that half of it is a half float too)."""
+    block_bytes = {18: 98, 21: 110}[qtype]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows, cols // 256, block_bytes), dtype=np.uint8)
+    magnitudes = rng.uniform(0.001, 0.05, size=(rows, cols // 256))
+    halves = (magnitudes * rng.choice([-1.0, 1.0], size=magnitudes.shape)).astype(np.float16)
+    raw[:, :, :2] = halves.view(np.uint8).reshape(rows, cols // 256, 2)
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("qtype", [18, 21])
+def test_iq3_rows_become_q6_k_rows_of_the_same_values(qtype):
+    """IQ3_XXS (18) and IQ3_S (21) rewritten as Q6_K: the gguf package's own values, bit for bit; an IQ3_XXS block
+    whose d has no half-float half (the smallest subnormal) is refused (None: the loader widens such a matrix)
+    rather than rounded; the products then match the float64 reference of those values."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from specdraft.models.native.gguf_weights import iq3_as_q6_k
+
+    raw = random_iq3(qtype, 24, 512, seed=qtype)
+    rows = iq3_as_q6_k(raw, qtype)
+    expected = dequantize(raw, GGMLQuantizationType(qtype))
+    assert np.array_equal(dequantize(rows, GGMLQuantizationType.Q6_K), expected)
+    weight = QuantWeight(torch.from_numpy(rows), TYPES["Q6_K"][0], 512)
+    x = torch.randn(5, 512)
+    for layout in (weight, weight.interleave()):
+        got = layout.linear(x, None)
+        assert relative_error(got, reference_product(x, torch.from_numpy(expected).double(), 256)) < RELATIVE_TOLERANCE
+    if qtype == 18:
+        raw[3, :2] = np.array([1], dtype=np.uint16).view(np.uint8)  # d = 2^-24: its half is no half float
+        assert iq3_as_q6_k(raw, qtype) is None
+
+
+def test_a_gguf_with_iq3_matrices_reads_them_as_q6_k_and_widens_what_does_not_fit(tmp_path):
+    import gguf
+    from gguf.quants import dequantize
+
+    xxs, s, odd = random_iq3(18, 16, 512, seed=1), random_iq3(21, 16, 512, seed=2), random_iq3(18, 16, 512, seed=3)
+    odd[0, :2] = np.array([1], dtype=np.uint16).view(np.uint8)
+    writer = gguf.GGUFWriter(tmp_path / "iq3.gguf", "llama")
+    for name, raw, kind in (("blk.0.ffn_up.weight", xxs, "IQ3_XXS"), ("blk.0.ffn_gate.weight", s, "IQ3_S"),
+                            ("blk.0.ffn_down.weight", odd, "IQ3_XXS")):
+        writer.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType[kind])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    weights = read_gguf(tmp_path / "iq3.gguf")
+    assert weights.formats == {"IQ3_XXS (as Q6_K)": 1, "IQ3_S (as Q6_K)": 1, "IQ3_XXS (dequantized to bfloat16)": 1}
+    for name, raw, kind in (("blk.0.ffn_up.weight", xxs, "IQ3_XXS"), ("blk.0.ffn_gate.weight", s, "IQ3_S")):
+        expected = dequantize(raw, gguf.GGMLQuantizationType[kind])
+        assert torch.equal(weights.need(name).dequantize(), torch.from_numpy(expected)), kind
+
+
 def test_an_f16_file_keeps_its_halves_and_its_passes_equal_single_steps(tiny_pair, tmp_path):
     """F16 matrices stay float16 (widened in registers by the dense kernels: half the bytes of float32)."""
     from tiny_gguf import write_gguf

@@ -3,9 +3,10 @@
 The file is memory-mapped: a weight matrix in a supported block format (Q2_K to Q6_K, Q8_0, Q5_0, Q4_1, IQ4_NL,
 IQ4_XS) is a `QuantWeight`, a view of the file's bytes that `quant_kernels.cpp` multiplies as it is (no copy, no
 widening: a step of the 1.5B reads its 1.0 GiB instead of 3.1 GB of bf16). Q4_0 matrices are rewritten at load as Q5_0
-blocks of the same values (`q4_0_as_q5_0`: 22 bytes a block for 18). Matrices in other formats are dequantized once at
-load (F16 and BF16 kept, F32 as it is, any other block format to bfloat16 through the `gguf` package's own
-dequantization); norms and biases are float32.
+blocks of the same values (`q4_0_as_q5_0`: 22 bytes a block for 18), IQ3_XXS and IQ3_S ones as Q6_K blocks of the
+same values (`iq3_as_q6_k`). Matrices in other formats are dequantized once at load (F16 and BF16 kept, F32 as it
+is, any other block format to bfloat16 through the `gguf` package's own dequantization); norms and biases are
+float32.
 """
 
 from __future__ import annotations
@@ -224,13 +225,75 @@ def q4_0_as_q5_0(raw: np.ndarray) -> np.ndarray:
     return out.reshape(rows, -1)
 
 
-CONVERTED_TYPES = {2: Q5_0}  # Q4_0 -> the format its rows are rewritten in at load
+Q6_K = 14
+IQ3_XXS, IQ3_S = 18, 21  # ggml's type numbers
+# IQ3_XXS and IQ3_S: where in a block (bytes) its eight 32-weight sub-blocks' scales are, and how a scale field s
+# becomes the integer the sub-block's values are multiples of: IQ3_XXS d (2s + 1) g / 4 with g an even grid value
+# up to 62 (so d / 2 * (2s + 1) * (g / 2)), IQ3_S d (2s + 1) g with g odd, up to 15
+IQ3_SCALES = {IQ3_XXS: (66, 98), IQ3_S: (106, 110)}
 
 
-def converted_rows(raw: np.ndarray, qtype: int, cols: int) -> torch.Tensor:
-    """Q4_0 rows rewritten as Q5_0 rows of the same values, by the kernels (quant_kernels.cpp,
-    `qconvert_rows`: a 1.5B's Q4_0 matrices in about a second; the numpy twin above, which the tests hold it to,
-    takes ten)."""
+def iq3_as_q6_k(raw: np.ndarray, qtype: int) -> np.ndarray | None:
+    """IQ3_XXS or IQ3_S rows uint8 [rows, blocks * 98 or 110] as Q6_K rows [rows, blocks * 210] of the same values,
+    or None where a block's values are not those of a Q6_K block (an IQ3_XXS d whose half no half float holds).
+
+    Every value of an IQ3 sub-block is step * q with step = d' * scale, d' a half float (d, or d / 2 for IQ3_XXS),
+    scale = 2s + 1 <= 31 and |q| <= 31: a Q6_K block with d', the scale on both of the sub-block's 16-weight halves
+    and q + 32 in its six bits. The values come from the `gguf` package's own dequantization, q = value / step, and
+    step * q is checked to give every value back exactly (float32 holds these products exactly), so the rewrite
+    cannot change a weight: it uses Q6_K's kernels at 210 bytes a block where the file has 98 or 110 (bfloat16
+    would take 512)."""
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    rows = raw.shape[0]
+    block_bytes = {IQ3_XXS: 98, IQ3_S: 110}[qtype]
+    blocks = raw.reshape(rows, -1, block_bytes)
+    out = np.empty((rows, blocks.shape[1], 210), dtype=np.uint8)
+    for start in range(0, rows, INTERLEAVE_ROWS):
+        part = blocks[start: start + INTERLEAVE_ROWS]
+        n = part.shape[0]
+        d = part[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float32)  # [n, blocks]
+        first, last = IQ3_SCALES[qtype]
+        fields = part[:, :, first:last]
+        if qtype == IQ3_XXS:  # the top four bits of each sub-block's 32-bit word
+            s = (fields.copy().view(np.uint32) >> 28).astype(np.int32)  # [n, blocks, 8]
+            d = d / 2
+        else:  # nibbles, sub-block 2i in the low one of byte i
+            s = np.stack([fields & 0x0F, fields >> 4], axis=-1).reshape(n, -1, 8).astype(np.int32)
+        d_half = d.astype(np.float16)
+        if not np.array_equal(d_half.astype(np.float32), d):
+            return None
+        scale = 2 * s + 1  # [n, blocks, 8]
+        step = d_half.astype(np.float32)[..., None] * scale.astype(np.float32)  # exact: 11 bits times 5
+        values = dequantize(part.reshape(n, -1), GGMLQuantizationType(qtype)).reshape(n, -1, 8, 32)
+        q = np.rint(np.divide(values, step[..., None], out=np.zeros_like(values), where=step[..., None] != 0))
+        if np.abs(q).max(initial=0) > 31 or not np.array_equal(step[..., None] * q, values):
+            return None
+        q6 = (q.astype(np.int32) + 32).astype(np.uint8).reshape(n, -1, 2, 4, 32)  # [.., half h, chunk k, l]
+        target = out[start: start + n]
+        # weight 128h + 32k + l: low four bits in nibble k // 2 of ql[64h + 32(k % 2) + l], top two in bits 2k..2k+1
+        # of qh[32h + l]
+        ql = (q6[:, :, :, 0:2] & 0x0F) | ((q6[:, :, :, 2:4] & 0x0F) << 4)  # [.., h, k % 2, l]
+        qh = sum(((q6[:, :, :, k] >> 4) & 3) << (2 * k) for k in range(4))  # [.., h, l]
+        target[:, :, :128] = ql.reshape(n, -1, 128)
+        target[:, :, 128:192] = qh.astype(np.uint8).reshape(n, -1, 64)
+        target[:, :, 192:208] = np.repeat(scale, 2, axis=-1).astype(np.int8).view(np.uint8)
+        target[:, :, 208:] = d_half.view(np.uint8).reshape(n, -1, 2)
+    return out.reshape(rows, -1)
+
+
+# formats whose rows are rewritten at load in another one of the same values
+CONVERTED_TYPES = {2: Q5_0, IQ3_XXS: Q6_K, IQ3_S: Q6_K}
+
+
+def converted_rows(raw: np.ndarray, qtype: int, cols: int) -> torch.Tensor | None:
+    """Rows in a CONVERTED_TYPES format rewritten in the format it maps to, or None where they cannot be. Q4_0 by
+    the kernels (quant_kernels.cpp, `qconvert_rows`: a 1.5B's Q4_0 matrices in about a second; the numpy twin above,
+    which the tests hold it to, takes ten); IQ3 by `iq3_as_q6_k`."""
+    if qtype in IQ3_SCALES:
+        rows = iq3_as_q6_k(raw, qtype)
+        return None if rows is None else torch.from_numpy(rows)
     return load_kernels().qconvert_rows(torch.from_numpy(raw), int(qtype), cols)
 
 
@@ -263,9 +326,10 @@ def read_gguf(path: str | Path) -> GGUFTensors:
             if qtype in BLOCK_TYPES and len(dims) == 2:
                 tensors[name] = QuantWeight(torch.from_numpy(raw), qtype, int(dims[0]))
                 label = BLOCK_TYPES[qtype]
-            elif kind in CONVERTED_TYPES and len(dims) == 2:
+            elif kind in CONVERTED_TYPES and len(dims) == 2 and (
+                    rewritten := converted_rows(raw, kind, int(dims[0]))) is not None:
                 into = CONVERTED_TYPES[kind]
-                tensors[name] = QuantWeight(converted_rows(raw, kind, int(dims[0])), into, int(dims[0]))
+                tensors[name] = QuantWeight(rewritten, into, int(dims[0]))
                 label = f"{kind.name} (as {BLOCK_TYPES[into]})"
             elif kind == GGMLQuantizationType.BF16:
                 tensors[name] = torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16).reshape(shape)
