@@ -75,8 +75,9 @@ bench-server: fetch
 
 # llama.cpp, the benchmark's outside peer (bench methods llama.cpp and llama.cpp-spec; `specdraft profile verify`):
 # built once from the sdist of llama-cpp-python==0.3.36 on the package index (its vendor/llama.cpp; cmake Release,
-# GGML_NATIVE=ON, llama-server and llama-bench only) into ~/.cache/specdraft/peers (or $SPECDRAFT_CACHE/peers);
-# about 10 minutes on the 2-core machine; a finished build is kept. `make test` needs no peer.
+# GGML_NATIVE=ON, llama-server, llama-bench and llama-quantize only) into ~/.cache/specdraft/peers (or
+# $SPECDRAFT_CACHE/peers); about 10 minutes on the 2-core machine; a finished build is kept. `make test` needs no
+# peer.
 .PHONY: peers
 peers: $(STAMP)
 	$(PY) -m specdraft.bench.peer_build

@@ -2,8 +2,8 @@
 
 The source is the sdist of llama-cpp-python on the package index (its `vendor/llama.cpp`), pinned, so that the
 peer is the same program on every machine: `pip download --no-binary :all: --no-deps` fetches the archive (the
-package is never installed), cmake builds only `llama-server` and `llama-bench` (Release, GGML_NATIVE=ON, static
-libraries, no HTTPS, no web UI download), and the two binaries are copied to
+package is never installed), cmake builds only `llama-server`, `llama-bench` and `llama-quantize` (Release,
+GGML_NATIVE=ON, static libraries, no HTTPS, no web UI download), and the binaries are copied to
 `<cache>/peers/llama.cpp-<version>/bin/`. The marker `peer.json` is written last: a folder without it is never
 trusted and is rebuilt. About 10 minutes on the 2-core machine.
 
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from ..errors import SpecdraftError
-from .peers import PEER_BINARIES, PEER_PACKAGE, PEER_VERSION, peer_dir, peer_marker
+from .peers import PEER_BINARIES, PEER_PACKAGE, PEER_TOOLS, PEER_VERSION, peer_binary, peer_dir, peer_marker
 
 # Everything off that the two tools do not need, and everything off that would reach the network at build time
 # (the server's web UI is fetched from a Hugging Face bucket unless told not to). This llama.cpp has no curl
@@ -96,10 +96,12 @@ def build(cache: Path, jobs: int = 2, force: bool = False) -> Path:
     flags = cmake_flags()
     if peer_marker(cache).is_file() and not force:
         built_with = json.loads(peer_marker(cache).read_text()).get("cmake_flags")
-        if built_with == list(flags):
+        missing = [name for name in PEER_TOOLS if not peer_binary(cache, name).is_file()]
+        if built_with == list(flags) and not missing:
             _say(f"llama.cpp {PEER_VERSION} is already built in {folder} (remove it, or --force, to rebuild)")
             return folder
-        _say("the peer was built with other cmake flags: rebuilding")
+        _say("the peer was built with other cmake flags: rebuilding" if built_with != list(flags)
+             else f"the peer lacks {', '.join(missing)} (built by an earlier version): rebuilding")
     if shutil.which("cmake") is None:
         raise SpecdraftError("cmake is not installed, and llama.cpp needs it to build: install cmake (Debian: "
                              "`apt-get install cmake`), and a C/C++ compiler, then rerun `make peers`")
@@ -120,12 +122,12 @@ def build(cache: Path, jobs: int = 2, force: bool = False) -> Path:
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
         _say("configuring with cmake")
         _run(["cmake", "-S", str(source), "-B", str(build_dir), *generator, *flags])
-        _say(f"building {', '.join(PEER_BINARIES)} with {jobs} jobs (about 10 minutes on 2 cores)")
+        _say(f"building {', '.join(PEER_BINARIES + PEER_TOOLS)} with {jobs} jobs (about 10 minutes on 2 cores)")
         _run(["cmake", "--build", str(build_dir), "--config", "Release", "-j", str(jobs),
-              "--target", *PEER_BINARIES])
+              "--target", *PEER_BINARIES, *PEER_TOOLS])
         bin_dir = folder / "bin"
         bin_dir.mkdir(parents=True)
-        for name in PEER_BINARIES:
+        for name in PEER_BINARIES + PEER_TOOLS:
             built = build_dir / "bin" / name
             if not built.is_file():
                 raise SpecdraftError(f"the build produced no {built}")
@@ -134,7 +136,7 @@ def build(cache: Path, jobs: int = 2, force: bool = False) -> Path:
         shutil.copy2(source / "tools" / "server" / "README.md", folder / "server-README.md")
         commit = _vendored_commit(source)
         info = {"package": PEER_PACKAGE, "version": PEER_VERSION, "llama_cpp_commit": commit,
-                "cmake_flags": list(flags), "binaries": list(PEER_BINARIES),
+                "cmake_flags": list(flags), "binaries": list(PEER_BINARIES + PEER_TOOLS),
                 "built_at": time.strftime("%Y-%m-%d %H:%M:%S"), "build_s": round(time.perf_counter() - started)}
         peer_marker(cache).write_text(json.dumps(info, indent=1) + "\n")  # last: the folder is complete
     _say(f"built llama.cpp {PEER_VERSION} ({commit or 'commit unknown'}) in {folder / 'bin'} "

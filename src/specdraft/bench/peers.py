@@ -33,6 +33,8 @@ from ..errors import SpecdraftError
 PEER_PACKAGE = "llama-cpp-python"
 PEER_VERSION = "0.3.36"  # its vendor/llama.cpp is the peer
 PEER_BINARIES = ("llama-server", "llama-bench")
+# built beside them, not needed to run the peer: files of the formats the packaged models lack (docs/benchmarks.md)
+PEER_TOOLS = ("llama-quantize",)
 MARKER = "peer.json"
 PEER_DRAFT_N_MAX = 3  # llama-server's own default draft length (--spec-draft-n-max), used for gamma auto
 DEFAULT_CONTEXT = 8192  # llama-server's context (-c): the longest conversation of the suite with room to spare
