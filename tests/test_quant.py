@@ -293,7 +293,7 @@ def test_interleaved_rows_are_bit_identical_alone_and_in_passes_of_k_tokens(name
         assert torch.equal(packed.linear(x[:k].contiguous(), bias), alone[:k]), k
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q5_0"])
+@pytest.mark.parametrize("name", ["Q8_0", "Q5_0", "IQ4_NL"])
 def test_blocks_taken_four_at_a_time_sum_as_one_by_one(name):
     """Passes of several tokens over rows of a multiple of 128 weights go 4 blocks per step of the pass loop,
     other rows (and one-token passes) block by block: the same rows with one block of zeros more (800 weights)
@@ -687,6 +687,24 @@ def test_iq3_rows_become_q6_k_rows_of_the_same_values(qtype):
     if qtype == 18:
         raw[3, :2] = np.array([1], dtype=np.uint16).view(np.uint8)  # d = 2^-24: its half is no half float
         assert iq3_as_q6_k(raw, qtype) is None
+
+
+@pytest.mark.parametrize("qtype", [18, 21])
+def test_the_kernels_convert_iq3_rows_as_their_numpy_twin_does(qtype):
+    from specdraft.models.native.gguf_weights import iq3_as_q6_k, iq3_tables
+
+    raw = random_iq3(qtype, 40, 1024, seed=qtype + 1)
+    converted = ops.qconvert_iq3_rows(torch.from_numpy(raw), qtype, 1024, *iq3_tables(qtype))
+    assert np.array_equal(converted.numpy(), iq3_as_q6_k(raw, qtype))
+    raw[7, 3 * raw.shape[1] // 4: 3 * raw.shape[1] // 4 + 2] = np.array([np.inf], dtype=np.float16).view(np.uint8)
+    assert iq3_as_q6_k(raw, qtype) is None  # a block whose d is not finite: both refuse
+    assert ops.qconvert_iq3_rows(torch.from_numpy(raw), qtype, 1024, *iq3_tables(qtype)).numel() == 0
+    if qtype == 18:  # d = 2^-24, whose half no half float holds
+        raw = random_iq3(qtype, 40, 1024, seed=5)
+        raw[9, :2] = np.array([1], dtype=np.uint16).view(np.uint8)
+        assert ops.qconvert_iq3_rows(torch.from_numpy(raw), qtype, 1024, *iq3_tables(qtype)).numel() == 0
+    with pytest.raises(RuntimeError, match="only IQ3_XXS and IQ3_S"):
+        ops.qconvert_iq3_rows(torch.from_numpy(raw), 2, 1024, *iq3_tables(qtype))
 
 
 def test_a_gguf_with_iq3_matrices_reads_them_as_q6_k_and_widens_what_does_not_fit(tmp_path):

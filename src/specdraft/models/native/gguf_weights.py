@@ -235,7 +235,8 @@ IQ3_SCALES = {IQ3_XXS: (66, 98), IQ3_S: (106, 110)}
 
 def iq3_as_q6_k(raw: np.ndarray, qtype: int) -> np.ndarray | None:
     """IQ3_XXS or IQ3_S rows uint8 [rows, blocks * 98 or 110] as Q6_K rows [rows, blocks * 210] of the same values,
-    or None where a block's values are not those of a Q6_K block (an IQ3_XXS d whose half no half float holds).
+    or None where a block's values are not those of a Q6_K block (an IQ3_XXS d whose half no half float holds, a d
+    that is not finite).
 
     Every value of an IQ3 sub-block is step * q with step = d' * scale, d' a half float (d, or d / 2 for IQ3_XXS),
     scale = 2s + 1 <= 31 and |q| <= 31: a Q6_K block with d', the scale on both of the sub-block's 16-weight halves
@@ -262,7 +263,7 @@ def iq3_as_q6_k(raw: np.ndarray, qtype: int) -> np.ndarray | None:
         else:  # nibbles, sub-block 2i in the low one of byte i
             s = np.stack([fields & 0x0F, fields >> 4], axis=-1).reshape(n, -1, 8).astype(np.int32)
         d_half = d.astype(np.float16)
-        if not np.array_equal(d_half.astype(np.float32), d):
+        if not np.isfinite(d).all() or not np.array_equal(d_half.astype(np.float32), d):
             return None
         scale = 2 * s + 1  # [n, blocks, 8]
         step = d_half.astype(np.float32)[..., None] * scale.astype(np.float32)  # exact: 11 bits times 5
@@ -287,13 +288,24 @@ def iq3_as_q6_k(raw: np.ndarray, qtype: int) -> np.ndarray | None:
 CONVERTED_TYPES = {2: Q5_0, IQ3_XXS: Q6_K, IQ3_S: Q6_K}
 
 
+def iq3_tables(qtype: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gguf package's grid of an IQ3 format, uint8 [entries, 4], and IQ3_XXS's 128 sign bytes (their data, read
+    from the package, not copied here)."""
+    from gguf import quants
+
+    kind = quants.IQ3_XXS if qtype == IQ3_XXS else quants.IQ3_S
+    kind.init_grid()
+    grid = torch.from_numpy(np.ascontiguousarray(kind.grid.reshape(-1, 4)).astype(np.uint8))
+    return grid, torch.frombuffer(bytearray(quants.IQ2_XXS.ksigns), dtype=torch.uint8)
+
+
 def converted_rows(raw: np.ndarray, qtype: int, cols: int) -> torch.Tensor | None:
-    """Rows in a CONVERTED_TYPES format rewritten in the format it maps to, or None where they cannot be. Q4_0 by
-    the kernels (quant_kernels.cpp, `qconvert_rows`: a 1.5B's Q4_0 matrices in about a second; the numpy twin above,
-    which the tests hold it to, takes ten); IQ3 by `iq3_as_q6_k`."""
+    """Rows in a CONVERTED_TYPES format rewritten in the format it maps to, or None where they cannot be, by the
+    kernels (quant_kernels.cpp, `qconvert_rows`, `qconvert_iq3_rows`: a 1.5B's Q4_0 or IQ3 matrices in about a
+    second; the numpy twins above, which the tests hold them to, take ten and fifty)."""
     if qtype in IQ3_SCALES:
-        rows = iq3_as_q6_k(raw, qtype)
-        return None if rows is None else torch.from_numpy(rows)
+        rows = load_kernels().qconvert_iq3_rows(torch.from_numpy(raw), int(qtype), cols, *iq3_tables(qtype))
+        return rows if rows.numel() else None
     return load_kernels().qconvert_rows(torch.from_numpy(raw), int(qtype), cols)
 
 

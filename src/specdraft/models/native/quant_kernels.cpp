@@ -1,17 +1,17 @@
 // Matrix products over weights kept in their GGUF block formats (Q2_K to Q6_K, Q8_0, Q5_0, Q4_1, IQ4_NL, IQ4_XS).
 //
-// Activations are quantized per row to int8 blocks (one float scale per 256 values for the k-quants, per 32 for the
-// 32-value formats; each row on its own, so a row quantizes the same whatever else is in the call). A weight block
-// is unpacked once per pass into registers (unsigned or signed bytes, and its scales as int16 or int32 vectors) and
-// then used for every token of a group of tokens: integer dot products (`vpmaddubsw` + `vpmaddwd`, or AVX512-VNNI
-// `vpdpbusd` + `vpmulld` and `vpdpwssd` where the build has them) give per-lane int32 sums, exact, so their order
-// does not matter; the float part, per (weight row, token): lane-wise multiply-adds into 8 float lanes, block after
-// block in order, and one fixed-order lane sum at the end. Every output element gets the same integer sums and the
-// same float operations in the same order whatever the number of tokens in the call (batch invariance: a verify
-// pass of k tokens gives the logits of k single steps, bit for bit), and the VNNI and plain-AVX2 builds give the
-// same bits (the integer sums are the same numbers; the float part is the same 256-bit code in both). Where the CPU
-// has AMX-INT8, passes of several tokens over Q4_K, Q6_K, Q8_0 and Q5_0 take their integer sums from tile multiplies
-// ("AMX tiles" below): the same integers again.
+// Activations are quantized per row to int8 blocks (one float scale per 256 values for the 256-weight formats, per 32
+// for the 32-value formats; each row on its own, so a row quantizes the same whatever else is in the call). A weight
+// block is unpacked once per pass into registers (unsigned or signed bytes, and its scales as int16 or int32 vectors)
+// and then used for every token of a group of tokens: integer dot products (`vpmaddubsw` + `vpmaddwd`, or AVX512-VNNI
+// `vpdpbusd` + `vpmulld` and `vpdpwssd` where the build has them) give per-lane int32 sums, exact, so their order does
+// not matter; the float part, per (weight row, token): lane-wise multiply-adds into 8 float lanes, block after block in
+// order, and one fixed-order lane sum at the end. Every output element gets the same integer sums and the same float
+// operations in the same order whatever the number of tokens in the call (batch invariance: a verify pass of k tokens
+// gives the logits of k single steps, bit for bit), and the VNNI and plain-AVX2 builds give the same bits (the integer
+// sums are the same numbers; the float part is the same 256-bit code in both). Where the CPU has AMX-INT8, passes of
+// several tokens over Q4_K, Q6_K, Q8_0 and Q5_0 take their integer sums from tile multiplies ("AMX tiles" below): the
+// same integers again.
 //
 // Block layouts (ggml's, little-endian; "d" fields are IEEE half floats):
 //   Q2_K, 256 weights in 84 bytes: scales[16] (per 16 weights: scale in the low nibble, min in the high), qs[64],
@@ -2371,6 +2371,89 @@ torch::Tensor qconvert_rows(torch::Tensor raw, int64_t type, int64_t K) {
     for (int64_t b = begin; b < end; ++b) q4_0_as_q5_0_block(in + b * in_bytes, o + b * out_bytes);
   });
   return out;
+}
+
+// IQ3_XXS and IQ3_S have no kernel either: a sub-block's 32 values are d' (2s + 1) q, q a signed integer of at most
+// 31 (d' = d with q = +-g for IQ3_S's odd grid values g <= 15; d' = d / 2 with q = +-g / 2 for IQ3_XXS's even ones
+// <= 62), which is a Q6_K block's d * scale * (q6 - 32) with the scale on both 16-weight halves. The numpy twin in
+// gguf_weights.py (`iq3_as_q6_k`) derives q from the gguf package's dequantization and the tests hold this to it.
+constexpr int64_t kIQ3_XXS = 18, kIQ3_S = 21;
+
+// One block -> a Q6_K block; false where d' is no half float (an IQ3_XXS d whose half is not one) or d is not finite.
+// grid: [entries][4] values (IQ3_XXS 256 entries, IQ3_S 512); ksigns: IQ3_XXS's 128 sign bytes (8 signs each).
+static bool iq3_as_q6_k_block(int64_t type, const uint8_t* in, const uint8_t* grid, const uint8_t* ksigns,
+                              uint8_t* out) {
+  const float d = half_to_float(in);
+  const float d_scaled = type == kIQ3_XXS ? d * 0.5f : d;
+  const uint16_t d_bits = _cvtss_sh(d_scaled, 0);  // round to nearest: checked exact below
+  uint8_t d_out[2];
+  std::memcpy(d_out, &d_bits, 2);
+  if (!std::isfinite(d) || half_to_float(d_out) != d_scaled) return false;
+  int q[256];
+  int scale[8];
+  const uint8_t* qs = in + 2;
+  if (type == kIQ3_XXS) {
+    for (int c = 0; c < 8; ++c) {  // sub-block c: a 32-bit word, four 7-bit sign indices and the scale on top
+      uint32_t word;
+      std::memcpy(&word, in + 66 + 4 * c, 4);
+      scale[c] = 2 * static_cast<int>(word >> 28) + 1;
+      for (int w = 0; w < 32; ++w) {  // weight w of the sub-block: grid entry qs[8c + w / 4], sign byte w / 8
+        const int g = grid[4 * qs[8 * c + w / 4] + w % 4];
+        if (g % 2) return false;
+        const bool negative = (ksigns[(word >> (7 * (w / 8))) & 127] >> (w % 8)) & 1;
+        q[32 * c + w] = negative ? -g / 2 : g / 2;
+      }
+    }
+  } else {
+    const uint8_t* qh = in + 66;
+    const uint8_t* signs = in + 74;
+    for (int c = 0; c < 8; ++c) scale[c] = 2 * ((in[106 + c / 2] >> (4 * (c % 2))) & 0x0F) + 1;
+    for (int i = 0; i < 256; ++i) {  // group i / 4: a 9-bit grid index, its ninth bit in qh; signs one bit a weight
+      const int group = i / 4;
+      const int index = qs[group] | (((qh[group / 8] >> (group % 8)) & 1) << 8);
+      const int g = grid[4 * index + i % 4];
+      q[i] = (signs[i / 8] >> (i % 8)) & 1 ? -g : g;
+    }
+  }
+  // Q6_K: weight 128h + 32k + l has its low four bits in nibble k / 2 of ql[64h + 32(k % 2) + l], its top two in bits
+  // 2k.. of qh[32h + l]
+  uint8_t* ql = out;
+  uint8_t* qh = out + 128;
+  std::memset(out, 0, 192);
+  for (int i = 0; i < 256; ++i) {
+    if (q[i] < -32 || q[i] > 31) return false;
+    const int v = q[i] + 32, h = i / 128, k = i % 128 / 32, l = i % 32;
+    ql[64 * h + 32 * (k % 2) + l] |= static_cast<uint8_t>((v & 0x0F) << (4 * (k / 2)));
+    qh[32 * h + l] |= static_cast<uint8_t>((v >> 4) << (2 * k));
+  }
+  for (int c = 0; c < 16; ++c) out[192 + c] = static_cast<uint8_t>(static_cast<int8_t>(scale[c / 2]));
+  std::memcpy(out + 208, d_out, 2);
+  return true;
+}
+
+// raw [N, K / 256 * 98 or 110] uint8 rows of IQ3_XXS or IQ3_S, grid [entries, 4] uint8, ksigns [128] uint8 (IQ3_XXS;
+// any for IQ3_S) -> [N, K / 256 * 210], the same rows as Q6_K; an empty tensor where a block does not fit
+torch::Tensor qconvert_iq3_rows(torch::Tensor raw, int64_t type, int64_t K, torch::Tensor grid, torch::Tensor ksigns) {
+  TORCH_CHECK(type == kIQ3_XXS || type == kIQ3_S, "only IQ3_XXS and IQ3_S rows become Q6_K, not type ", type);
+  const int64_t in_bytes = type == kIQ3_XXS ? 98 : 110, entries = type == kIQ3_XXS ? 256 : 512;
+  TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == torch::kUInt8 && raw.is_contiguous() && K % 256 == 0 &&
+              raw.size(1) == K / 256 * in_bytes, "raw must be [N, row bytes] uint8 blocks of the type");
+  TORCH_CHECK(grid.scalar_type() == torch::kUInt8 && grid.is_contiguous() && grid.numel() == 4 * entries,
+              "grid must hold ", entries, " entries of 4 uint8 values");
+  TORCH_CHECK(type == kIQ3_S || (ksigns.scalar_type() == torch::kUInt8 && ksigns.is_contiguous() &&
+                                 ksigns.numel() == 128), "ksigns must be 128 uint8 sign bytes");
+  const int64_t N = raw.size(0), blocks = K / 256;
+  auto out = torch::empty({N, blocks * 210}, torch::kUInt8);
+  const uint8_t* in = raw.data_ptr<uint8_t>();
+  const uint8_t* table = grid.data_ptr<uint8_t>();
+  const uint8_t* signs = type == kIQ3_XXS ? ksigns.data_ptr<uint8_t>() : nullptr;
+  uint8_t* o = out.data_ptr<uint8_t>();
+  std::atomic<bool> fits{true};
+  at::parallel_for(0, N * blocks, 1024, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end && fits.load(std::memory_order_relaxed); ++b)
+      if (!iq3_as_q6_k_block(type, in + b * in_bytes, table, signs, o + b * 210)) fits = false;
+  });
+  return fits ? out : torch::empty({0}, torch::kUInt8);
 }
 
 // Interleaved row groups (rows a multiple of 8): weight [N, row_bytes] -> [N / 8, blocks per row * group block
