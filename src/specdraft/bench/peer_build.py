@@ -97,11 +97,14 @@ def build(cache: Path, jobs: int = 2, force: bool = False) -> Path:
     if peer_marker(cache).is_file() and not force:
         built_with = json.loads(peer_marker(cache).read_text()).get("cmake_flags")
         missing = [name for name in PEER_TOOLS if not peer_binary(cache, name).is_file()]
-        if built_with == list(flags) and not missing:
-            _say(f"llama.cpp {PEER_VERSION} is already built in {folder} (remove it, or --force, to rebuild)")
+        if built_with == list(flags):
+            if missing:  # built by an earlier version: the peer runs as it is
+                _say(f"llama.cpp {PEER_VERSION} is built in {folder}, without {', '.join(missing)} (only needed to "
+                     f"make GGUF files of other formats: --force rebuilds with it)")
+            else:
+                _say(f"llama.cpp {PEER_VERSION} is already built in {folder} (remove it, or --force, to rebuild)")
             return folder
-        _say("the peer was built with other cmake flags: rebuilding" if built_with != list(flags)
-             else f"the peer lacks {', '.join(missing)} (built by an earlier version): rebuilding")
+        _say("the peer was built with other cmake flags: rebuilding")
     if shutil.which("cmake") is None:
         raise SpecdraftError("cmake is not installed, and llama.cpp needs it to build: install cmake (Debian: "
                              "`apt-get install cmake`), and a C/C++ compiler, then rerun `make peers`")
