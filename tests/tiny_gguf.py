@@ -1,6 +1,7 @@
 """Tiny GGUF files for tests: a tiny Hugging Face model (tiny.py) written as llama.cpp's converter writes it, its
-matrices in a 32-weight block format quantized by the `gguf` package (IQ4_NL here), laid out in a cache folder the way
-`specdraft models fetch` lays out the packaged models (so `load_model(dir, "gguf")` finds the file)."""
+matrices in a 32-weight block format quantized by the `gguf` package (IQ4_NL by `quantize_iq4_nl` below) or as F16,
+laid out in a cache folder the way `specdraft models fetch` lays out the packaged models (so `load_model(dir,
+"gguf")` finds the file)."""
 
 from __future__ import annotations
 

@@ -64,7 +64,7 @@ def native_unsupported_reason(hf_model) -> str | None:
 
 
 ROTARY_ROWS = 1024  # rotary positions tabulated at load; more on first use
-Weight = torch.Tensor | QuantWeight  # a float32/bfloat16 matrix, or one in a GGUF block format
+Weight = torch.Tensor | QuantWeight  # a float32/bfloat16/float16 matrix, or one in a GGUF block format
 
 
 @dataclass
