@@ -130,6 +130,40 @@ def test_a_build_without_llama_quantize_is_kept_and_still_runs_the_peer(tmp_path
     assert "without llama-quantize" in capsys.readouterr().out and peers.is_built(tmp_path)
 
 
+def test_a_finished_rebuild_replaces_the_old_folder_whole(tmp_path, monkeypatch):
+    """The build steps faked (no download, no compiler): the new binaries, the server README and the marker land in
+    the peer folder together, and nothing of the old folder stays."""
+    from specdraft.bench import peer_build
+
+    fake_build(tmp_path)
+    (peers.peer_dir(tmp_path) / "stale.txt").write_text("from the old build")
+
+    def extract(archive, dest):
+        source = dest / "llama.cpp"
+        (source / "tools" / "server").mkdir(parents=True)
+        (source / "tools" / "server" / "README.md").write_text("the server's README")
+        return source
+
+    def run(cmd, cwd=None):
+        if "--build" in cmd:
+            bin_dir = Path(cmd[cmd.index("--build") + 1]) / "bin"
+            bin_dir.mkdir(parents=True)
+            for name in peers.PEER_BINARIES + peers.PEER_TOOLS:
+                (bin_dir / name).write_text("new " + name)
+
+    monkeypatch.setattr(peer_build.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(peer_build, "download_sdist", lambda dest: dest / "llama_cpp_python.tar.gz")
+    monkeypatch.setattr(peer_build, "extract_llama_cpp", extract)
+    monkeypatch.setattr(peer_build, "_run", run)
+    monkeypatch.setattr(peer_build, "_vendored_commit", lambda source: None)
+    assert peer_build.build(tmp_path, force=True) == peers.peer_dir(tmp_path)
+    assert peers.is_built(tmp_path) and not (peers.peer_dir(tmp_path) / "stale.txt").exists()
+    assert peers.peer_binary(tmp_path, "llama-quantize").read_text() == "new llama-quantize"
+    assert json.loads(peers.peer_marker(tmp_path).read_text())["binaries"] == list(peers.PEER_BINARIES +
+                                                                                    peers.PEER_TOOLS)
+    assert list(peers.peer_dir(tmp_path).parent.iterdir()) == [peers.peer_dir(tmp_path)]  # no build folder left
+
+
 def test_make_peers_rebuilds_a_build_made_with_other_flags_and_leaves_amx_out_where_the_cpu_has_it(
         tmp_path, monkeypatch):
     from specdraft.bench import peer_build
@@ -148,6 +182,7 @@ def test_make_peers_rebuilds_a_build_made_with_other_flags_and_leaves_amx_out_wh
     monkeypatch.setattr(peer_build, "download_sdist", downloaded)
     with pytest.raises(SpecdraftError, match="downloaded again"):
         peer_build.build(tmp_path)
+    assert peers.is_built(tmp_path)  # a rebuild that fails (here: offline) leaves the working peer in place
 
 
 # ------------------------------------------------------------------------------------------------ GGUF files

@@ -5,7 +5,8 @@ peer is the same program on every machine: `pip download --no-binary :all: --no-
 package is never installed), cmake builds only `llama-server`, `llama-bench` and `llama-quantize` (Release,
 GGML_NATIVE=ON, static libraries, no HTTPS, no web UI download), and the binaries are copied to
 `<cache>/peers/llama.cpp-<version>/bin/`. The marker `peer.json` is written last: a folder without it is never
-trusted and is rebuilt. About 10 minutes on the 2-core machine.
+trusted and is rebuilt. A new build replaces the old folder only once it is complete. About 10 minutes on the 2-core
+machine.
 
     python -m specdraft.bench.peer_build [--cache-dir DIR] [--jobs N] [--force]
 """
@@ -112,8 +113,6 @@ def build(cache: Path, jobs: int = 2, force: bool = False) -> Path:
         raise SpecdraftError("no C++ compiler found (c++, g++ or clang++); install one (Debian: "
                              "`apt-get install build-essential`) and rerun `make peers`")
     started = time.perf_counter()
-    if folder.exists():
-        shutil.rmtree(folder)  # an unmarked or forced folder is rebuilt from scratch
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="llama.cpp-build-", dir=folder.parent) as work_name:
         work = Path(work_name)
@@ -128,7 +127,10 @@ def build(cache: Path, jobs: int = 2, force: bool = False) -> Path:
         _say(f"building {', '.join(PEER_BINARIES + PEER_TOOLS)} with {jobs} jobs (about 10 minutes on 2 cores)")
         _run(["cmake", "--build", str(build_dir), "--config", "Release", "-j", str(jobs),
               "--target", *PEER_BINARIES, *PEER_TOOLS])
-        bin_dir = folder / "bin"
+        # the new folder, put in place of the old one only once complete: a rebuild that fails (or is offline)
+        # leaves a working peer as it was
+        staged = work / "peer"
+        bin_dir = staged / "bin"
         bin_dir.mkdir(parents=True)
         for name in PEER_BINARIES + PEER_TOOLS:
             built = build_dir / "bin" / name
@@ -136,12 +138,15 @@ def build(cache: Path, jobs: int = 2, force: bool = False) -> Path:
                 raise SpecdraftError(f"the build produced no {built}")
             shutil.copy2(built, bin_dir / name)
         # the server's README of this very version: the fields the peer reads are documented there
-        shutil.copy2(source / "tools" / "server" / "README.md", folder / "server-README.md")
+        shutil.copy2(source / "tools" / "server" / "README.md", staged / "server-README.md")
         commit = _vendored_commit(source)
         info = {"package": PEER_PACKAGE, "version": PEER_VERSION, "llama_cpp_commit": commit,
                 "cmake_flags": list(flags), "binaries": list(PEER_BINARIES + PEER_TOOLS),
                 "built_at": time.strftime("%Y-%m-%d %H:%M:%S"), "build_s": round(time.perf_counter() - started)}
-        peer_marker(cache).write_text(json.dumps(info, indent=1) + "\n")  # last: the folder is complete
+        (staged / peer_marker(cache).name).write_text(json.dumps(info, indent=1) + "\n")  # last: it is complete
+        if folder.exists():
+            shutil.rmtree(folder)  # an unmarked, forced or differently built folder is replaced whole
+        shutil.move(staged, folder)
     _say(f"built llama.cpp {PEER_VERSION} ({commit or 'commit unknown'}) in {folder / 'bin'} "
          f"in {time.perf_counter() - started:.0f} s")
     return folder
