@@ -27,9 +27,10 @@ from specdraft.models.native.kernels import load_kernels
 # name -> (ggml type, weights per block, bytes per block)
 TYPES = {"Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176),
          "Q6_K": (14, 256, 210), "Q8_0": (8, 32, 34), "Q5_0": (6, 32, 22), "Q4_1": (3, 32, 20),
-         "IQ4_NL": (20, 32, 18), "IQ4_XS": (23, 256, 136)}
+         "IQ4_NL": (20, 32, 18), "IQ4_XS": (23, 256, 136), "Q4_0": (2, 32, 18)}
 HALF_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,),
-               "Q5_0": (0,), "Q4_1": (0, 2), "IQ4_NL": (0,), "IQ4_XS": (0,)}  # byte offsets of halves
+               "Q5_0": (0,), "Q4_1": (0, 2), "IQ4_NL": (0,), "IQ4_XS": (0,),
+               "Q4_0": (0,)}  # byte offsets of halves
 RELATIVE_TOLERANCE = 1e-5
 
 ops = load_kernels()
@@ -163,7 +164,7 @@ def test_more_tokens_than_a_tile_stay_bit_identical():
 def test_unsupported_type_and_shape_are_refused():
     weight = random_blocks("Q8_0", 4, 64)
     with pytest.raises(RuntimeError, match="unsupported block type"):
-        ops.qlinear(torch.randn(1, 64), weight.blocks, 2, None)  # Q4_0 is not a kernel format
+        ops.qlinear(torch.randn(1, 64), weight.blocks, 16, None)  # IQ2_XXS is not a kernel format
     with pytest.raises(RuntimeError, match="multiple of the block size"):
         ops.qlinear(torch.randn(1, 48), weight.blocks, weight.qtype, None)
 
@@ -181,13 +182,14 @@ def test_quant_weight_rows_select_and_assign_like_a_tensor():
 
 # ----------------------------------------------------------------------------------- interleaved row groups
 
-INTERLEAVED = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0", "IQ4_NL", "IQ4_XS"]
+INTERLEAVED = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0", "IQ4_NL", "IQ4_XS", "Q4_0"]
 
 
 def extreme_blocks(name: str, rows: int, cols: int) -> QuantWeight:
     """Every weight at its format's largest magnitude and every scale at its largest: the int16 sums of the
     interleaved kernels reach their stated bounds (Q2_K 3048, Q3_K 7112, Q4_K 30480, Q5_K 31496, Q6_K 32004, Q8_0 32512,
-    Q5_0 31496, IQ4_NL and IQ4_XS 32258) against activations of 127, IQ4_XS's int32 sums 256 * 127 * 127 * 32."""
+    Q5_0 31496, IQ4_NL and IQ4_XS 32258, Q4_0 15240) against activations of 127, IQ4_XS's int32 sums 256 * 127 * 127
+    * 32."""
     qtype, per_block, nbytes = TYPES[name]
     blocks = np.full((rows, cols // per_block, nbytes), 0xFF, dtype=np.uint8)
     half = np.array([0.001], dtype=np.float16).view(np.uint8)
@@ -272,7 +274,7 @@ def test_negative_control_an_interleaved_layout_read_wrong_fails_the_same_check(
     packed = weight.interleave()
     # where the 4-byte-per-row vectors start
     payload = {"Q2_K": 160, "Q3_K": 144, "Q4_K": 160, "Q5_K": 160, "Q6_K": 144, "Q8_0": 16, "Q5_0": 48, "IQ4_NL": 16,
-               "IQ4_XS": 80}[name]
+               "IQ4_XS": 80, "Q4_0": 16}[name]
     groups = packed.blocks.view(rows // 8, 768 // TYPES[name][1], -1).clone()  # [groups, blocks, group block bytes]
     body = groups[:, :, payload:].reshape(*groups.shape[:2], -1, 8, 4)  # [..., vectors, rows, 4 bytes]
     groups[:, :, payload:] = body.flip(3).reshape(*groups.shape[:2], -1)
@@ -293,7 +295,7 @@ def test_interleaved_rows_are_bit_identical_alone_and_in_passes_of_k_tokens(name
         assert torch.equal(packed.linear(x[:k].contiguous(), bias), alone[:k]), k
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q5_0", "IQ4_NL"])
+@pytest.mark.parametrize("name", ["Q8_0", "Q5_0", "IQ4_NL", "Q4_0"])
 def test_blocks_taken_four_at_a_time_sum_as_one_by_one(name):
     """Passes of several tokens over rows of a multiple of 128 weights go 4 blocks per step of the pass loop,
     other rows (and one-token passes) block by block: the same rows with one block of zeros more (800 weights)
@@ -416,32 +418,37 @@ def test_a_repacked_matrix_lives_in_a_buffer_on_huge_page_boundaries():
     assert QuantWeight(blocks, 8, 1024).interleave().blocks.data_ptr() % HUGE_PAGE == 0
 
 
-def test_q4_0_rows_become_q5_0_rows_of_the_same_values():
-    """Q4_0 (no kernel of its own) is rewritten at load as Q5_0: every nibble value, both halves, the gguf
-    package's own Q4_0 values exactly, and the product matches the float64 reference of those values."""
+def q4_0_as_q5_0(raw: np.ndarray) -> np.ndarray:
+    """Q4_0 rows uint8 [rows, blocks * 18] as Q5_0 rows [rows, blocks * 22] of the same values: d * (q4 - 8) =
+    d * (q5 - 16) with q5 = q4 + 8, whose low four bits are q4 ^ 8 and whose fifth bit is q4's fourth (how Q4_0
+    files ran before Q4_0 had kernels of its own)."""
+    blocks = raw.reshape(raw.shape[0], -1, 18)
+    qs = blocks[:, :, 2:]
+    out = np.empty((*blocks.shape[:2], 22), dtype=np.uint8)
+    out[:, :, :2] = blocks[:, :, :2]
+    out[:, :, 2:4] = np.packbits((qs & 0x08) != 0, axis=-1, bitorder="little")  # qh bit j: weight j's fifth bit
+    out[:, :, 4:6] = np.packbits((qs & 0x80) != 0, axis=-1, bitorder="little")
+    out[:, :, 6:] = qs ^ 0x88
+    return out.reshape(raw.shape[0], -1)
+
+
+def test_q4_0_kernels_give_the_bits_of_q4_0_read_as_q5_0():
+    """Q4_0's own kernels (18 bytes a block) and the Q5_0 blocks of the same values (22 bytes; how Q4_0 files ran
+    before) sum the same integers with the same float operations: the same bits, row by row and in 8-row groups,
+    for one token and passes; the Q5_0 blocks hold the gguf package's own Q4_0 values (nibbles 0..15 in both
+    halves included)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    from specdraft.models.native.gguf_weights import q4_0_as_q5_0
-
-    rng = np.random.default_rng(5)
-    blocks = rng.integers(0, 256, size=(24, 16, 18), dtype=np.uint8)  # 24 rows of 512 weights
-    blocks[0, 0, 2:] = np.arange(16, dtype=np.uint8) * 17  # nibbles 0..15 in both halves
-    blocks[:, :, :2] = rng.uniform(-0.05, 0.05, size=(24, 16)).astype(np.float16).view(np.uint8).reshape(24, 16, 2)
-    raw = blocks.reshape(24, -1)
-    expected = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q4_0)).double()
-    weight = QuantWeight(torch.from_numpy(q4_0_as_q5_0(raw)), TYPES["Q5_0"][0], 512)
-    assert torch.equal(weight.dequantize().double(), expected)
-    x = torch.randn(5, 512)
-    got = ops.qlinear(x, weight.blocks, weight.qtype, None)
-    assert relative_error(got, reference_product(x, expected, 32)) < RELATIVE_TOLERANCE
-    # negative control: the nibbles copied as they are (no offset of 8, no fifth bits) fail the same checks
-    wrong = q4_0_as_q5_0(raw).reshape(24, 16, 22)
-    wrong[:, :, 2:6], wrong[:, :, 6:] = 0, blocks[:, :, 2:]
-    misread = QuantWeight(torch.from_numpy(wrong.reshape(24, -1)), TYPES["Q5_0"][0], 512)
-    assert not torch.equal(misread.dequantize().double(), expected)
-    got = ops.qlinear(x, misread.blocks, misread.qtype, None)
-    assert relative_error(got, reference_product(x, expected, 32)) > 100 * RELATIVE_TOLERANCE
+    weight = random_blocks("Q4_0", 48, 512, seed=5)
+    weight.blocks[0, 2:18] = torch.arange(16, dtype=torch.uint8) * 17
+    as_q5_0 = QuantWeight(torch.from_numpy(q4_0_as_q5_0(weight.blocks.numpy())), TYPES["Q5_0"][0], 512)
+    expected = dequantize(weight.blocks.numpy(), GGMLQuantizationType.Q4_0)
+    assert np.array_equal(as_q5_0.dequantize().numpy(), expected)
+    x = torch.randn(9, 512)
+    for k in (1, 5, 9):
+        assert torch.equal(weight.linear(x[:k], None), as_q5_0.linear(x[:k], None)), k
+        assert torch.equal(weight.interleave().linear(x[:k], None), as_q5_0.interleave().linear(x[:k], None)), k
 
 
 def random_q3_k(rows: int, cols: int, seed: int) -> np.ndarray:
@@ -451,17 +458,6 @@ def random_q3_k(rows: int, cols: int, seed: int) -> np.ndarray:
     blocks[..., 108:110] = rng.uniform(-0.05, 0.05, size=blocks.shape[:2]).astype(np.float16).view(np.uint8).reshape(
         *blocks.shape[:2], 2)
     return blocks.reshape(rows, -1)
-
-
-def test_the_kernels_convert_q4_0_rows_as_their_numpy_twin_does():
-    """`qconvert_rows` (what the loader runs) against the slow, readable twin the test above holds to the gguf
-    package: every random byte pattern, the same bytes; a type without a conversion is refused."""
-    from specdraft.models.native.gguf_weights import q4_0_as_q5_0
-
-    raw = np.random.default_rng(2).integers(0, 256, size=(37, 1024 // 32 * 18), dtype=np.uint8)
-    assert np.array_equal(ops.qconvert_rows(torch.from_numpy(raw), 2, 1024).numpy(), q4_0_as_q5_0(raw))
-    with pytest.raises(RuntimeError, match="only Q4_0"):
-        ops.qconvert_rows(torch.from_numpy(raw), 11, 1024)
 
 
 def test_a_gguf_with_q3_k_and_q4_0_matrices_reads_them_in_supported_formats(tmp_path):
@@ -479,7 +475,7 @@ def test_a_gguf_with_q3_k_and_q4_0_matrices_reads_them_in_supported_formats(tmp_
     writer.write_tensors_to_file()
     writer.close()
     weights = read_gguf(tmp_path / "mixed.gguf")
-    assert weights.formats == {"Q3_K": 1, "Q4_0 (as Q5_0)": 1}
+    assert weights.formats == {"Q3_K": 1, "Q4_0": 1}
     for name, raw, kind in (("blk.0.ffn_up.weight", q3, "Q3_K"), ("blk.0.ffn_gate.weight", q4, "Q4_0")):
         expected = dequantize(raw, gguf.GGMLQuantizationType[kind])
         assert torch.equal(weights.need(name).dequantize(), torch.from_numpy(expected)), kind
@@ -615,11 +611,11 @@ def test_gguf_dtype_needs_a_gguf_and_the_native_backend(tiny_pair):
         load_model(str(tiny_pair["target"]), "gguf", progress=False, backend="transformers")
 
 
-def test_a_q4_0_file_runs_natively_as_q5_0(tiny_pair, tmp_path):
+def test_a_q4_0_file_runs_natively(tiny_pair, tmp_path):
     from tiny_gguf import write_gguf
 
     folder = write_gguf(tiny_pair["llama_hf"], tmp_path, "tiny-llama-q4_0", "Q4_0")
-    assert read_gguf(fetch.gguf_source(folder)).formats == {"Q4_0 (as Q5_0)": 9}
+    assert read_gguf(fetch.gguf_source(folder)).formats == {"Q4_0": 9}
     quantized = load_model(str(folder), "gguf", progress=False)
     full = load_model(str(tiny_pair["llama_hf"]), "float32", progress=False)
     prompt = [2, 3, 4, 5, 6, 3, 2]

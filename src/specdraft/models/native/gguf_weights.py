@@ -1,12 +1,11 @@
 """Weights read from a GGUF file and kept in its own block formats (`--dtype gguf`).
 
-The file is memory-mapped: a weight matrix in a supported block format (Q2_K to Q6_K, Q8_0, Q5_0, Q4_1, IQ4_NL,
-IQ4_XS) is a `QuantWeight`, a view of the file's bytes that `quant_kernels.cpp` multiplies as it is (no copy, no
-widening: a step of the 1.5B reads its 1.0 GiB instead of 3.1 GB of bf16). Q4_0 matrices are rewritten at load as Q5_0
-blocks of the same values (`q4_0_as_q5_0`: 22 bytes a block for 18), IQ3_XXS and IQ3_S ones as Q6_K blocks of the
-same values (`iq3_as_q6_k`). Matrices in other formats are dequantized once at load (F16 and BF16 kept, F32 as it
-is, any other block format to bfloat16 through the `gguf` package's own dequantization); norms and biases are
-float32.
+The file is memory-mapped: a weight matrix in a supported block format (Q2_K to Q6_K, Q8_0, Q5_0, Q4_0, Q4_1,
+IQ4_NL, IQ4_XS) is a `QuantWeight`, a view of the file's bytes that `quant_kernels.cpp` multiplies as it is (no copy,
+no widening: a step of the 1.5B reads its 1.0 GiB instead of 3.1 GB of bf16). IQ3_XXS and IQ3_S matrices are
+rewritten at load as Q6_K blocks of the same values (`iq3_as_q6_k`). Matrices in other formats are dequantized once
+at load (F16 and BF16 kept, F32 as it is, any other block format to bfloat16 through the `gguf` package's own
+dequantization); norms and biases are float32.
 """
 
 from __future__ import annotations
@@ -24,12 +23,12 @@ from ..gguf_header import read_header
 from .kernels import load_kernels
 
 # ggml type number -> name, for the block formats the kernels multiply directly
-BLOCK_TYPES = {3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K",
+BLOCK_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K",
                20: "IQ4_NL", 23: "IQ4_XS"}
-BLOCK_SHAPES = {3: (32, 20), 6: (32, 22), 8: (32, 34), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176),
-                14: (256, 210), 20: (32, 18), 23: (256, 136)}  # (weights, bytes) per block
+BLOCK_SHAPES = {2: (32, 18), 3: (32, 20), 6: (32, 22), 8: (32, 34), 10: (256, 84), 11: (256, 110), 12: (256, 144),
+                13: (256, 176), 14: (256, 210), 20: (32, 18), 23: (256, 136)}  # (weights, bytes) per block
 # the formats whose matrices `interleave` repacks in groups of ROW_GROUP rows -> bytes of one block column of them
-INTERLEAVED_BLOCK_BYTES = {6: 176, 8: 272, 10: 672, 11: 1168, 12: 1184, 13: 1440, 14: 1680, 20: 144, 23: 1104}
+INTERLEAVED_BLOCK_BYTES = {2: 144, 6: 176, 8: 272, 10: 672, 11: 1168, 12: 1184, 13: 1440, 14: 1680, 20: 144, 23: 1104}
 INTERLEAVED_TYPES = set(INTERLEAVED_BLOCK_BYTES)
 ROW_GROUP = 8
 INTERLEAVE_ROWS = 8192  # rows `interleave` repacks at a time (a multiple of ROW_GROUP)
@@ -132,8 +131,8 @@ class QuantWeight:
     def interleave(self, source: GGUFTensors | None = None) -> QuantWeight:
         """This matrix repacked into groups of 8 rows for passes of several tokens (quant_kernels.cpp, "interleaved
         row groups"): a verify pass of 8 tokens then costs about half what it costs row by row. Q2_K to Q6_K, Q8_0,
-        Q5_0, IQ4_NL and IQ4_XS with a multiple of 8 rows; any other matrix is returned as it is. Repacked a slice of
-        rows at a time into the final buffer; with `source`, the file this matrix is a view of, each slice's mapped
+        Q5_0, Q4_0, IQ4_NL and IQ4_XS with a multiple of 8 rows; any other matrix is returned as it is. Repacked a
+        slice of rows at a time into the final buffer; with `source`, the file this matrix is a view of, each slice's mapped
         pages are released once copied (a 150k-row LM head would otherwise be resident twice for a moment)."""
         if self.interleaved or self.qtype not in INTERLEAVED_TYPES or len(self) % ROW_GROUP:
             return self
@@ -201,30 +200,6 @@ class GGUFTensors:
         return self.tensors[name]
 
 
-Q5_0 = 6  # ggml's type number
-Q4_0_BLOCK_BYTES = 18  # d, qs[16] (weight j: low nibble of qs[j], weight j + 16: high nibble); value d * (q - 8)
-
-
-def q4_0_as_q5_0(raw: np.ndarray) -> np.ndarray:
-    """Q4_0 rows uint8 [rows, blocks * 18] as Q5_0 rows [rows, blocks * 22] of the same values, exactly:
-    d * (q4 - 8) = d * (q5 - 16) with q5 = q4 + 8, whose low four bits are q4 ^ 8 and whose fifth bit is q4's
-    fourth. 22 bytes where the file has 18, for the Q5_0 kernels (and none of a Q4_0 kernel's own). Converted
-    INTERLEAVE_ROWS rows at a time: the temporaries of a whole head would outweigh the result."""
-    rows = raw.shape[0]
-    blocks = raw.reshape(rows, -1, Q4_0_BLOCK_BYTES)
-    out = np.empty((rows, blocks.shape[1], 22), dtype=np.uint8)
-    for start in range(0, rows, INTERLEAVE_ROWS):
-        part = blocks[start: start + INTERLEAVE_ROWS]
-        qs = part[:, :, 2:]
-        target = out[start: start + INTERLEAVE_ROWS]
-        target[:, :, :2] = part[:, :, :2]
-        # qh, bit j of a little-endian uint32: weight j's fifth bit, the low nibbles' bit 3 (j < 16), the high's
-        target[:, :, 2:4] = np.packbits((qs & 0x08) != 0, axis=-1, bitorder="little")
-        target[:, :, 4:6] = np.packbits((qs & 0x80) != 0, axis=-1, bitorder="little")
-        target[:, :, 6:] = qs ^ 0x88
-    return out.reshape(rows, -1)
-
-
 Q6_K = 14
 IQ3_XXS, IQ3_S = 18, 21  # ggml's type numbers
 # IQ3_XXS and IQ3_S: where in a block (bytes) its eight 32-weight sub-blocks' scales are, and how a scale field s
@@ -285,7 +260,7 @@ def iq3_as_q6_k(raw: np.ndarray, qtype: int) -> np.ndarray | None:
 
 
 # formats whose rows are rewritten at load in another one of the same values
-CONVERTED_TYPES = {2: Q5_0, IQ3_XXS: Q6_K, IQ3_S: Q6_K}
+CONVERTED_TYPES = {IQ3_XXS: Q6_K, IQ3_S: Q6_K}
 
 
 def iq3_tables(qtype: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -301,12 +276,10 @@ def iq3_tables(qtype: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def converted_rows(raw: np.ndarray, qtype: int, cols: int) -> torch.Tensor | None:
     """Rows in a CONVERTED_TYPES format rewritten in the format it maps to, or None where they cannot be, by the
-    kernels (quant_kernels.cpp, `qconvert_rows`, `qconvert_iq3_rows`: a 1.5B's Q4_0 or IQ3 matrices in about a
-    second; the numpy twins above, which the tests hold them to, take ten and fifty)."""
-    if qtype in IQ3_SCALES:
-        rows = load_kernels().qconvert_iq3_rows(torch.from_numpy(raw), int(qtype), cols, *iq3_tables(qtype))
-        return rows if rows.numel() else None
-    return load_kernels().qconvert_rows(torch.from_numpy(raw), int(qtype), cols)
+    kernels (quant_kernels.cpp, `qconvert_iq3_rows`: a 1.5B's IQ3 matrices in about a second; the numpy twin
+    above, which the tests hold it to, takes fifty)."""
+    rows = load_kernels().qconvert_iq3_rows(torch.from_numpy(raw), int(qtype), cols, *iq3_tables(qtype))
+    return rows if rows.numel() else None
 
 
 def read_gguf(path: str | Path) -> GGUFTensors:

@@ -666,7 +666,6 @@ std::string parallel_backend() {
 // quant_kernels.cpp: products over GGUF block formats
 torch::Tensor qlinear(torch::Tensor x, torch::Tensor weight, int64_t type, c10::optional<torch::Tensor> bias);
 torch::Tensor qdequantize_rows(torch::Tensor weight, int64_t type, int64_t K, torch::Tensor rows);
-torch::Tensor qconvert_rows(torch::Tensor raw, int64_t type, int64_t K);
 torch::Tensor qconvert_iq3_rows(torch::Tensor raw, int64_t type, int64_t K, torch::Tensor grid, torch::Tensor ksigns);
 std::vector<torch::Tensor> quantize_activations(torch::Tensor x, int64_t block);
 bool quant_vnni();
@@ -781,7 +780,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_store", &rope_store, "rotary embedding of q and k, k and v written to their cache slots");
   m.def("qlinear", &qlinear, "batch-invariant x @ W.T (+ b) with W in a GGUF block format (int8 activations)");
   m.def("qdequantize_rows", &qdequantize_rows, "rows of a GGUF block-format matrix as float32");
-  m.def("qconvert_rows", &qconvert_rows, "Q4_0 rows as Q5_0 rows of the same values");
   m.def("qconvert_iq3_rows", &qconvert_iq3_rows, "IQ3_XXS or IQ3_S rows as Q6_K rows of the same values");
   m.def("quantize_activations", &quantize_activations, "x as the block kernels quantize it: (int8, scales)");
   m.def("quant_vnni", &quant_vnni, "whether the block kernels use AVX512-VNNI");

@@ -1,4 +1,5 @@
-// Matrix products over weights kept in their GGUF block formats (Q2_K to Q6_K, Q8_0, Q5_0, Q4_1, IQ4_NL, IQ4_XS).
+// Matrix products over weights kept in their GGUF block formats (Q2_K to Q6_K, Q8_0, Q5_0, Q4_0, Q4_1, IQ4_NL,
+// IQ4_XS).
 //
 // Activations are quantized per row to int8 blocks (one float scale per 256 values for the 256-weight formats, per 32
 // for the 32-value formats; each row on its own, so a row quantizes the same whatever else is in the call). A weight
@@ -30,6 +31,7 @@
 //   Q8_0, 32 weights in 34 bytes: d, int8 qs[32]; value d * q.
 //   Q5_0, 32 weights in 22 bytes: d, qh (32 bits: bit j the 5th bit of weight j), qs[16] (weight j: low nibble of
 //         qs[j], weight j + 16: high nibble); value d * (q - 16).
+//   Q4_0, 32 weights in 18 bytes: d, qs[16] (as Q5_0's nibbles); value d * (q - 8).
 //   Q4_1, 32 weights in 20 bytes: d, m, qs[16] (as Q5_0's nibbles); value d * q + m.
 //   IQ4_NL, 32 weights in 18 bytes: d, qs[16] (as Q5_0's nibbles); value d * kvalues[q], kvalues 16 int8 (iq4_values).
 //   IQ4_XS, 256 weights in 136 bytes: d, scales_h (uint16), scales_l[4], qs[128]; sub-block c (32 weights) has the
@@ -54,7 +56,7 @@ namespace {
 
 // ggml's type numbers
 enum QType : int64_t {
-  kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14,
+  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14,
   kIQ4_NL = 20, kIQ4_XS = 23
 };
 
@@ -498,6 +500,14 @@ struct Q50 {
   }
 };
 
+struct Q40 {
+  static constexpr int64_t kWeights = 32, kBytes = 18, kActBlock = 32;
+  template <int G>
+  static void dot(const uint8_t* block, const TokenBlock* x, __m256* acc) {
+    signed_dot<G>(_mm256_sub_epi8(nibbles32(block + 2), _mm256_set1_epi8(8)), half_to_float(block), x, acc);
+  }
+};
+
 struct Q41 {
   static constexpr int64_t kWeights = 32, kBytes = 20, kActBlock = 32;
   // sum_i w_i x_i = d dx sum_i q_i xq_i + m dx sum_i xq_i (the second as 2 lanes: the block's two sums of 16)
@@ -675,7 +685,7 @@ void qlinear_impl(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRo
   });
 }
 
-// ----------------------------------------------- interleaved row groups (Q2_K .. Q6_K, Q8_0, Q5_0, IQ4_NL, IQ4_XS)
+// ----------------------------------------- interleaved row groups (Q2_K .. Q6_K, Q8_0, Q5_0, Q4_0, IQ4_NL, IQ4_XS)
 // For passes of several tokens the k-quant matrices are repacked at load into groups of 8 rows whose blocks
 // interleave 4 bytes at a time: one 32-byte load holds 4 consecutive weights of each of the 8 rows, a broadcast
 // of a token's 4 activation bytes meets all of them in one `vpmaddubsw`, and int16 lanes 2r and 2r + 1 are row
@@ -1361,6 +1371,63 @@ struct Q50x8 {
                                  : _mm256_add_epi32(_mm256_madd_epi16(first[g], ones),
                                                     _mm256_madd_epi16(second[g], ones));
       const __m256i total = _mm256_sub_epi32(sums, _mm256_set1_epi32(16 * x[g].sums32[0]));
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
+    }
+  }
+};
+
+// Q4_0, 8 rows x 32 weights in 144 bytes (8 x 18, the file's): [0, 16) d of rows 0-7 (halves), [16, 144) byte 16 +
+// 32k + 4r + i: qs[4k + i] of row r (low nibble: weight 4k + i, high nibble: weight 16 + 4k + i). Q50x8 without the
+// fifth bits: unsigned q in 0..15 against x, then - 8 * (sum of x): int16 lanes add 4 vpmaddubsw lanes of 2 products,
+// at most 4 * 2 * 15 * 127 = 15240 (with VNNI: vpdpbusd into int32). The integers of Q4_0 read as Q5_0 (q + 8 against
+// 16), so the same bits as when Q4_0 files were rewritten at load.
+struct Q40x8 {
+  static constexpr int64_t kWeights = 32, kBytes = 144, kActBlock = 32;
+  static constexpr int kGroupsTokens = kGroup;
+
+  static void pack(const uint8_t* const rows[8], uint8_t* out) {
+    for (int r = 0; r < 8; ++r) {
+      std::memcpy(out + 2 * r, rows[r], 2);
+      for (int k = 0; k < 4; ++k) std::memcpy(out + 16 + 32 * k + 4 * r, rows[r] + 2 + 4 * k, 4);
+    }
+  }
+
+  static void unpack(const uint8_t* in, uint8_t* const rows[8]) {
+    for (int r = 0; r < 8; ++r) {
+      std::memcpy(rows[r], in + 2 * r, 2);
+      for (int k = 0; k < 4; ++k) std::memcpy(rows[r] + 2 + 4 * k, in + 16 + 32 * k + 4 * r, 4);
+    }
+  }
+
+  template <int G>
+  static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256i first[G], second[G];  // weights 0-15 and 16-31
+    if constexpr (kVnni)
+      for (int g = 0; g < G; ++g) first[g] = second[g] = _mm256_setzero_si256();
+    const auto products = [&](int k, bool start) __attribute__((always_inline)) {
+      const __m256i bytes = load256(block + 16 + 32 * k);
+      const __m256i w0 = _mm256_and_si256(bytes, low), w1 = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+      for (int g = 0; g < G; ++g) {
+        if constexpr (kVnni) {
+          first[g] = dot_u8s8(first[g], w0, broadcast4(x[g].q + 4 * k));
+          second[g] = dot_u8s8(second[g], w1, broadcast4(x[g].q + 16 + 4 * k));
+        } else {  // the first products start the sums (as in Q4Kx8::dot)
+          const __m256i p0 = _mm256_maddubs_epi16(w0, broadcast4(x[g].q + 4 * k));
+          const __m256i p1 = _mm256_maddubs_epi16(w1, broadcast4(x[g].q + 16 + 4 * k));
+          first[g] = start ? p0 : add_i16_into(first[g], p0);
+          second[g] = start ? p1 : add_i16_into(second[g], p1);
+        }
+      }
+    };
+    products(0, true);  // `start` matters only without VNNI: the VNNI sums start at zero
+    for (int k = 1; k < 4; ++k) products(k, false);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    for (int g = 0; g < G; ++g) {
+      const __m256i sums = kVnni ? _mm256_add_epi32(first[g], second[g])
+                                 : _mm256_add_epi32(_mm256_madd_epi16(first[g], ones),
+                                                    _mm256_madd_epi16(second[g], ones));
+      const __m256i total = _mm256_sub_epi32(sums, _mm256_set1_epi32(8 * x[g].sums32[0]));
       acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
     }
   }
@@ -2156,6 +2223,7 @@ int64_t block_weights(int64_t type) {
     case kQ6_K: return Q6K::kWeights;
     case kQ8_0: return Q80::kWeights;
     case kQ5_0: return Q50::kWeights;
+    case kQ4_0: return Q40::kWeights;
     case kQ4_1: return Q41::kWeights;
     case kIQ4_NL: return IQ4NL::kWeights;
     case kIQ4_XS: return IQ4XS::kWeights;
@@ -2172,6 +2240,7 @@ int64_t block_bytes(int64_t type) {
     case kQ6_K: return Q6K::kBytes;
     case kQ8_0: return Q80::kBytes;
     case kQ5_0: return Q50::kBytes;
+    case kQ4_0: return Q40::kBytes;
     case kQ4_1: return Q41::kBytes;
     case kIQ4_NL: return IQ4NL::kBytes;
     case kIQ4_XS: return IQ4XS::kBytes;
@@ -2249,6 +2318,14 @@ void dequantize_block(int64_t type, const uint8_t* block, float* y) {
       }
       break;
     }
+    case kQ4_0: {
+      const float d = half_to_float(block);
+      for (int j = 0; j < 16; ++j) {
+        y[j] = d * ((block[2 + j] & 0x0F) - 8);
+        y[j + 16] = d * ((block[2 + j] >> 4) - 8);
+      }
+      break;
+    }
     case kQ4_1: {
       const float d = half_to_float(block), m = half_to_float(block + 2);
       for (int j = 0; j < 16; ++j) {
@@ -2280,7 +2357,7 @@ void dequantize_block(int64_t type, const uint8_t* block, float* y) {
 
 void check_weight(const torch::Tensor& weight, int64_t type, int64_t K) {
   TORCH_CHECK(block_weights(type) > 0, "unsupported block type ", type,
-              " (supported: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_1, IQ4_NL, IQ4_XS)");
+              " (supported: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_0, Q5_0, Q4_0, Q4_1, IQ4_NL, IQ4_XS)");
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kUInt8 && weight.is_contiguous(),
               "quantized weight must be [N, row_bytes] uint8");
   TORCH_CHECK(K % block_weights(type) == 0, "row length ", K, " is not a multiple of the block size");
@@ -2313,6 +2390,7 @@ torch::Tensor qlinear(torch::Tensor x, torch::Tensor weight, int64_t type, c10::
     case kQ6_K: qlinear_impl<Q6K>(w, N, K, rows, bias_ptr, o); break;
     case kQ8_0: qlinear_impl<Q80>(w, N, K, rows, bias_ptr, o); break;
     case kQ5_0: qlinear_impl<Q50>(w, N, K, rows, bias_ptr, o); break;
+    case kQ4_0: qlinear_impl<Q40>(w, N, K, rows, bias_ptr, o); break;
     case kQ4_1: qlinear_impl<Q41>(w, N, K, rows, bias_ptr, o); break;
     case kIQ4_NL: qlinear_impl<IQ4NL>(w, N, K, rows, bias_ptr, o); break;
     case kIQ4_XS: qlinear_impl<IQ4XS>(w, N, K, rows, bias_ptr, o); break;
@@ -2340,40 +2418,7 @@ torch::Tensor qdequantize_rows(torch::Tensor weight, int64_t type, int64_t K, to
 }
 
 // ------------------------------------------------------------------------------ formats read as another one
-// Q4_0 has no kernel: its blocks are rewritten at load as Q5_0 blocks of the same values (`qconvert_rows`; the numpy
-// twin in gguf_weights.py says how, and the tests hold it to it).
-constexpr int64_t kQ4_0 = 2;
-
-// Q4_0 (d, qs[16]; value d * (q - 8)) -> Q5_0 (d, qh, qs[16]; value d * (q - 16)) with q5 = q4 + 8: its low bits
-// q4 ^ 8, its fifth bit q4's fourth.
-static void q4_0_as_q5_0_block(const uint8_t* in, uint8_t* out) {
-  std::memcpy(out, in, 2);
-  uint32_t high_bits = 0;
-  for (int j = 0; j < 16; ++j) {
-    high_bits |= static_cast<uint32_t>((in[2 + j] >> 3) & 1) << j;
-    high_bits |= static_cast<uint32_t>(in[2 + j] >> 7) << (j + 16);
-    out[6 + j] = in[2 + j] ^ 0x88;
-  }
-  std::memcpy(out + 2, &high_bits, 4);
-}
-
-// raw [N, K / 32 * 18] uint8 rows of Q4_0 -> [N, K / 32 * 22], the same rows as Q5_0
-torch::Tensor qconvert_rows(torch::Tensor raw, int64_t type, int64_t K) {
-  TORCH_CHECK(type == kQ4_0, "only Q4_0 rows are converted, not type ", type);
-  const int64_t per_block = 32, in_bytes = 18, out_bytes = 22;
-  TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == torch::kUInt8 && raw.is_contiguous() && K % per_block == 0 &&
-              raw.size(1) == K / per_block * in_bytes, "raw must be [N, row bytes] uint8 blocks of the type");
-  const int64_t N = raw.size(0), blocks = K / per_block;
-  auto out = torch::empty({N, blocks * out_bytes}, torch::kUInt8);
-  const uint8_t* in = raw.data_ptr<uint8_t>();
-  uint8_t* o = out.data_ptr<uint8_t>();
-  at::parallel_for(0, N * blocks, 4096, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) q4_0_as_q5_0_block(in + b * in_bytes, o + b * out_bytes);
-  });
-  return out;
-}
-
-// IQ3_XXS and IQ3_S have no kernel either: a sub-block's 32 values are d' (2s + 1) q, q a signed integer of at most
+// IQ3_XXS and IQ3_S have no kernel: a sub-block's 32 values are d' (2s + 1) q, q a signed integer of at most
 // 31 (d' = d with q = +-g for IQ3_S's odd grid values g <= 15; d' = d / 2 with q = +-g / 2 for IQ3_XXS's even ones
 // <= 62), which is a Q6_K block's d * scale * (q6 - 32) with the scale on both 16-weight halves. The numpy twin in
 // gguf_weights.py (`iq3_as_q6_k`) derives q from the gguf package's dequantization and the tests hold this to it.
@@ -2457,8 +2502,8 @@ torch::Tensor qconvert_iq3_rows(torch::Tensor raw, int64_t type, int64_t K, torc
 }
 
 // Interleaved row groups (rows a multiple of 8): weight [N, row_bytes] -> [N / 8, blocks per row * group block
-// bytes], a copy whose block columns of 8 rows are repacked as Q2Kx8 .. Q6Kx8, Q80x8, Q50x8, IQ4NLx8 and IQ4XSx8
-// describe.
+// bytes], a copy whose block columns of 8 rows are repacked as Q2Kx8 .. Q6Kx8, Q80x8, Q50x8, Q40x8, IQ4NLx8 and
+// IQ4XSx8 describe.
 int64_t x8_bytes(int64_t type) {
   switch (type) {
     case kQ2_K: return Q2Kx8::kBytes;
@@ -2468,6 +2513,7 @@ int64_t x8_bytes(int64_t type) {
     case kQ6_K: return Q6Kx8::kBytes;
     case kQ8_0: return Q80x8::kBytes;
     case kQ5_0: return Q50x8::kBytes;
+    case kQ4_0: return Q40x8::kBytes;
     case kIQ4_NL: return IQ4NLx8::kBytes;
     case kIQ4_XS: return IQ4XSx8::kBytes;
     default: return 0;
@@ -2483,6 +2529,7 @@ void pack_x8(int64_t type, const uint8_t* const rows[8], uint8_t* out) {
     case kQ6_K: Q6Kx8::pack(rows, out); break;
     case kQ8_0: Q80x8::pack(rows, out); break;
     case kQ5_0: Q50x8::pack(rows, out); break;
+    case kQ4_0: Q40x8::pack(rows, out); break;
     case kIQ4_NL: IQ4NLx8::pack(rows, out); break;
     case kIQ4_XS: IQ4XSx8::pack(rows, out); break;
   }
@@ -2497,13 +2544,14 @@ void unpack_x8(int64_t type, const uint8_t* in, uint8_t* const rows[8]) {
     case kQ6_K: Q6Kx8::unpack(in, rows); break;
     case kQ8_0: Q80x8::unpack(in, rows); break;
     case kQ5_0: Q50x8::unpack(in, rows); break;
+    case kQ4_0: Q40x8::unpack(in, rows); break;
     case kIQ4_NL: IQ4NLx8::unpack(in, rows); break;
     case kIQ4_XS: IQ4XSx8::unpack(in, rows); break;
   }
 }
 
 void check_packed(const torch::Tensor& packed, int64_t type, int64_t K) {
-  TORCH_CHECK(x8_bytes(type) > 0, "only Q2_K to Q6_K, Q8_0, Q5_0, IQ4_NL and IQ4_XS matrices interleave rows");
+  TORCH_CHECK(x8_bytes(type) > 0, "only Q2_K to Q6_K, Q8_0, Q5_0, Q4_0, IQ4_NL and IQ4_XS matrices interleave rows");
   TORCH_CHECK(K % block_weights(type) == 0, "row length ", K, " is not a multiple of the block size");
   TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() &&
               packed.size(1) == K / block_weights(type) * x8_bytes(type),
@@ -2513,7 +2561,7 @@ void check_packed(const torch::Tensor& packed, int64_t type, int64_t K) {
 // weight [N, row_bytes] -> out [N / 8, ...] (written in place: a slice of a larger interleaved matrix)
 void qinterleave_into(torch::Tensor weight, int64_t type, int64_t K, torch::Tensor out) {
   check_weight(weight, type, K);
-  TORCH_CHECK(x8_bytes(type) > 0, "only Q2_K to Q6_K, Q8_0, Q5_0, IQ4_NL and IQ4_XS matrices interleave rows");
+  TORCH_CHECK(x8_bytes(type) > 0, "only Q2_K to Q6_K, Q8_0, Q5_0, Q4_0, IQ4_NL and IQ4_XS matrices interleave rows");
   const int64_t N = weight.size(0), blocks = K / block_weights(type), row_bytes = weight.size(1);
   TORCH_CHECK(N % kRowGroup == 0, "rows (", N, ") must be a multiple of ", kRowGroup, " to interleave");
   check_packed(out, type, K);
@@ -2591,6 +2639,7 @@ torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c1
     case kQ2_K: qlinear_x8_impl<Q2Kx8>(w, N, K, rows, bias_ptr, o); break;  // and Q2_K
     case kQ8_0: qlinear_x8_small_blocks<Q80x8>(w, N, K, rows, bias_ptr, o); break;
     case kQ5_0: qlinear_x8_small_blocks<Q50x8>(w, N, K, rows, bias_ptr, o); break;
+    case kQ4_0: qlinear_x8_small_blocks<Q40x8>(w, N, K, rows, bias_ptr, o); break;
     case kIQ4_NL: qlinear_x8_small_blocks<IQ4NLx8>(w, N, K, rows, bias_ptr, o); break;
     case kIQ4_XS: qlinear_x8_impl<IQ4XSx8>(w, N, K, rows, bias_ptr, o); break;
   }
