@@ -22,7 +22,7 @@ from specdraft.models.native.gguf_weights import BLOCK_SHAPES, BLOCK_TYPES, Quan
 
 TYPE_OF = {name: qtype for qtype, name in BLOCK_TYPES.items()}
 HALF_OFFSETS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,),
-                "Q5_0": (0,), "Q4_1": (0, 2), "IQ4_NL": (0,), "IQ4_XS": (0,)}
+                "Q5_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "IQ4_NL": (0,), "IQ4_XS": (0,)}
 
 
 def random_matrix(name: str, rows: int, cols: int, seed: int) -> QuantWeight:

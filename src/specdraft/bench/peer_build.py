@@ -144,9 +144,11 @@ def build(cache: Path, jobs: int = 2, force: bool = False) -> Path:
                 "cmake_flags": list(flags), "binaries": list(PEER_BINARIES + PEER_TOOLS),
                 "built_at": time.strftime("%Y-%m-%d %H:%M:%S"), "build_s": round(time.perf_counter() - started)}
         (staged / peer_marker(cache).name).write_text(json.dumps(info, indent=1) + "\n")  # last: it is complete
+        # an unmarked, forced or differently built folder is replaced whole: moved aside into the temporary folder
+        # (deleted with it), then the new one renamed into place (a rename fails rather than nesting one in the other)
         if folder.exists():
-            shutil.rmtree(folder)  # an unmarked, forced or differently built folder is replaced whole
-        shutil.move(staged, folder)
+            folder.rename(work / "replaced")
+        staged.rename(folder)
     _say(f"built llama.cpp {PEER_VERSION} ({commit or 'commit unknown'}) in {folder / 'bin'} "
          f"in {time.perf_counter() - started:.0f} s")
     return folder

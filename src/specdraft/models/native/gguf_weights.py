@@ -132,8 +132,8 @@ class QuantWeight:
         """This matrix repacked into groups of 8 rows for passes of several tokens (quant_kernels.cpp, "interleaved
         row groups"): a verify pass of 8 tokens then costs about half what it costs row by row. Q2_K to Q6_K, Q8_0,
         Q5_0, Q4_0, IQ4_NL and IQ4_XS with a multiple of 8 rows; any other matrix is returned as it is. Repacked a
-        slice of rows at a time into the final buffer; with `source`, the file this matrix is a view of, each slice's mapped
-        pages are released once copied (a 150k-row LM head would otherwise be resident twice for a moment)."""
+        slice of rows at a time into the final buffer; with `source`, the file this matrix is a view of, each slice's
+        mapped pages are released once copied (a 150k-row LM head would otherwise be resident twice for a moment)."""
         if self.interleaved or self.qtype not in INTERLEAVED_TYPES or len(self) % ROW_GROUP:
             return self
         ops = load_kernels()

@@ -787,5 +787,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_quant_amx", &set_quant_amx, "allow or forbid the AMX tiles (same bits); returns the previous setting");
   m.def("qinterleave_into", &qinterleave_into, "repack a block-format matrix into interleaved groups of 8 rows (a given [N / 8, ...] uint8 tensor)");
   m.def("qdeinterleave_rows", &qdeinterleave_rows, "rows of an interleaved matrix back in the file's block layout");
-  m.def("qlinear_x8", &qlinear_x8, "qlinear over an interleaved Q4_K/Q6_K/Q8_0/Q5_0 matrix (batch-invariant)");
+  m.def("qlinear_x8", &qlinear_x8, "qlinear over a matrix interleaved in groups of 8 rows (batch-invariant)");
 }

@@ -157,7 +157,7 @@ class NativeLlama:
             if not isinstance(weight, QuantWeight):
                 return weight
             repacked = weight.interleave(weights)
-            for name, tensor in weights.tensors.items():  # a matrix converted at load (Q4_0) is a copy of its
+            for name, tensor in weights.tensors.items():  # a matrix converted at load (IQ3) is a copy of its
                 if tensor is weight:  # own: the file's tensors let go of it, so it is freed once repacked
                     weights.tensors[name] = repacked
             return repacked
