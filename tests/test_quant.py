@@ -611,21 +611,26 @@ def test_gguf_dtype_needs_a_gguf_and_the_native_backend(tiny_pair):
         load_model(str(tiny_pair["target"]), "gguf", progress=False, backend="transformers")
 
 
+def file_error_and_pass_check(folder, hf_folder) -> float:
+    """A tiny GGUF model's logits against the float model it was written from (relative error, returned), and its
+    verify pass against single steps (bit for bit, asserted)."""
+    quantized = load_model(str(folder), "gguf", progress=False)
+    full = load_model(str(hf_folder), "float32", progress=False)
+    prompt = [2, 3, 4, 5, 6, 3, 2]
+    got = quantized.new_state().forward(prompt, len(prompt))
+    draft = quantized.new_state().verify(prompt[0], Draft(torch.tensor(prompt[1:])))
+    state = quantized.new_state()
+    assert torch.equal(draft, torch.cat([state.forward([token], 1) for token in prompt]))
+    return relative_error(got, full.new_state().forward(prompt, len(prompt)).double())
+
+
 def test_a_q4_0_file_runs_natively(tiny_pair, tmp_path):
     from tiny_gguf import write_gguf
 
     folder = write_gguf(tiny_pair["llama_hf"], tmp_path, "tiny-llama-q4_0", "Q4_0")
     assert read_gguf(fetch.gguf_source(folder)).formats == {"Q4_0": 9}
-    quantized = load_model(str(folder), "gguf", progress=False)
-    full = load_model(str(tiny_pair["llama_hf"]), "float32", progress=False)
-    prompt = [2, 3, 4, 5, 6, 3, 2]
-    got = quantized.new_state().forward(prompt, len(prompt))
     # 4-bit weights of a random 64-wide model: 0.44 from the float model (the values are checked exactly above)
-    assert relative_error(got, full.new_state().forward(prompt, len(prompt)).double()) < 0.6
-    draft = quantized.new_state().verify(prompt[0], Draft(torch.tensor(prompt[1:])))  # a pass equals single steps
-    state = quantized.new_state()
-    steps = torch.cat([state.forward([token], 1) for token in prompt])
-    assert torch.equal(draft, steps)
+    assert file_error_and_pass_check(folder, tiny_pair["llama_hf"]) < 0.6
 
 
 def test_an_iq4_nl_file_runs_natively_and_its_passes_equal_single_steps(tiny_pair, tmp_path):
@@ -638,15 +643,8 @@ def test_an_iq4_nl_file_runs_natively_and_its_passes_equal_single_steps(tiny_pai
     assert np.linalg.norm(error) / np.linalg.norm(values) < 0.12  # the test's quantizer is a fair 4-bit one
     folder = write_gguf(tiny_pair["llama_hf"], tmp_path, "tiny-llama-iq4_nl", "IQ4_NL")
     assert read_gguf(fetch.gguf_source(folder)).formats == {"IQ4_NL": 9}
-    quantized = load_model(str(folder), "gguf", progress=False)
-    full = load_model(str(tiny_pair["llama_hf"]), "float32", progress=False)
-    prompt = [2, 3, 4, 5, 6, 3, 2]
-    got = quantized.new_state().forward(prompt, len(prompt))
     # 4-bit weights of a random 64-wide model, as the Q4_0 file above
-    assert relative_error(got, full.new_state().forward(prompt, len(prompt)).double()) < 0.6
-    draft = quantized.new_state().verify(prompt[0], Draft(torch.tensor(prompt[1:])))
-    state = quantized.new_state()
-    assert torch.equal(draft, torch.cat([state.forward([token], 1) for token in prompt]))
+    assert file_error_and_pass_check(folder, tiny_pair["llama_hf"]) < 0.6
 
 
 def random_iq3(qtype: int, rows: int, cols: int, seed: int) -> np.ndarray:
@@ -732,14 +730,7 @@ def test_an_f16_file_keeps_its_halves_and_its_passes_equal_single_steps(tiny_pai
     weights = read_gguf(fetch.gguf_source(folder))
     assert weights.formats == {"F16": 16}
     assert weights.need("blk.0.ffn_down.weight").dtype == torch.float16
-    quantized = load_model(str(folder), "gguf", progress=False)
-    full = load_model(str(tiny_pair["qwen2_hf"]), "float32", progress=False)
-    prompt = [2, 3, 4, 5, 6, 3, 2]
-    got = quantized.new_state().forward(prompt, len(prompt))
-    assert relative_error(got, full.new_state().forward(prompt, len(prompt)).double()) < 1e-2  # halves of floats
-    draft = quantized.new_state().verify(prompt[0], Draft(torch.tensor(prompt[1:])))
-    state = quantized.new_state()
-    assert torch.equal(draft, torch.cat([state.forward([token], 1) for token in prompt]))
+    assert file_error_and_pass_check(folder, tiny_pair["qwen2_hf"]) < 1e-2  # halves of floats
 
 
 def test_a_gguf_with_iq4_xs_matrices_reads_them_in_their_format(tmp_path):
