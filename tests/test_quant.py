@@ -460,6 +460,19 @@ def random_q3_k(rows: int, cols: int, seed: int) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
+def write_matrices(path, matrices: list[tuple[str, np.ndarray, str]]) -> None:
+    """A GGUF file holding only the given (name, raw blocks, ggml type name) matrices."""
+    import gguf
+
+    writer = gguf.GGUFWriter(path, "llama")
+    for name, raw, kind in matrices:
+        writer.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType[kind])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def test_a_gguf_with_q3_k_and_q4_0_matrices_reads_them_in_supported_formats(tmp_path):
     import gguf
     from gguf.quants import dequantize, quantize
@@ -467,16 +480,11 @@ def test_a_gguf_with_q3_k_and_q4_0_matrices_reads_them_in_supported_formats(tmp_
     q3 = random_q3_k(16, 512, seed=7)
     values = np.random.default_rng(8).standard_normal((16, 512)).astype(np.float32)
     q4 = quantize(values, gguf.GGMLQuantizationType.Q4_0)
-    writer = gguf.GGUFWriter(tmp_path / "mixed.gguf", "llama")
-    writer.add_tensor("blk.0.ffn_up.weight", q3, raw_dtype=gguf.GGMLQuantizationType.Q3_K)
-    writer.add_tensor("blk.0.ffn_gate.weight", q4, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    matrices = [("blk.0.ffn_up.weight", q3, "Q3_K"), ("blk.0.ffn_gate.weight", q4, "Q4_0")]
+    write_matrices(tmp_path / "mixed.gguf", matrices)
     weights = read_gguf(tmp_path / "mixed.gguf")
     assert weights.formats == {"Q3_K": 1, "Q4_0": 1}
-    for name, raw, kind in (("blk.0.ffn_up.weight", q3, "Q3_K"), ("blk.0.ffn_gate.weight", q4, "Q4_0")):
+    for name, raw, kind in matrices:
         expected = dequantize(raw, gguf.GGMLQuantizationType[kind])
         assert torch.equal(weights.need(name).dequantize(), torch.from_numpy(expected)), kind
 
@@ -707,14 +715,8 @@ def test_a_gguf_with_iq3_matrices_reads_them_as_q6_k_and_widens_what_does_not_fi
 
     xxs, s, odd = random_iq3(18, 16, 512, seed=1), random_iq3(21, 16, 512, seed=2), random_iq3(18, 16, 512, seed=3)
     odd[0, :2] = np.array([1], dtype=np.uint16).view(np.uint8)
-    writer = gguf.GGUFWriter(tmp_path / "iq3.gguf", "llama")
-    for name, raw, kind in (("blk.0.ffn_up.weight", xxs, "IQ3_XXS"), ("blk.0.ffn_gate.weight", s, "IQ3_S"),
-                            ("blk.0.ffn_down.weight", odd, "IQ3_XXS")):
-        writer.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType[kind])
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_matrices(tmp_path / "iq3.gguf", [("blk.0.ffn_up.weight", xxs, "IQ3_XXS"),
+                                           ("blk.0.ffn_gate.weight", s, "IQ3_S"), ("blk.0.ffn_down.weight", odd, "IQ3_XXS")])
     weights = read_gguf(tmp_path / "iq3.gguf")
     assert weights.formats == {"IQ3_XXS (as Q6_K)": 1, "IQ3_S (as Q6_K)": 1, "IQ3_XXS (dequantized to bfloat16)": 1}
     for name, raw, kind in (("blk.0.ffn_up.weight", xxs, "IQ3_XXS"), ("blk.0.ffn_gate.weight", s, "IQ3_S")):
@@ -734,16 +736,8 @@ def test_an_f16_file_keeps_its_halves_and_its_passes_equal_single_steps(tiny_pai
 
 
 def test_a_gguf_with_iq4_xs_matrices_reads_them_in_their_format(tmp_path):
-    import gguf
-
     weight = random_blocks("IQ4_XS", 16, 512, seed=9)
-    writer = gguf.GGUFWriter(tmp_path / "iq4xs.gguf", "llama")
-    raw = weight.blocks.numpy()
-    writer.add_tensor("blk.0.ffn_up.weight", raw, raw_dtype=gguf.GGMLQuantizationType.IQ4_XS)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_matrices(tmp_path / "iq4xs.gguf", [("blk.0.ffn_up.weight", weight.blocks.numpy(), "IQ4_XS")])
     weights = read_gguf(tmp_path / "iq4xs.gguf")
     assert weights.formats == {"IQ4_XS": 1}
     assert torch.equal(weights.need("blk.0.ffn_up.weight").dequantize().double(), gguf_dequantize(weight))

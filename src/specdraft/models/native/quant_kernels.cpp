@@ -1220,27 +1220,33 @@ struct Q3Kx8 {
   }
 };
 
-// Q8_0, 8 rows x 32 weights in 272 bytes (8 x 34): [0, 16) d of rows 0-7 (halves), [16, 272) byte 16 + 32k + 4r + i:
-// q[4k + i] of row r. Signed weights: |q| as unsigned bytes against x carrying q's sign; a vpmaddubsw lane (2
-// products, at most 2 * 128 * 127 = 32512) goes to int32 at once (with VNNI a vpdpbusd sums 4 in int32).
-struct Q80x8 {
-  static constexpr int64_t kWeights = 32, kBytes = 272, kActBlock = 32;
+// The layout of the 32-weight formats whose blocks are a half d and kColumns * 4 bytes (Q8_0: 8, Q4_0 and IQ4_NL: 4),
+// 8 rows in 16 + 32 kColumns bytes (the file's 8 blocks): [0, 16) d of rows 0-7 (halves), then byte 16 + 32k + 4r + i:
+// byte 4k + i of row r's block after its d.
+template <int kColumns>
+struct HalfAndColumnsx8 {
+  static constexpr int64_t kWeights = 32, kBytes = 16 + 32 * kColumns, kActBlock = 32;
   static constexpr int kGroupsTokens = kGroup;
 
   static void pack(const uint8_t* const rows[8], uint8_t* out) {
     for (int r = 0; r < 8; ++r) {
       std::memcpy(out + 2 * r, rows[r], 2);
-      for (int k = 0; k < 8; ++k) std::memcpy(out + 16 + 32 * k + 4 * r, rows[r] + 2 + 4 * k, 4);
+      for (int k = 0; k < kColumns; ++k) std::memcpy(out + 16 + 32 * k + 4 * r, rows[r] + 2 + 4 * k, 4);
     }
   }
 
   static void unpack(const uint8_t* in, uint8_t* const rows[8]) {
     for (int r = 0; r < 8; ++r) {
       std::memcpy(rows[r], in + 2 * r, 2);
-      for (int k = 0; k < 8; ++k) std::memcpy(rows[r] + 2 + 4 * k, in + 16 + 32 * k + 4 * r, 4);
+      for (int k = 0; k < kColumns; ++k) std::memcpy(rows[r] + 2 + 4 * k, in + 16 + 32 * k + 4 * r, 4);
     }
   }
+};
 
+// Q8_0, 8 rows x 32 weights in 272 bytes (8 x 34), HalfAndColumnsx8<8>: byte 16 + 32k + 4r + i is q[4k + i] of row r.
+// Signed weights: |q| as unsigned bytes against x carrying q's sign; a vpmaddubsw lane (2 products, at most 2 * 128 *
+// 127 = 32512) goes to int32 at once (with VNNI a vpdpbusd sums 4 in int32).
+struct Q80x8 : HalfAndColumnsx8<8> {
   template <int G>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -1376,33 +1382,11 @@ struct Q50x8 {
   }
 };
 
-// The layout Q4_0's and IQ4_NL's groups share: 8 rows of a block of d and 16 bytes of nibbles, 144 bytes (the file's
-// 8 x 18): [0, 16) d of rows 0-7 (halves), [16, 144) byte 16 + 32k + 4r + i: qs[4k + i] of row r (low nibble: weight
-// 4k + i, high nibble: weight 16 + 4k + i).
-struct Nibbles32x8 {
-  static constexpr int64_t kWeights = 32, kBytes = 144, kActBlock = 32;
-  static constexpr int kGroupsTokens = kGroup;
-
-  static void pack(const uint8_t* const rows[8], uint8_t* out) {
-    for (int r = 0; r < 8; ++r) {
-      std::memcpy(out + 2 * r, rows[r], 2);
-      for (int k = 0; k < 4; ++k) std::memcpy(out + 16 + 32 * k + 4 * r, rows[r] + 2 + 4 * k, 4);
-    }
-  }
-
-  static void unpack(const uint8_t* in, uint8_t* const rows[8]) {
-    for (int r = 0; r < 8; ++r) {
-      std::memcpy(rows[r], in + 2 * r, 2);
-      for (int k = 0; k < 4; ++k) std::memcpy(rows[r] + 2 + 4 * k, in + 16 + 32 * k + 4 * r, 4);
-    }
-  }
-};
-
-// Q4_0, 8 rows x 32 weights in Nibbles32x8's layout. Q50x8 without the fifth bits: unsigned q in 0..15 against x, minus
-// 8 * (sum of x): int16 lanes add 4 vpmaddubsw lanes of 2 products, at most 4 * 2 * 15 * 127 = 15240 (with VNNI:
-// vpdpbusd into int32). The integers of Q4_0 read as Q5_0 (q + 8 against 16), so the same bits as when Q4_0 files were
-// rewritten at load.
-struct Q40x8 : Nibbles32x8 {
+// Q4_0, 8 rows x 32 weights in 144 bytes, HalfAndColumnsx8<4> (low nibble of byte 4k + i: weight 4k + i, high: 16 + 4k
+// + i). Q50x8 without the fifth bits: unsigned q in 0..15 against x, minus 8 * (sum of x): int16 lanes add 4 vpmaddubsw
+// lanes of 2 products, at most 4 * 2 * 15 * 127 = 15240 (with VNNI: vpdpbusd into int32). The integers of Q4_0 read as
+// Q5_0 (q + 8 against 16), so the same bits as when Q4_0 files were rewritten at load.
+struct Q40x8 : HalfAndColumnsx8<4> {
   template <int G>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
@@ -1437,10 +1421,10 @@ struct Q40x8 : Nibbles32x8 {
   }
 };
 
-// IQ4_NL, 8 rows x 32 weights in Nibbles32x8's layout. The looked-up values are signed: as Q80x8's, |value| against x
+// IQ4_NL, 8 rows x 32 weights in 144 bytes, as Q4_0's. The looked-up values are signed: as Q80x8's, |value| against x
 // carrying its sign, each vpmaddubsw lane (at most 2 * 127 * 127) to int32 at once. One code for every build (no VNNI
 // or tile path of its own yet).
-struct IQ4NLx8 : Nibbles32x8 {
+struct IQ4NLx8 : HalfAndColumnsx8<4> {
   template <int G>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
