@@ -1274,6 +1274,42 @@ struct Q80x8 : HalfAndColumnsx8<8> {
   }
 };
 
+// The 32-weight groups of unsigned weights, Q5_0's (0..31) and Q4_0's (0..15), both d * (q - kOffset):
+// `weights(k, w0, w1)` (k a std::integral_constant 0..3) gives the vectors of weights 4k.. and 16 + 4k.. of the 8 rows
+// (4 each), which meet x in vpmaddubsw; int16 lanes add the 4 vectors' (with VNNI: vpdpbusd into int32), then
+// - kOffset * (sum of x) and the float part.
+template <int G, int kOffset, typename Weights>
+inline void unsigned_nibbles_dot(const uint8_t* block, const TokenSuper* x, __m256* acc, const Weights& weights) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i first[G], second[G];  // weights 0-15 and 16-31
+  if constexpr (kVnni)
+    for (int g = 0; g < G; ++g) first[g] = second[g] = _mm256_setzero_si256();
+  unrolled<4>([&](auto chunk) __attribute__((always_inline)) {
+    constexpr int k = chunk;
+    __m256i w0, w1;
+    weights(chunk, w0, w1);
+    for (int g = 0; g < G; ++g) {
+      if constexpr (kVnni) {  // int32 lanes at once
+        first[g] = dot_u8s8(first[g], w0, broadcast4(x[g].q + 4 * k));
+        second[g] = dot_u8s8(second[g], w1, broadcast4(x[g].q + 16 + 4 * k));
+      } else {  // the first products start the sums (as in Q4Kx8::dot)
+        const __m256i p0 = _mm256_maddubs_epi16(w0, broadcast4(x[g].q + 4 * k));
+        const __m256i p1 = _mm256_maddubs_epi16(w1, broadcast4(x[g].q + 16 + 4 * k));
+        first[g] = k == 0 ? p0 : add_i16_into(first[g], p0);
+        second[g] = k == 0 ? p1 : add_i16_into(second[g], p1);
+      }
+    }
+  });
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+  for (int g = 0; g < G; ++g) {
+    const __m256i sums = kVnni ? _mm256_add_epi32(first[g], second[g])
+                               : _mm256_add_epi32(_mm256_madd_epi16(first[g], ones),
+                                                  _mm256_madd_epi16(second[g], ones));
+    const __m256i total = _mm256_sub_epi32(sums, _mm256_set1_epi32(kOffset * x[g].sums32[0]));
+    acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
+  }
+}
+
 // Q5_0, 8 rows x 32 weights in 176 bytes (8 x 22): [0, 16) d of rows 0-7 (halves), [16, 48) the fifth bits,
 // [48, 176) byte 48 + 32k + 4r + i: qs[4k + i] of row r (low nibble: weight 4k + i, high nibble: weight 16 + 4k + i).
 // The fifth bits as bit planes (kBitPlanes): byte 16 + 4r + i, bit 4h + k, is bit 16h + 4k + i of row r's qh, the
@@ -1348,37 +1384,14 @@ struct Q50x8 {
 
   template <int G>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    const __m256i qh = load256(block + 16);
-    __m256i first[G], second[G];  // weights 0-15 and 16-31
-    if constexpr (kVnni)
-      for (int g = 0; g < G; ++g) first[g] = second[g] = _mm256_setzero_si256();
-    const auto products = [&](int k, bool start) __attribute__((always_inline)) {
+    const __m256i low = _mm256_set1_epi8(0x0F), qh = load256(block + 16);
+    const auto weights = [&](auto chunk, __m256i& w0, __m256i& w1) __attribute__((always_inline)) {
+      constexpr int k = chunk;  // a constant: the bit planes' shifts
       const __m256i bytes = load256(block + 48 + 32 * k);
-      const __m256i w0 = _mm256_or_si256(_mm256_and_si256(bytes, low), fifth(qh, k, 0));
-      const __m256i w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low), fifth(qh, k, 1));
-      for (int g = 0; g < G; ++g) {
-        if constexpr (kVnni) {  // int32 lanes at once
-          first[g] = dot_u8s8(first[g], w0, broadcast4(x[g].q + 4 * k));
-          second[g] = dot_u8s8(second[g], w1, broadcast4(x[g].q + 16 + 4 * k));
-        } else {  // the first products start the sums (as in Q4Kx8::dot)
-          const __m256i p0 = _mm256_maddubs_epi16(w0, broadcast4(x[g].q + 4 * k));
-          const __m256i p1 = _mm256_maddubs_epi16(w1, broadcast4(x[g].q + 16 + 4 * k));
-          first[g] = start ? p0 : add_i16_into(first[g], p0);
-          second[g] = start ? p1 : add_i16_into(second[g], p1);
-        }
-      }
+      w0 = _mm256_or_si256(_mm256_and_si256(bytes, low), fifth(qh, k, 0));
+      w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low), fifth(qh, k, 1));
     };
-    // `start` matters only without VNNI (the VNNI sums start at zero); k a constant: the bit planes' shifts
-    unrolled<4>([&](auto chunk) __attribute__((always_inline)) { products(chunk, chunk == 0); });
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-    for (int g = 0; g < G; ++g) {
-      const __m256i sums = kVnni ? _mm256_add_epi32(first[g], second[g])
-                                 : _mm256_add_epi32(_mm256_madd_epi16(first[g], ones),
-                                                    _mm256_madd_epi16(second[g], ones));
-      const __m256i total = _mm256_sub_epi32(sums, _mm256_set1_epi32(16 * x[g].sums32[0]));
-      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
-    }
+    unsigned_nibbles_dot<G, 16>(block, x, acc, weights);
   }
 };
 
@@ -1389,35 +1402,13 @@ struct Q50x8 {
 struct Q40x8 : HalfAndColumnsx8<4> {
   template <int G>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    __m256i first[G], second[G];  // weights 0-15 and 16-31
-    if constexpr (kVnni)
-      for (int g = 0; g < G; ++g) first[g] = second[g] = _mm256_setzero_si256();
-    const auto products = [&](int k, bool start) __attribute__((always_inline)) {
-      const __m256i bytes = load256(block + 16 + 32 * k);
-      const __m256i w0 = _mm256_and_si256(bytes, low), w1 = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
-      for (int g = 0; g < G; ++g) {
-        if constexpr (kVnni) {
-          first[g] = dot_u8s8(first[g], w0, broadcast4(x[g].q + 4 * k));
-          second[g] = dot_u8s8(second[g], w1, broadcast4(x[g].q + 16 + 4 * k));
-        } else {  // the first products start the sums (as in Q4Kx8::dot)
-          const __m256i p0 = _mm256_maddubs_epi16(w0, broadcast4(x[g].q + 4 * k));
-          const __m256i p1 = _mm256_maddubs_epi16(w1, broadcast4(x[g].q + 16 + 4 * k));
-          first[g] = start ? p0 : add_i16_into(first[g], p0);
-          second[g] = start ? p1 : add_i16_into(second[g], p1);
-        }
-      }
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    const auto weights = [&](auto chunk, __m256i& w0, __m256i& w1) __attribute__((always_inline)) {
+      const __m256i bytes = load256(block + 16 + 32 * chunk);
+      w0 = _mm256_and_si256(bytes, low);
+      w1 = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
     };
-    products(0, true);  // `start` matters only without VNNI: the VNNI sums start at zero
-    for (int k = 1; k < 4; ++k) products(k, false);
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-    for (int g = 0; g < G; ++g) {
-      const __m256i sums = kVnni ? _mm256_add_epi32(first[g], second[g])
-                                 : _mm256_add_epi32(_mm256_madd_epi16(first[g], ones),
-                                                    _mm256_madd_epi16(second[g], ones));
-      const __m256i total = _mm256_sub_epi32(sums, _mm256_set1_epi32(8 * x[g].sums32[0]));
-      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
-    }
+    unsigned_nibbles_dot<G, 8>(block, x, acc, weights);
   }
 };
 
