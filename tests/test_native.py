@@ -1,4 +1,5 @@
-"""The native Llama/Qwen2 forward: same numbers as transformers, batch invariance, the cache, the choice."""
+"""The native Llama/Qwen2/Qwen3/Mistral forward: same numbers as transformers, batch invariance, the cache, the
+choice."""
 
 from __future__ import annotations
 
@@ -20,13 +21,14 @@ from specdraft.models.native.llama import MAX_KERNEL_ROWS, native_unsupported_re
 from tiny import build_model
 
 TOKENS = [3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 11, 2, 6]
+ARCHS = ("qwen2", "llama", "qwen3", "mistral")
 
 
 @pytest.fixture(scope="module")
 def tiny_native(tmp_path_factory):
     root = tmp_path_factory.mktemp("native")
     out = {}
-    for arch in ("qwen2", "llama"):
+    for arch in ARCHS:
         path = build_model(root / arch, seed=5, arch=arch, hidden=64, layers=2)
         for dtype in ("float32", "bfloat16"):
             out[arch, dtype] = load_model(str(path), dtype, backend="native")
@@ -38,24 +40,46 @@ def rounds_activations(dtype) -> bool:
     return dtype in ("bfloat16", torch.bfloat16) and kernels.chosen_isa() in ("avx512bf16", "amx")
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_native_logits_match_transformers(tiny_native, arch, dtype):
-    """Native computes in float32 over the stored weights: compare with transformers running the same
-    weights in float32 (for a bf16 model: its bf16 weights, widened; in the avx512bf16 build each linear
-    layer's input rounded to bf16 too, by a forward pre-hook)."""
-    model = tiny_native[arch, dtype]
-    assert model.backend == "native"
+def transformers_logits(model, dtype) -> torch.Tensor:
+    """The logits of TOKENS by transformers' forward over the native model's weights in float32 (for a bf16 model:
+    its bf16 weights, widened; in the avx512bf16 build each linear layer's input rounded to bf16 too, by a forward
+    pre-hook). [T, V]"""
     reference_model = copy.deepcopy(model.model).float()
     if rounds_activations(dtype):
         for module in reference_model.modules():
             if isinstance(module, torch.nn.Linear):
                 module.register_forward_pre_hook(lambda _, args: (args[0].bfloat16().float(),))
     with torch.inference_mode():
-        reference = reference_model(input_ids=torch.tensor([TOKENS])).logits[0]  # [T, V]
+        return reference_model(input_ids=torch.tensor([TOKENS])).logits[0]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_native_logits_match_transformers(tiny_native, arch, dtype):
+    """Native computes in float32 over the stored weights: the logits transformers computes from them."""
+    model = tiny_native[arch, dtype]
+    assert model.backend == "native"
+    reference = transformers_logits(model, dtype)
+    with torch.inference_mode():
         native = model.new_state().forward(TOKENS, len(TOKENS))
     torch.testing.assert_close(native, reference, atol=1e-4, rtol=0)
     assert torch.equal(native.argmax(-1), reference.argmax(-1))
+
+
+def test_negative_control_qwen3_without_its_head_norms_fails_the_same_check(tiny_native, monkeypatch):
+    """The check above sees Qwen3's per-head q and k norms: a forward that skips them (or reads the other one's
+    weights) is far off."""
+    model = tiny_native["qwen3", "float32"]
+    reference = transformers_logits(model, "float32")
+    layers = model.native.layers
+    for wrong in ({"q_norm": None, "k_norm": None}, {"q_norm": layers[0].k_norm, "k_norm": layers[0].q_norm}):
+        with monkeypatch.context() as patch:
+            for layer in layers:
+                for name, value in wrong.items():
+                    patch.setattr(layer, name, value)
+            with torch.inference_mode():  # layer by layer: the one-call stack holds the weights it was given
+                native = layer_by_layer(model.native, TOKENS, model.native.new_cache(len(TOKENS)))
+        assert (native - reference).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -287,6 +311,18 @@ def test_auto_falls_back_to_transformers_and_says_why(tmp_path):
     assert result.stats.backend == "transformers"
 
 
+def test_a_sliding_window_keeps_a_model_off_the_native_backend():
+    """Mistral's window applies whenever its config names one; Qwen's only with `use_sliding_window`."""
+    from transformers import MistralConfig, Qwen2Config, Qwen3Config
+
+    from specdraft.models.native.llama import config_unsupported_reason
+
+    assert "sliding-window" in config_unsupported_reason(MistralConfig(sliding_window=4096))
+    for config in (MistralConfig(sliding_window=None), Qwen3Config(sliding_window=4096), Qwen2Config()):
+        assert config_unsupported_reason(config) is None
+    assert "sliding-window" in config_unsupported_reason(Qwen3Config(use_sliding_window=True, sliding_window=64))
+
+
 def test_forcing_native_on_an_unsupported_model_is_a_clear_error(tmp_path):
     with pytest.raises(SpecdraftError, match="cannot use the native backend: activation 'gelu'"):
         load_model(str(_unsupported_model_dir(tmp_path)), "float32", backend="native")
@@ -340,7 +376,7 @@ def stack_models(tiny_native, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("stack")
     models = {f"{arch}-{dtype}": model for (arch, dtype), model in tiny_native.items()}
-    for arch, qtype, mixed in (("qwen2", "Q8_0", "Q4_1"), ("llama", "Q5_0", None)):
+    for arch, qtype, mixed in (("qwen2", "Q8_0", "Q4_1"), ("llama", "Q5_0", None), ("qwen3", "Q8_0", None)):
         hf = build_model(root / f"hf-{arch}", seed=31, arch=arch, hidden=64, layers=2)
         path = write_gguf(hf, root / "cache", f"stack-{arch}", qtype, mixed)
         models[f"{arch}-{qtype}"] = load_model(str(path), "gguf", progress=False)
@@ -348,7 +384,7 @@ def stack_models(tiny_native, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["qwen2-float32", "qwen2-bfloat16", "llama-float32", "llama-bfloat16",
-                                  "qwen2-Q8_0", "llama-Q5_0"])
+                                  "qwen3-float32", "qwen2-Q8_0", "llama-Q5_0", "qwen3-Q8_0"])
 def test_the_layer_stack_gives_the_bits_of_the_layers_run_one_by_one(stack_models, name, monkeypatch):
     """A chain pass runs every layer in one kernel call (ops.LayerStack); a token tree and feature taps still drive
     the layers from Python. Both give the same logits and the same cached K/V, bit for bit, for one sequence

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -493,20 +494,23 @@ def test_a_gguf_with_q3_k_and_q4_0_matrices_reads_them_in_supported_formats(tmp_
 
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
-    """A Qwen2 target (Q8_0 and Q4_1 matrices) and a Llama draft (Q5_0), written as GGUF files."""
+    """A Qwen2 target (Q8_0 and Q4_1 matrices) and a Llama draft (Q5_0), written as GGUF files; and Q8_0 files of
+    them and of a Qwen3 model."""
     from tiny import build_model
     from tiny_gguf import write_gguf
 
     root = tmp_path_factory.mktemp("tiny_gguf")
     target_hf = build_model(root / "hf-target", seed=21, hidden=64, layers=2)
     draft_hf = build_model(root / "hf-draft", seed=22, hidden=64, layers=1, arch="llama")
+    qwen3_hf = build_model(root / "hf-qwen3", seed=23, hidden=64, layers=2, arch="qwen3")
     cache = root / "cache"
     target = write_gguf(target_hf, cache, "tiny-target", "Q8_0", mixed="Q4_1")
     draft = write_gguf(draft_hf, cache, "tiny-draft", "Q5_0")
-    fine = {arch: write_gguf(hf, cache, f"tiny-{arch}-q8", "Q8_0")
-            for arch, hf in (("qwen2", target_hf), ("llama", draft_hf))}
+    hf = {"qwen2": target_hf, "llama": draft_hf, "qwen3": qwen3_hf}
+    fine = {arch: write_gguf(folder, cache, f"tiny-{arch}-q8", "Q8_0") for arch, folder in hf.items()}
     return {"target": target, "draft": draft, "target_hf": target_hf, "draft_hf": draft_hf,
-            "qwen2_q8": fine["qwen2"], "llama_q8": fine["llama"], "qwen2_hf": target_hf, "llama_hf": draft_hf}
+            **{f"{arch}_q8": folder for arch, folder in fine.items()},
+            **{f"{arch}_hf": folder for arch, folder in hf.items()}}
 
 
 def test_gguf_reader_finds_every_tensor_and_format(tiny_pair):
@@ -528,11 +532,11 @@ def logit_error(tiny_pair, arch: str) -> float:
     return relative_error(got, expected.double())
 
 
-LOGIT_TOLERANCE = 0.1  # 8-bit weights and activations on these random models: 0.04 (qwen2), 0.02 (llama); the
-# llama model with its Q/K rows left interleaved: 0.73
+LOGIT_TOLERANCE = 0.1  # 8-bit weights and activations on these random models: 0.04 (qwen2), 0.02 (llama), 0.04
+# (qwen3); the llama model with its Q/K rows left interleaved: 0.73; the qwen3 one without its head norms: 0.83
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
 def test_gguf_forward_follows_the_float_model_it_came_from(tiny_pair, arch):
     assert logit_error(tiny_pair, arch) < LOGIT_TOLERANCE
 
@@ -542,6 +546,49 @@ def test_negative_control_llama_rows_left_interleaved_fail_the_same_check(tiny_p
 
     monkeypatch.setattr(llama, "unpermute_rows", lambda weight, n_heads: weight)
     assert logit_error(tiny_pair, "llama") > LOGIT_TOLERANCE
+
+
+def test_negative_control_qwen3_without_its_head_norms_fails_the_same_check(tiny_pair, monkeypatch):
+    from specdraft.models.native.gguf_weights import GGUFTensors
+
+    read = GGUFTensors.get
+    monkeypatch.setattr(GGUFTensors, "get", lambda self, name: None if name.endswith(
+        ("attn_q_norm.weight", "attn_k_norm.weight")) else read(self, name))
+    assert logit_error(tiny_pair, "qwen3") > LOGIT_TOLERANCE
+
+
+def test_a_config_that_does_not_describe_the_file_is_a_clear_error(tiny_pair):
+    from transformers import AutoConfig
+
+    from specdraft.models.native.llama import NativeLlama
+
+    config = AutoConfig.from_pretrained(tiny_pair["qwen3_q8"])
+    config.head_dim = 128  # what transformers' reading of a Qwen3 GGUF says without the file's key_length
+    with pytest.raises(SpecdraftError, match=r"blk.0.attn_q.weight has 128 rows, not the config's 4 heads of 128"):
+        NativeLlama.from_gguf(read_gguf(fetch.gguf_source(tiny_pair["qwen3_q8"])), config)
+
+
+def test_the_head_size_comes_from_the_files_key_length(tmp_path):
+    """transformers maps no head size for a Qwen3 GGUF (its config class says 128): an import takes llama.cpp's
+    `<arch>.attention.key_length`, and leaves a config that has it, or a file without it, as they are."""
+    import gguf
+    from transformers import Qwen3Config
+
+    def header(arch: str, key_length: int | None) -> Path:
+        path = tmp_path / f"{arch}-{key_length}.gguf"
+        writer = gguf.GGUFWriter(path, arch)
+        if key_length is not None:
+            writer.add_key_length(key_length)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.close()
+        return path
+
+    for key_length, expected in ((64, 64), (128, 128), (None, 128)):
+        config = Qwen3Config(hidden_size=256, num_attention_heads=4)
+        assert config.head_dim == 128
+        fetch._head_size_from_metadata(config, header("qwen3", key_length))
+        assert config.head_dim == expected
 
 
 def test_gguf_verify_pass_equals_single_steps(tiny_pair):

@@ -26,22 +26,28 @@ def build_tokenizer(chars: str = CHARS):
 
 def build_model(path: Path, seed: int, vocab_size: int | None = None, layers: int = 2, hidden: int = 32,
                 init_range: float = 0.3, arch: str = "qwen2", chars: str = CHARS) -> Path:
-    """A random causal LM saved as a Hugging Face directory with the character tokenizer."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    """A random causal LM saved as a Hugging Face directory with the character tokenizer. arch: qwen2, llama,
+    qwen3 (heads twice as wide as hidden / heads, as Qwen3's are wider than that, and random per-head q and k norms)
+    or mistral (no sliding window)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     tokenizer = build_tokenizer(chars)
     vocab_size = vocab_size or len(tokenizer.get_vocab())
-    config_class = Qwen2Config if arch == "qwen2" else LlamaConfig
+    config_class = {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen3": Qwen3Config, "mistral": MistralConfig}[arch]
+    extra = {"qwen3": {"head_dim": 2 * hidden // 4}, "mistral": {"sliding_window": None}}.get(arch, {})
     config = config_class(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
                           num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                           max_position_embeddings=512, initializer_range=init_range, tie_word_embeddings=False,
-                          eos_token_id=1, bos_token_id=None, pad_token_id=0)
+                          eos_token_id=1, bos_token_id=None, pad_token_id=0, **extra)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # <unk> never wins (logit 0 against random logits), <eos> only now and then
         head = model.get_output_embeddings().weight
         head[0].zero_()
         head[1].mul_(0.3)
+        for name, weight in model.named_parameters():  # the head norms start as ones: make each weight count
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                weight.uniform_(0.5, 1.5)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

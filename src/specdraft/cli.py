@@ -26,8 +26,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", default=None, help="where packaged models live (default $SPECDRAFT_CACHE "
                                                           "or ~/.cache/specdraft)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
-    parser.add_argument("--backend", default="auto", help="auto (native for Llama/Qwen2, else transformers), "
-                        "native, or transformers")
+    parser.add_argument("--backend", default="auto",
+                        help="auto (native for Llama/Qwen2/Qwen3/Mistral, else transformers), native, or transformers")
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):

@@ -209,7 +209,8 @@ class ModelConfig:
     dtype: str = "auto"  # a GGUF model's own block formats natively, else bf16 weights on the native backend (load_model)
     cache_dir: str | None = None
     threads: int | None = None
-    # native: our batch-invariant Llama/Qwen2 forward; transformers: the model's own; auto: native if it applies
+    # native: our batch-invariant Llama/Qwen2/Qwen3/Mistral forward; transformers: the model's own; auto: native if
+    # it applies
     backend: str = "auto"
 
     def __post_init__(self) -> None:

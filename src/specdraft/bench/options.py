@@ -130,8 +130,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="auto", help="auto (a packaged model: its GGUF weights, as gguf), gguf, "
                         "bfloat16 or float32; transformers' methods (hf-*) need bfloat16 or float32")
-    parser.add_argument("--backend", default="auto", help="our methods' forward: auto (native for Llama/Qwen2), "
-                        "native or transformers")
+    parser.add_argument("--backend", default="auto",
+                        help="our methods' forward: auto (native for Llama/Qwen2/Qwen3/Mistral), native or "
+                             "transformers")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench-out", help="directory for records.jsonl, summary.json, report.md")

@@ -444,5 +444,5 @@ class SortedTreeDrafter(SortedDrafter):
 def _require_native(draft: LoadedModel) -> NativeLlama:
     if draft.native is None:
         raise SpecdraftError(f"sorted drafting runs layer slices on the native backend; {draft.name!r} is on "
-                             f"transformers ({draft.backend_note}); use a Llama/Qwen2 draft")
+                             f"transformers ({draft.backend_note}); use a Llama/Qwen2/Qwen3/Mistral draft")
     return draft.native

@@ -1,7 +1,7 @@
 """Loading a causal LM by name or path, and the thin adapter the engine drives: forward with a KV cache.
 
 Two backends behind one interface (`LoadedModel.new_state()` -> a `SequenceState`):
-- `native` (Llama/Qwen2 family, chosen automatically where it applies): `native/llama.py`, batch-invariant
+- `native` (Llama/Qwen2/Qwen3/Mistral family, chosen automatically where it applies): `native/llama.py`, batch-invariant
   C++ kernels over the model's own weights and a preallocated cache whose rollback is a length change;
 - `transformers` (any causal LM): the model's own forward with a `DynamicCache`, rolled back with `crop`.
 Either way a state remembers which token ids its cache holds, so rollback and catch-up are one operation:

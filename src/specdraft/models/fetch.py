@@ -37,7 +37,7 @@ from typing import Callable
 from tqdm.auto import tqdm
 
 from ..errors import SpecdraftError
-from .gguf_header import metadata_copy
+from .gguf_header import metadata_copy, read_header
 
 CACHE_ENV = "SPECDRAFT_CACHE"
 COMPLETE_MARKER = "specdraft.json"
@@ -295,6 +295,15 @@ def _config_read_from(gguf_path: Path, header: Path, vocabulary: int | None):
             gguf_utils.load_gguf_checkpoint = load
 
 
+def _head_size_from_metadata(config, header: Path) -> None:
+    """The head size llama.cpp writes (`<arch>.attention.key_length`) where transformers' reading leaves another:
+    it maps none for Qwen3, whose config class then says 128 (Qwen3's own models have 128; others need not)."""
+    metadata = read_header(header.read_bytes()).metadata
+    size = metadata.get(f"{metadata.get('general.architecture')}.attention.key_length")
+    if isinstance(size, int) and getattr(config, "head_dim", None) not in (None, size):
+        config.head_dim = size
+
+
 def _write_model_dir(gguf_path: Path, out_dir: Path, source: dict, with_weights: bool) -> Path:
     """The Hugging Face directory of a GGUF, written atomically (marker last, then one rename): config, tokenizer
     and generation config; with_weights: the weights too, dequantized to fp32 safetensors."""
@@ -309,6 +318,7 @@ def _write_model_dir(gguf_path: Path, out_dir: Path, source: dict, with_weights:
         vocabulary = metadata_copy(gguf_path, header)
         with _config_read_from(gguf_path, header, vocabulary):
             config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+            _head_size_from_metadata(config, header)
             tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
             if with_weights:
                 print(f"converting {gguf_path.name} to fp32 safetensors for float weights (once; takes a minute)...",

@@ -697,6 +697,7 @@ struct StackMatrix {
 
 struct StackLayer {
   torch::Tensor input_norm, post_norm;  // [D] float32
+  c10::optional<torch::Tensor> q_norm, k_norm;  // [Dh] float32: Qwen3's norm of each head's q and k (or none)
   StackMatrix q, k, v, o, gate, up, down;
 };
 
@@ -706,13 +707,16 @@ class LayerStack {
       : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(eps) {}
 
   // matrices: q, k, v, o, gate, up, down, each (weight, qtype or -1, interleaved, bias or None)
-  void add_layer(torch::Tensor input_norm, torch::Tensor post_norm,
+  void add_layer(torch::Tensor input_norm, torch::Tensor post_norm, c10::optional<torch::Tensor> q_norm,
+                 c10::optional<torch::Tensor> k_norm,
                  std::vector<std::tuple<torch::Tensor, int64_t, bool, c10::optional<torch::Tensor>>> matrices) {
     TORCH_CHECK(matrices.size() == 7, "a layer has 7 matrices: q, k, v, o, gate, up, down");
+    for (const auto& norm : {q_norm, k_norm})
+      TORCH_CHECK(!norm.has_value() || norm->numel() == head_dim_, "a head norm has head_dim weights");
     std::vector<StackMatrix> stacked;
     for (auto& [weight, qtype, interleaved, bias] : matrices) stacked.push_back({weight, qtype, interleaved, bias});
-    layers_.push_back({input_norm, post_norm, stacked[0], stacked[1], stacked[2], stacked[3], stacked[4], stacked[5],
-                       stacked[6]});
+    layers_.push_back({input_norm, post_norm, q_norm, k_norm, stacked[0], stacked[1], stacked[2], stacked[3],
+                       stacked[4], stacked[5], stacked[6]});
   }
 
   int64_t size() const { return static_cast<int64_t>(layers_.size()); }
@@ -737,6 +741,8 @@ class LayerStack {
       const StackLayer& layer = layers_[index];
       auto x = ::rms_norm(hidden, layer.input_norm, eps_);  // [T, D]
       auto q = layer.q.apply(x), k = layer.k.apply(x), v = layer.v.apply(x);  // [T, H * Dh], [T, Hkv * Dh] x 2
+      if (layer.q_norm) q = ::rms_norm(q.view({-1, head_dim_}), *layer.q_norm, eps_).view({rows, -1});
+      if (layer.k_norm) k = ::rms_norm(k.view({-1, head_dim_}), *layer.k_norm, eps_).view({rows, -1});
       for (size_t s = 0; s < n_segments; ++s) {
         const int64_t first = firsts[s], n = counts[s];
         auto keys_layer = keys[s].select(0, index), values_layer = values[s].select(0, index);  // [Hkv, C, Dh]

@@ -1,4 +1,5 @@
-"""A native forward for the Llama/Qwen2 family, over the weights of a loaded Hugging Face model or of a GGUF file.
+"""A native forward for the Llama/Qwen2/Qwen3/Mistral family, over the weights of a loaded Hugging Face model or of
+a GGUF file.
 
 Why: the generic transformers forward is correct for every causal LM but computes a k-token verify pass
 with different kernels than a 1-token decode step, so the two round differently (and cost 2-3x more for
@@ -21,10 +22,11 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
+from ...errors import SpecdraftError
 from .gguf_weights import GGUFTensors, QuantWeight, stored_bytes, take_rows, unpermute_rows
 from .kernels import load_kernels, unavailable_reason
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # inverse frequencies fixed at load time
 # float32 passes longer than this (prompt prefill) use torch's matmul: faster for many rows, and batch
 # invariance matters only between verify passes and decode steps, which are all far shorter. bf16 weights
@@ -45,7 +47,9 @@ def config_unsupported_reason(config) -> str | None:
     if rope_type not in STATIC_ROPE_TYPES:
         return f"rope type {rope_type!r} (native supports {', '.join(STATIC_ROPE_TYPES)})"
     layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if layer_types != {"full_attention"} or getattr(config, "use_sliding_window", False):
+    # Qwen's configs name a window that only `use_sliding_window` turns on; Mistral's applies whenever it is set
+    window = getattr(config, "sliding_window", None) if model_type == "mistral" else None
+    if layer_types != {"full_attention"} or getattr(config, "use_sliding_window", False) or window is not None:
         return "sliding-window attention layers"
     if getattr(config, "mlp_bias", False) or getattr(config, "pretraining_tp", 1) != 1:
         return "MLP biases or tensor-parallel pretraining layout"
@@ -82,16 +86,24 @@ class _Layer:
     gate: Weight  # [I, D]
     up: Weight  # [I, D]
     down: Weight  # [D, I]
+    q_norm: torch.Tensor | None = None  # [Dh] float32: Qwen3's RMSNorm of each head's q, before the rotary embedding
+    k_norm: torch.Tensor | None = None  # [Dh] float32: the same for k
 
 
 def _bias(linear: torch.nn.Linear) -> torch.Tensor | None:
     return None if linear.bias is None else linear.bias.detach().float().contiguous()
 
 
+def _head_norm(attention: torch.nn.Module, name: str) -> torch.Tensor | None:
+    """A per-head norm's weight (Qwen3's q_norm and k_norm), or None for a model without one."""
+    norm = getattr(attention, name, None)
+    return None if norm is None else norm.weight.detach().float().contiguous()
+
+
 def rotary_frequencies(config) -> tuple[torch.Tensor, float]:
-    """The inverse frequencies [Dh / 2] and attention scaling that a Llama/Qwen2 model of transformers computes for
-    `config` (its RotaryEmbedding's), without importing the model's code: the default RoPE by the same float32
-    operations, any other type (linear, dynamic, yarn, llama3, ...) by transformers' own function for it."""
+    """The inverse frequencies [Dh / 2] and attention scaling that a Llama/Qwen2/Qwen3/Mistral model of transformers
+    computes for `config` (its RotaryEmbedding's), without importing the model's code: the default RoPE by the same
+    float32 operations, any other type (linear, dynamic, yarn, llama3, ...) by transformers' own function for it."""
     parameters = getattr(config, "rope_parameters", None) or {}
     rope_type = parameters.get("rope_type", parameters.get("type", "default"))
     if rope_type != "default":
@@ -105,7 +117,7 @@ def rotary_frequencies(config) -> tuple[torch.Tensor, float]:
 
 
 class NativeLlama:
-    """Forward passes of a Llama/Qwen2 model over a `NativeCache`."""
+    """Forward passes of a Llama/Qwen2/Qwen3/Mistral model over a `NativeCache`."""
 
     def __init__(self, hf_model):
         """The native forward over an already loaded Hugging Face model's weights (shared, not copied)."""
@@ -124,7 +136,8 @@ class NativeLlama:
                 o=attn.o_proj.weight.detach(), o_bias=_bias(attn.o_proj),
                 post_norm=layer.post_attention_layernorm.weight.detach().float().contiguous(),
                 gate=mlp.gate_proj.weight.detach(), up=mlp.up_proj.weight.detach(),
-                down=mlp.down_proj.weight.detach()))
+                down=mlp.down_proj.weight.detach(),
+                q_norm=_head_norm(attn, "q_norm"), k_norm=_head_norm(attn, "k_norm")))
         rotary = base.rotary_emb
         self._setup(hf_model.config, (rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0))),
                     base.embed_tokens.weight.detach(),
@@ -153,6 +166,10 @@ class NativeLlama:
         def norm(name: str) -> torch.Tensor:
             return weights.need(name).float().contiguous()
 
+        def head_norm(name: str) -> torch.Tensor | None:  # Qwen3's per-head q and k norms; None in the others
+            tensor = weights.get(name)
+            return None if tensor is None else tensor.float().contiguous()
+
         def interleaved(weight: Weight) -> Weight:
             if not isinstance(weight, QuantWeight):
                 return weight
@@ -162,6 +179,12 @@ class NativeLlama:
                     weights.tensors[name] = repacked
             return repacked
 
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+        for name, heads in (("blk.0.attn_q.weight", n_heads), ("blk.0.attn_k.weight", n_kv_heads)):
+            rows = weights.need(name).shape[0]
+            if rows != heads * head_dim:
+                raise SpecdraftError(f"{weights.path.name}: {name} has {rows} rows, not the config's {heads} heads "
+                                     f"of {head_dim}: the config does not describe this file")
         layers = []
         for i in range(config.num_hidden_layers):
             prefix = f"blk.{i}."
@@ -173,7 +196,8 @@ class NativeLlama:
                 o=weights.need(prefix + "attn_output.weight"), o_bias=bias(prefix + "attn_output.bias"),
                 post_norm=norm(prefix + "ffn_norm.weight"),
                 gate=weights.need(prefix + "ffn_gate.weight"), up=weights.need(prefix + "ffn_up.weight"),
-                down=weights.need(prefix + "ffn_down.weight")))
+                down=weights.need(prefix + "ffn_down.weight"),
+                q_norm=head_norm(prefix + "attn_q_norm.weight"), k_norm=head_norm(prefix + "attn_k_norm.weight")))
         for layer in layers:  # the block-format matrices in groups of 8 rows, for passes of several tokens
             for field in ("q", "k", "v", "o", "gate", "up", "down"):
                 setattr(layer, field, interleaved(getattr(layer, field)))
@@ -213,7 +237,7 @@ class NativeLlama:
         # the layers for a chain pass in one kernel call (`_layers`); the same tensors as `layers`, not copies
         self._stack = self.ops.LayerStack(self.n_heads, self.n_kv_heads, self.head_dim, self.eps)
         for layer in layers:
-            self._stack.add_layer(layer.input_norm, layer.post_norm, [
+            self._stack.add_layer(layer.input_norm, layer.post_norm, layer.q_norm, layer.k_norm, [
                 (weight.blocks, weight.qtype, weight.interleaved, bias) if isinstance(weight, QuantWeight)
                 else (weight, -1, False, bias)
                 for weight, bias in ((layer.q, layer.q_bias), (layer.k, layer.k_bias), (layer.v, layer.v_bias),
@@ -358,6 +382,10 @@ class NativeLlama:
         q = self._linear(x, layer.q, layer.q_bias, kernel_only)  # [T, H * Dh]
         k = self._linear(x, layer.k, layer.k_bias, kernel_only)  # [T, Hkv * Dh]
         v = self._linear(x, layer.v, layer.v_bias, kernel_only)
+        if layer.q_norm is not None:  # each head's q and k normed on their own (rows of Dh)
+            q = ops.rms_norm(q.view(-1, self.head_dim), layer.q_norm, self.eps).view(n_rows, -1)
+        if layer.k_norm is not None:
+            k = ops.rms_norm(k.view(-1, self.head_dim), layer.k_norm, self.eps).view(n_rows, -1)
         attended = []
         for segment in segments:
             rows, n = slice(segment.first, segment.first + segment.n), segment.n
