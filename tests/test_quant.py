@@ -495,7 +495,7 @@ def test_a_gguf_with_q3_k_and_q4_0_matrices_reads_them_in_supported_formats(tmp_
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
     """A Qwen2 target (Q8_0 and Q4_1 matrices) and a Llama draft (Q5_0), written as GGUF files; and Q8_0 files of
-    them and of a Qwen3 model."""
+    them, of a Qwen3 model and of a Llama with Llama 3's RoPE."""
     from tiny import build_model
     from tiny_gguf import write_gguf
 
@@ -503,10 +503,14 @@ def tiny_pair(tmp_path_factory):
     target_hf = build_model(root / "hf-target", seed=21, hidden=64, layers=2)
     draft_hf = build_model(root / "hf-draft", seed=22, hidden=64, layers=1, arch="llama")
     qwen3_hf = build_model(root / "hf-qwen3", seed=23, hidden=64, layers=2, arch="qwen3")
+    # Llama 3's RoPE, its original context short enough that a tiny model's frequencies fall on all three sides
+    llama3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    llama3_hf = build_model(root / "hf-llama3", seed=24, hidden=64, layers=2, arch="llama", rope_parameters=llama3)
     cache = root / "cache"
     target = write_gguf(target_hf, cache, "tiny-target", "Q8_0", mixed="Q4_1")
     draft = write_gguf(draft_hf, cache, "tiny-draft", "Q5_0")
-    hf = {"qwen2": target_hf, "llama": draft_hf, "qwen3": qwen3_hf}
+    hf = {"qwen2": target_hf, "llama": draft_hf, "qwen3": qwen3_hf, "llama3": llama3_hf}
     fine = {arch: write_gguf(folder, cache, f"tiny-{arch}-q8", "Q8_0") for arch, folder in hf.items()}
     return {"target": target, "draft": draft, "target_hf": target_hf, "draft_hf": draft_hf,
             **{f"{arch}_q8": folder for arch, folder in fine.items()},
@@ -521,19 +525,21 @@ def test_gguf_reader_finds_every_tensor_and_format(tiny_pair):
     assert weights.need("blk.0.attn_q.bias").dtype == torch.float32
 
 
-def logit_error(tiny_pair, arch: str) -> float:
+def logit_error(tiny_pair, arch: str, prompt: tuple[int, ...] = (2, 3, 4, 5, 6, 3, 2)) -> float:
     """Relative distance of the Q8_0 file's logits from those of the float32 model it was written from."""
     quantized = load_model(str(tiny_pair[arch + "_q8"]), "gguf", progress=False)
     full = load_model(str(tiny_pair[arch + "_hf"]), "float32", progress=False)
     assert quantized.dtype_name == "gguf" and quantized.backend == "native"
-    prompt = [2, 3, 4, 5, 6, 3, 2]
+    prompt = list(prompt)
     got = quantized.new_state().forward(prompt, len(prompt))
     expected = full.new_state().forward(prompt, len(prompt))
     return relative_error(got, expected.double())
 
 
 LOGIT_TOLERANCE = 0.1  # 8-bit weights and activations on these random models: 0.04 (qwen2), 0.02 (llama), 0.04
-# (qwen3); the llama model with its Q/K rows left interleaved: 0.73; the qwen3 one without its head norms: 0.83
+# (qwen3), 0.05 (llama3, LONG_PROMPT); the llama model with its Q/K rows left interleaved: 0.73; the qwen3 one
+# without its head norms: 0.83; the llama3 one without its RoPE factors: 0.89
+LONG_PROMPT = tuple(2 + 7 * i % 11 for i in range(60))  # positions far enough for Llama 3's RoPE to differ
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
@@ -555,6 +561,22 @@ def test_negative_control_qwen3_without_its_head_norms_fails_the_same_check(tiny
     monkeypatch.setattr(GGUFTensors, "get", lambda self, name: None if name.endswith(
         ("attn_q_norm.weight", "attn_k_norm.weight")) else read(self, name))
     assert logit_error(tiny_pair, "qwen3") > LOGIT_TOLERANCE
+
+
+def test_a_llama_3_rope_comes_from_the_files_rope_factors(tiny_pair):
+    """llama.cpp writes Llama 3's RoPE as `rope_freqs.weight` and transformers' reading of the file keeps the
+    default RoPE in the config: the file's factors make the logits the float model's."""
+    assert logit_error(tiny_pair, "llama3", LONG_PROMPT) < LOGIT_TOLERANCE
+
+
+def test_negative_control_a_llama_3_file_read_without_its_rope_factors_fails_the_same_check(tiny_pair,
+                                                                                             monkeypatch):
+    from specdraft.models.native.gguf_weights import GGUFTensors
+
+    read = GGUFTensors.get
+    monkeypatch.setattr(GGUFTensors, "get", lambda self, name: None if name == "rope_freqs.weight"
+                        else read(self, name))
+    assert logit_error(tiny_pair, "llama3", LONG_PROMPT) > LOGIT_TOLERANCE
 
 
 def test_a_config_that_does_not_describe_the_file_is_a_clear_error(tiny_pair):

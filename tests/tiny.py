@@ -25,16 +25,19 @@ def build_tokenizer(chars: str = CHARS):
 
 
 def build_model(path: Path, seed: int, vocab_size: int | None = None, layers: int = 2, hidden: int = 32,
-                init_range: float = 0.3, arch: str = "qwen2", chars: str = CHARS) -> Path:
+                init_range: float = 0.3, arch: str = "qwen2", chars: str = CHARS,
+                rope_parameters: dict | None = None) -> Path:
     """A random causal LM saved as a Hugging Face directory with the character tokenizer. arch: qwen2, llama,
     qwen3 (heads twice as wide as hidden / heads, as Qwen3's are wider than that, and random per-head q and k norms)
-    or mistral (no sliding window)."""
+    or mistral (no sliding window). rope_parameters: the config's, where not the default RoPE."""
     from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     tokenizer = build_tokenizer(chars)
     vocab_size = vocab_size or len(tokenizer.get_vocab())
     config_class = {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen3": Qwen3Config, "mistral": MistralConfig}[arch]
     extra = {"qwen3": {"head_dim": 2 * hidden // 4}, "mistral": {"sliding_window": None}}.get(arch, {})
+    if rope_parameters is not None:
+        extra["rope_parameters"] = rope_parameters
     config = config_class(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
                           num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                           max_position_embeddings=512, initializer_range=init_range, tie_word_embeddings=False,

@@ -42,6 +42,19 @@ def _gguf_name(hf_name: str) -> str:
     return _NAMES[hf_name]
 
 
+def llama3_rope_factors(rope: dict, head_dim: int) -> np.ndarray:
+    """Llama 3's RoPE as a divisor of each unscaled frequency [head_dim / 2]: 1 for wavelengths under the context
+    over high_freq_factor, `factor` over the context over low_freq_factor, between them the reciprocal of the
+    blend (1 - s) / factor + s, s rising linearly in context / wavelength."""
+    inv_freq = 1.0 / rope["rope_theta"] ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelength = 2 * np.pi / inv_freq
+    context, factor = rope["original_max_position_embeddings"], rope["factor"]
+    low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+    blend = np.clip((context / wavelength - low) / (high - low), 0.0, 1.0)
+    divisor = 1.0 / ((1.0 - blend) / factor + blend)
+    return divisor.astype(np.float32)
+
+
 def permute_for_llama_cpp(weight: np.ndarray, n_heads: int) -> np.ndarray:
     """What llama.cpp's converter does to a Llama model's Q and K rows: half-split rotary pairs to interleaved."""
     rows = weight.shape[0]
@@ -96,11 +109,18 @@ def write_gguf(hf_dir: Path, cache: Path, name: str, qtype: str = "Q8_0", mixed:
             writer.add_tensor(_gguf_name(hf_name), blocks, raw_dtype=kind)
         else:
             writer.add_tensor(_gguf_name(hf_name), values)
+    rope = dict(config.rope_parameters)
+    if rope.get("rope_type") == "llama3":  # as llama.cpp's converter writes it: a factor per frequency
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(rope, config.head_dim))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     folder = cache / "models" / name
     shutil.copytree(hf_dir, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    if rope.get("rope_type") == "llama3":  # transformers' reading of such a file keeps no RoPE scaling
+        saved = json.loads((folder / "config.json").read_text())
+        saved["rope_parameters"] = {"rope_type": "default", "rope_theta": rope["rope_theta"]}
+        (folder / "config.json").write_text(json.dumps(saved))
     (folder / "specdraft.json").write_text(json.dumps({"name": name, "gguf": path.name}))
     return folder

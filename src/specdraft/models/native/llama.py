@@ -111,9 +111,29 @@ def rotary_frequencies(config) -> tuple[torch.Tensor, float]:
 
         inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config)
         return inv_freq, float(scaling)
+    return default_rotary_frequencies(config), 1.0
+
+
+def default_rotary_frequencies(config) -> torch.Tensor:
+    """The unscaled RoPE's inverse frequencies [Dh / 2], by transformers' float32 operations."""
+    parameters = getattr(config, "rope_parameters", None) or {}
     base = parameters["rope_theta"]
     dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+
+
+def gguf_rotary_frequencies(weights: GGUFTensors, config) -> tuple[torch.Tensor, float]:
+    """`rotary_frequencies` for a GGUF file. llama.cpp's converter writes a Llama 3 RoPE (rope type llama3) as a
+    tensor, `rope_freqs.weight` [Dh / 2]: each frequency is the unscaled one divided by its factor there.
+    transformers' reading of such a file keeps no RoPE scaling in the config, so the file's factors decide."""
+    factors = weights.get("rope_freqs.weight")
+    if factors is None:
+        return rotary_frequencies(config)
+    inv_freq = default_rotary_frequencies(config)
+    if isinstance(factors, QuantWeight) or factors.numel() != inv_freq.numel():
+        raise SpecdraftError(f"{weights.path.name}: rope_freqs.weight holds {tuple(factors.shape)}, not the "
+                             f"{inv_freq.numel()} factors of heads of {2 * inv_freq.numel()}")
+    return inv_freq / factors.float().reshape(-1), 1.0
 
 
 class NativeLlama:
@@ -203,7 +223,7 @@ class NativeLlama:
                 setattr(layer, field, interleaved(getattr(layer, field)))
         embed = weights.need("token_embd.weight")  # rows looked up one by one: kept as the file has it
         lm_head = weights.get("output.weight")
-        native._setup(config, rotary_frequencies(config), embed, embed if lm_head is None else lm_head,
+        native._setup(config, gguf_rotary_frequencies(weights, config), embed, embed if lm_head is None else lm_head,
                       norm("output_norm.weight"), layers, "gguf")
         # a separate head is repacked on its first full use (`logits`): a draft that scores a reduced vocabulary
         # copies its rows from the file and never needs the whole head repacked (145 MB for the 0.5B)
