@@ -609,8 +609,41 @@ def test_the_head_size_comes_from_the_files_key_length(tmp_path):
     for key_length, expected in ((64, 64), (128, 128), (None, 128)):
         config = Qwen3Config(hidden_size=256, num_attention_heads=4)
         assert config.head_dim == 128
-        fetch._head_size_from_metadata(config, header("qwen3", key_length))
+        fetch._config_from_metadata(config, header("qwen3", key_length))
         assert config.head_dim == expected
+
+
+def test_a_linear_or_yarn_rope_comes_from_the_files_metadata(tmp_path):
+    """transformers keeps no RoPE scaling of a Llama/Qwen GGUF: an import takes llama.cpp's `rope.scaling.*` keys
+    (by hand against llama.cpp's server on files its converter made: the same greedy tokens; unscaled, none)."""
+    import gguf
+    from transformers import Qwen2Config
+
+    def header(kind, factor=None, **yarn) -> Path:
+        path = tmp_path / f"{kind.name}.gguf"
+        writer = gguf.GGUFWriter(path, "qwen2")
+        writer.add_rope_scaling_type(kind)
+        if factor is not None:
+            writer.add_rope_scaling_factor(factor)
+        if yarn:
+            writer.add_rope_scaling_orig_ctx_len(yarn["original"])
+            writer.add_rope_scaling_yarn_beta_fast(yarn["beta_fast"])
+            writer.add_rope_scaling_yarn_attn_factor(2.0)  # llama.cpp does not read it for YaRN: nor do we
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.close()
+        return path
+
+    kinds = gguf.RopeScalingType
+    for path, expected in (
+            (header(kinds.LINEAR, 4.0), {"rope_type": "linear", "rope_theta": 5e5, "factor": 4.0}),
+            (header(kinds.YARN, 4.0, original=64, beta_fast=16.0),
+             {"rope_type": "yarn", "rope_theta": 5e5, "factor": 4.0, "original_max_position_embeddings": 64,
+              "beta_fast": 16.0}),
+            (header(kinds.NONE), {"rope_type": "default", "rope_theta": 5e5})):
+        config = Qwen2Config(rope_parameters={"rope_type": "default", "rope_theta": 5e5})
+        fetch._config_from_metadata(config, path)
+        assert config.rope_parameters == expected
 
 
 def test_gguf_verify_pass_equals_single_steps(tiny_pair):

@@ -295,13 +295,34 @@ def _config_read_from(gguf_path: Path, header: Path, vocabulary: int | None):
             gguf_utils.load_gguf_checkpoint = load
 
 
-def _head_size_from_metadata(config, header: Path) -> None:
-    """The head size llama.cpp writes (`<arch>.attention.key_length`) where transformers' reading leaves another:
-    it maps none for Qwen3, whose config class then says 128 (Qwen3's own models have 128; others need not)."""
+def _config_from_metadata(config, header: Path) -> None:
+    """What transformers' reading of a GGUF leaves out of its config, from the metadata llama.cpp writes:
+    - the head size (`<arch>.attention.key_length`): it maps none for Qwen3, whose config class then says 128
+      (right for Qwen3's own models only);
+    - a linear or YaRN RoPE scaling (`<arch>.rope.scaling.*`): it keeps only gpt-oss's, so a file made from a
+      config with one ran the unscaled RoPE. (Llama 3's RoPE is a tensor of the file: `gguf_rotary_frequencies`.)"""
     metadata = read_header(header.read_bytes()).metadata
-    size = metadata.get(f"{metadata.get('general.architecture')}.attention.key_length")
+    arch = metadata.get("general.architecture")
+    size = metadata.get(f"{arch}.attention.key_length")
     if isinstance(size, int) and getattr(config, "head_dim", None) not in (None, size):
         config.head_dim = size
+    scaling = metadata.get(f"{arch}.rope.scaling.type")
+    factor = metadata.get(f"{arch}.rope.scaling.factor")
+    if scaling not in ("linear", "yarn") or not isinstance(factor, float) or factor <= 0:
+        return
+    rope = {"rope_type": scaling, "rope_theta": (getattr(config, "rope_parameters", None) or {}).get(
+        "rope_theta", metadata.get(f"{arch}.rope.freq_base", 10000.0)), "factor": factor}
+    if scaling == "yarn":
+        original = metadata.get(f"{arch}.rope.scaling.original_context_length")
+        if isinstance(original, int):
+            rope["original_max_position_embeddings"] = original
+        # (its attention factor is not read: llama.cpp scales by 1 + 0.1 ln(factor) whatever the file says, as
+        # transformers does by default)
+        for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+            value = metadata.get(f"{arch}.rope.scaling.{key}")
+            if isinstance(value, float):
+                rope[name] = value
+    config.rope_parameters = rope
 
 
 def _write_model_dir(gguf_path: Path, out_dir: Path, source: dict, with_weights: bool) -> Path:
@@ -318,7 +339,7 @@ def _write_model_dir(gguf_path: Path, out_dir: Path, source: dict, with_weights:
         vocabulary = metadata_copy(gguf_path, header)
         with _config_read_from(gguf_path, header, vocabulary):
             config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-            _head_size_from_metadata(config, header)
+            _config_from_metadata(config, header)
             tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
             if with_weights:
                 print(f"converting {gguf_path.name} to fp32 safetensors for float weights (once; takes a minute)...",
