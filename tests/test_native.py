@@ -160,6 +160,52 @@ def test_linear_kernel_is_batch_invariant_across_k_blocks_and_tile_shapes(tiny_n
         assert torch.equal(together, one_token[:tokens]), f"{tokens} tokens differ from one-token calls"
 
 
+needs_panels = pytest.mark.skipif(not kernels.load_kernels().dense_panel_rows(),
+                                  reason="this build keeps dense matrices in rows (the AVX-512 builds)")
+
+
+@needs_panels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dense_panels_match_float64_and_are_batch_invariant(dtype):
+    """A dense matrix in panels (a GGUF's F16/BF16/F32 matrices): each token's row bit for bit what a one-token call
+    gives, in passes of every tile shape (6 tokens a tile, 1-5 left over), and a float64 reference; one or two
+    threads alike."""
+    from specdraft.models.native.gguf_weights import PanelWeight
+
+    ops = kernels.load_kernels()
+    generator = torch.Generator().manual_seed(3)
+    rows = 5 * ops.dense_panel_rows()  # 5 panels: the tiles of 4, 3 and 2 panels leave some over
+    x = torch.randn(70, 1540, generator=generator)  # [T, K]
+    weight = torch.randn(rows, 1540, generator=generator).to(dtype)  # [N, K]
+    bias = torch.randn(rows, generator=generator)
+    panels = PanelWeight.pack(weight)
+    assert isinstance(panels, PanelWeight) and panels.shape == weight.shape and torch.equal(panels.unpack(), weight)
+    one_token = torch.cat([panels.linear(x[t:t + 1].contiguous(), bias) for t in range(70)])  # [T, N]
+    reference = (x.double() @ weight.double().T + bias.double()).float()
+    torch.testing.assert_close(one_token, reference, atol=1e-3, rtol=1e-4)
+    for tokens in (*range(2, 17), 64, 65, 70):
+        together = panels.linear(x[:tokens].contiguous(), bias)
+        assert torch.equal(together, one_token[:tokens]), f"{tokens} tokens differ from one-token calls"
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(panels.linear(x[:9].contiguous(), bias), one_token[:9])
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_panels
+def test_negative_control_panels_read_as_rows_fail_the_same_check():
+    """The float64 check above sees the layout: a matrix's rows handed over as if they were panels are far off."""
+    ops = kernels.load_kernels()
+    generator = torch.Generator().manual_seed(4)
+    rows = 2 * ops.dense_panel_rows()
+    x, weight = torch.randn(7, 96, generator=generator), torch.randn(rows, 96, generator=generator)
+    wrong = weight.reshape(rows // ops.dense_panel_rows(), 96, ops.dense_panel_rows())  # rows, not transposed
+    reference = x.double() @ weight.double().T
+    assert (ops.linear_panels(x, wrong, None).double() - reference).abs().max() > 1.0
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_attention_kernel_matches_a_float64_softmax_and_is_batch_invariant(tiny_native, head_dim):
     """A real model's shape (12 query heads over 2 KV heads) over a long cache whose key counts are not
@@ -371,20 +417,22 @@ def layer_by_layer(native, token_ids: list[int], cache) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def stack_models(tiny_native, tmp_path_factory):
-    """Dense float32/bf16 models and GGUF ones (Q8_0 with Q4_1, interleaved and not; Q5_0), biases included."""
+    """Dense float32/bf16 models and GGUF ones (Q8_0 with Q4_1, interleaved and not; Q5_0; F16 in panels), biases
+    included."""
     from tiny_gguf import write_gguf
 
     root = tmp_path_factory.mktemp("stack")
     models = {f"{arch}-{dtype}": model for (arch, dtype), model in tiny_native.items()}
-    for arch, qtype, mixed in (("qwen2", "Q8_0", "Q4_1"), ("llama", "Q5_0", None), ("qwen3", "Q8_0", None)):
-        hf = build_model(root / f"hf-{arch}", seed=31, arch=arch, hidden=64, layers=2)
-        path = write_gguf(hf, root / "cache", f"stack-{arch}", qtype, mixed)
+    for arch, qtype, mixed in (("qwen2", "Q8_0", "Q4_1"), ("llama", "Q5_0", None), ("qwen3", "Q8_0", None),
+                               ("qwen2", "F16", None)):
+        hf = build_model(root / f"hf-{arch}-{qtype}", seed=31, arch=arch, hidden=64, layers=2)
+        path = write_gguf(hf, root / "cache", f"stack-{arch}-{qtype}", qtype, mixed)
         models[f"{arch}-{qtype}"] = load_model(str(path), "gguf", progress=False)
     return models
 
 
 @pytest.mark.parametrize("name", ["qwen2-float32", "qwen2-bfloat16", "llama-float32", "llama-bfloat16",
-                                  "qwen3-float32", "qwen2-Q8_0", "llama-Q5_0", "qwen3-Q8_0"])
+                                  "qwen3-float32", "qwen2-Q8_0", "llama-Q5_0", "qwen3-Q8_0", "qwen2-F16"])
 def test_the_layer_stack_gives_the_bits_of_the_layers_run_one_by_one(stack_models, name, monkeypatch):
     """A chain pass runs every layer in one kernel call (ops.LayerStack); a token tree and feature taps still drive
     the layers from Python. Both give the same logits and the same cached K/V, bit for bit, for one sequence

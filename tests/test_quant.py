@@ -830,11 +830,17 @@ def test_an_f16_file_keeps_its_halves_and_its_passes_equal_single_steps(tiny_pai
     """F16 matrices stay float16 (widened in registers by the dense kernels: half the bytes of float32)."""
     from tiny_gguf import write_gguf
 
+    from specdraft.models.native.gguf_weights import PanelWeight
+
     folder = write_gguf(tiny_pair["qwen2_hf"], tmp_path, "tiny-qwen2-f16", "F16")
     weights = read_gguf(fetch.gguf_source(folder))
     assert weights.formats == {"F16": 16}
     assert weights.need("blk.0.ffn_down.weight").dtype == torch.float16
     assert file_error_and_pass_check(folder, tiny_pair["qwen2_hf"]) < 1e-2  # halves of floats
+    layer = load_model(str(folder), "gguf", progress=False).native.layers[0]  # in panels where the build has them
+    panels = load_kernels().dense_panel_rows()
+    for matrix in (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down):
+        assert isinstance(matrix, PanelWeight) == bool(panels) and matrix.dtype == torch.float16
 
 
 def test_a_gguf_with_iq4_xs_matrices_reads_them_in_their_format(tmp_path):

@@ -148,11 +148,54 @@ class QuantWeight:
         return QuantWeight(packed, self.qtype, self.cols, interleaved=True)
 
 
-def stored_bytes(weight: torch.Tensor | QuantWeight | None) -> int:
+@dataclass
+class PanelWeight:
+    """A dense [rows, cols] matrix (float32, bfloat16 or float16) repacked for `linear_panels` (kernels.cpp, "dense
+    panels"): `panels` [rows / P, cols, P], P = `dense_panel_rows()` consecutive rows stored column by column. A
+    prefill or verify pass then reads each token's activations as broadcasts, not once per pair of rows."""
+
+    panels: torch.Tensor  # [rows / P, cols, P] in the matrix's dtype
+
+    @classmethod
+    def pack(cls, weight: torch.Tensor) -> PanelWeight | torch.Tensor:
+        """`weight` [N, K] repacked (a copy in fresh memory); returned as it is where this build has no panels
+        (AVX-512 builds) or N is no multiple of the panel's rows."""
+        rows_per_panel = load_kernels().dense_panel_rows()
+        if not rows_per_panel or weight.dim() != 2 or weight.shape[0] % rows_per_panel:
+            return weight
+        n, k = weight.shape
+        panels = huge_page_buffer(weight.numel() * weight.element_size()).view(weight.dtype)
+        panels = panels.view(n // rows_per_panel, k, rows_per_panel)
+        panels.copy_(weight.view(n // rows_per_panel, rows_per_panel, k).transpose(1, 2))
+        return cls(panels)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.panels.shape[0] * self.panels.shape[2], self.panels.shape[1])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.panels.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.panels.nbytes
+
+    def unpack(self) -> torch.Tensor:
+        """The [rows, cols] matrix, row-major (a copy)."""
+        return self.panels.transpose(1, 2).reshape(self.shape)
+
+    def equal(self, other: PanelWeight) -> bool:
+        return torch.equal(self.panels, other.panels)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [T, cols] float32 @ this^T (+ bias [rows]) -> [T, rows] float32 (batch-invariant kernels)."""
+        return load_kernels().linear_panels(x, self.panels, bias)
+
+
+def stored_bytes(weight: torch.Tensor | QuantWeight | PanelWeight | None) -> int:
     """Bytes a matrix (or vector) occupies in its stored format (0 for None)."""
-    if weight is None:
-        return 0
-    return weight.nbytes if isinstance(weight, QuantWeight) else weight.numel() * weight.element_size()
+    return 0 if weight is None else weight.nbytes
 
 
 def take_rows(weight: torch.Tensor | QuantWeight, ids: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -250,6 +251,134 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, c10::optional<torch:
   } else {
     TORCH_CHECK(false, "weight must be float32, bfloat16 or float16");
   }
+  return out;
+}
+
+namespace {
+
+// ------------------------------------------------------------------------------------------- dense panels
+// A dense matrix repacked in panels of kPanelRows rows stored k-major ([N / kPanelRows, K, kPanelRows]): at each k
+// a panel's weights are two vectors, and each token of the tile multiplies them by its x[k], broadcast. An output
+// (row, token) is one lane of one accumulator that adds w[k] x[k] for k = 0, 1, .., K - 1 in order, one multiply-add
+// each, whatever the tile's shape: batch invariant, and no horizontal sum. Against `linear`'s tiles, whose
+// accumulators run along k (each token's x re-read from L2 for every pair of rows), a prefill reads x as 4-byte
+// broadcasts: a standalone loop on the Zen 3, one thread, f16 weights, 60 tokens, ran 45-48 GMAC/s against 24-27
+// (the FMA pipes' peak there: 54). AVX2 builds only (`dense_panel_rows`); the AVX-512 builds keep `linear`.
+constexpr int64_t kPanelRows = 2 * kLanes;
+#ifdef __AVX512F__
+inline Vec vbroadcast(const float* p) { return _mm512_set1_ps(*p); }
+inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+constexpr bool kPanels = false;
+#else
+inline Vec vbroadcast(const float* p) { return _mm256_broadcast_ss(p); }
+inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+constexpr bool kPanels = true;
+#endif
+
+// out[t, r] for P panels from `panel` on (kPanelRows * K weights apart) and TB tokens from x on (K apart). Registers:
+// 2 P TB accumulators, a panel's two weight vectors, one broadcast.
+// f(integral_constant<0>) .. f(integral_constant<N - 1>), unrolled: GCC leaves short constant loops rolled, and an
+// accumulator array indexed in a rolled loop lives in memory.
+template <typename F, int... I>
+inline __attribute__((always_inline)) void each_index(F& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, typename F>
+inline __attribute__((always_inline)) void for_each_index(F&& f) {
+  each_index(f, std::make_integer_sequence<int, N>{});
+}
+
+template <typename WT, int P, int TB>
+inline void panel_tile(const WT* panel, int64_t K, const float* x, float* out, int64_t N, const float* bias) {
+  static_assert(2 * P * TB + 3 <= kRegisters, "tile does not fit in the vector registers");
+  Vec acc[P * TB * 2];  // panel p, token t, half h at 2 (p TB + t) + h
+  for_each_index<P * TB * 2>([&](auto i) { acc[i] = vzero(); });
+  for (int64_t k = 0; k < K; ++k) {
+    for_each_index<P>([&](auto p) {
+      const WT* w = panel + (p * K + k) * kPanelRows;
+      const Vec low = vload(w), high = vload(w + kLanes);
+      for_each_index<TB>([&](auto t) {
+        const Vec xk = vbroadcast(x + t * K + k);
+        acc[2 * (p * TB + t)] = vfmadd(low, xk, acc[2 * (p * TB + t)]);
+        acc[2 * (p * TB + t) + 1] = vfmadd(high, xk, acc[2 * (p * TB + t) + 1]);
+      });
+    });
+  }
+  for_each_index<P * TB * 2>([&](auto i) {
+    constexpr int p = i / (2 * TB), t = i / 2 % TB, h = i % 2;
+    float lanes[kLanes];
+    vstore(lanes, acc[i]);
+    for (int l = 0; l < kLanes; ++l) {
+      const int64_t row = p * kPanelRows + h * kLanes + l;
+      out[t * N + row] = bias ? lanes[l] + bias[row] : lanes[l];
+    }
+  });
+}
+
+// Panels [0, n_panels) against all T tokens: 6 tokens at a time over one panel; the 1-5 left over the tile that
+// keeps the FMA pipes busy (one token: 4 panels, 8 independent sums)
+template <typename WT>
+inline void panels_all_tokens(const WT* panels, int64_t n_panels, int64_t K, const float* x, int64_t T, float* out,
+                              int64_t N, const float* bias) {
+  const int64_t stride = K * kPanelRows;
+  for (int64_t p = 0; p < n_panels; ++p)
+    for (int64_t t = 0; t + 6 <= T; t += 6)
+      panel_tile<WT, 1, 6>(panels + p * stride, K, x + t * K, out + t * N + p * kPanelRows, N,
+                           bias ? bias + p * kPanelRows : nullptr);
+  const int64_t t = T - T % 6;
+  const float* xt = x + t * K;
+  float* ot = out + t * N;
+  auto tiles = [&](auto panels_per_tile, auto tokens) {
+    constexpr int P = decltype(panels_per_tile)::value, TB = decltype(tokens)::value;
+    int64_t p = 0;
+    for (; p + P <= n_panels; p += P)
+      panel_tile<WT, P, TB>(panels + p * stride, K, xt, ot + p * kPanelRows, N, bias ? bias + p * kPanelRows : nullptr);
+    for (; p < n_panels; ++p)
+      panel_tile<WT, 1, TB>(panels + p * stride, K, xt, ot + p * kPanelRows, N, bias ? bias + p * kPanelRows : nullptr);
+  };
+  using std::integral_constant;
+  switch (T - t) {
+    case 1: tiles(integral_constant<int, 4>{}, integral_constant<int, 1>{}); break;
+    case 2: tiles(integral_constant<int, 3>{}, integral_constant<int, 2>{}); break;
+    case 3: tiles(integral_constant<int, 2>{}, integral_constant<int, 3>{}); break;
+    case 4: tiles(integral_constant<int, 1>{}, integral_constant<int, 4>{}); break;
+    case 5: tiles(integral_constant<int, 1>{}, integral_constant<int, 5>{}); break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+// rows per panel of `pack_panels` in this build; 0 where dense matrices keep `linear` (the AVX-512 builds)
+int64_t dense_panel_rows() { return kPanels ? kPanelRows : 0; }
+
+// x: [T, K] float32, panels: [N / kPanelRows, K, kPanelRows] float32, bfloat16 or float16 (a dense [N, K] matrix
+// repacked), bias: [N] float32 or None  ->  [T, N] float32
+torch::Tensor linear_panels(torch::Tensor x, torch::Tensor panels, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(kPanels, "this build has no dense panels");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x must be [T, K] float32");
+  TORCH_CHECK(panels.dim() == 3 && panels.is_contiguous() && panels.size(1) == x.size(1) &&
+              panels.size(2) == kPanelRows, "panels must be [N / ", kPanelRows, ", K, ", kPanelRows, "]");
+  const int64_t T = x.size(0), K = x.size(1), n_panels = panels.size(0), N = n_panels * kPanelRows;
+  const float* bias_ptr = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->numel() == N && bias->is_contiguous(), "bad bias");
+    bias_ptr = bias->data_ptr<float>();
+  }
+  auto out = torch::empty({T, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  auto run = [&](const auto* weights) {
+    // threads own whole panels: which thread computes a row never changes its bits
+    at::parallel_for(0, n_panels, 4, [&](int64_t begin, int64_t end) {
+      panels_all_tokens(weights + begin * K * kPanelRows, end - begin, K, xp, T, op + begin * kPanelRows, N,
+                        bias_ptr ? bias_ptr + begin * kPanelRows : nullptr);
+    });
+  };
+  if (panels.scalar_type() == torch::kFloat) run(panels.data_ptr<float>());
+  else if (panels.scalar_type() == torch::kBFloat16) run(panels.data_ptr<at::BFloat16>());
+  else if (panels.scalar_type() == torch::kHalf) run(panels.data_ptr<at::Half>());
+  else TORCH_CHECK(false, "panels must be float32, bfloat16 or float16");
   return out;
 }
 
@@ -683,13 +812,17 @@ namespace {
 
 // A matrix as the kernels take it: dense float32/bfloat16/float16 (`linear`), or a GGUF block format (`qlinear`; over
 // interleaved groups of 8 rows, `qlinear_x8`).
+constexpr int64_t kDensePanels = -2;
+
 struct StackMatrix {
-  torch::Tensor weight;  // dense [N, K] float32/bf16/f16; else uint8 blocks [N, row bytes] or [N / 8, group bytes]
-  int64_t qtype;  // ggml type number; -1: dense
+  // dense [N, K] float32/bf16/f16, or [N / P, K, P] in panels; else uint8 blocks [N, row bytes] or [N / 8, group bytes]
+  torch::Tensor weight;
+  int64_t qtype;  // ggml type number; -1: dense; kDensePanels: dense in panels (`linear_panels`)
   bool interleaved;
   c10::optional<torch::Tensor> bias;  // [N] float32
 
   torch::Tensor apply(const torch::Tensor& x) const {  // x [T, K] -> [T, N]
+    if (qtype == kDensePanels) return ::linear_panels(x, weight, bias);
     if (qtype < 0) return ::linear(x, weight, bias);
     return interleaved ? ::qlinear_x8(x, weight, qtype, bias) : ::qlinear(x, weight, qtype, bias);
   }
@@ -706,7 +839,7 @@ class LayerStack {
   LayerStack(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps)
       : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(eps) {}
 
-  // matrices: q, k, v, o, gate, up, down, each (weight, qtype or -1, interleaved, bias or None)
+  // matrices: q, k, v, o, gate, up, down, each (weight, qtype or -1 or kDensePanels, interleaved, bias or None)
   void add_layer(torch::Tensor input_norm, torch::Tensor post_norm, c10::optional<torch::Tensor> q_norm,
                  c10::optional<torch::Tensor> k_norm,
                  std::vector<std::tuple<torch::Tensor, int64_t, bool, c10::optional<torch::Tensor>>> matrices) {
@@ -779,6 +912,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("parallel_backend", &parallel_backend, "\"openmp\" when the kernels use several threads");
   m.def("isa", &isa, "the instruction set of the matrix products: \"amx\", \"avx512bf16\", \"avx512\" or \"avx2\"");
   m.def("linear", &linear, "batch-invariant x @ W.T (+ b), float32, bfloat16 or float16 weights");
+  m.def("linear_panels", &linear_panels, "batch-invariant x @ W.T (+ b) over W repacked in panels (dense_panel_rows)");
+  m.def("dense_panel_rows", &dense_panel_rows, "rows per dense panel in this build (0: none, `linear` only)");
   m.def("rms_norm", &rms_norm, "row-wise RMSNorm, fixed reduction order");
   m.def("attention", &attention, "causal GQA attention of new queries against the KV cache");
   m.def("tree_attention", &tree_attention, "GQA attention of new queries against chosen keys (token trees)");

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import SpecdraftError
-from .gguf_weights import GGUFTensors, QuantWeight, stored_bytes, take_rows, unpermute_rows
+from .gguf_weights import GGUFTensors, PanelWeight, QuantWeight, stored_bytes, take_rows, unpermute_rows
 from .kernels import load_kernels, unavailable_reason
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
@@ -68,7 +68,8 @@ def native_unsupported_reason(hf_model) -> str | None:
 
 
 ROTARY_ROWS = 1024  # rotary positions tabulated at load; more on first use
-Weight = torch.Tensor | QuantWeight  # a float32/bfloat16/float16 matrix, or one in a GGUF block format
+# a float32/bfloat16/float16 matrix, the same in panels (a GGUF's dense matrices), or one in a GGUF block format
+Weight = torch.Tensor | PanelWeight | QuantWeight
 
 
 @dataclass
@@ -190,12 +191,15 @@ class NativeLlama:
             tensor = weights.get(name)
             return None if tensor is None else tensor.float().contiguous()
 
-        def interleaved(weight: Weight) -> Weight:
-            if not isinstance(weight, QuantWeight):
-                return weight
-            repacked = weight.interleave(weights)
-            for name, tensor in weights.tensors.items():  # a matrix converted at load (IQ3) is a copy of its
-                if tensor is weight:  # own: the file's tensors let go of it, so it is freed once repacked
+        def interleaved(weight: Weight) -> Weight:  # block formats in groups of 8 rows, dense ones in panels
+            if isinstance(weight, QuantWeight):
+                repacked = weight.interleave(weights)
+            else:
+                repacked = PanelWeight.pack(weight)
+                if repacked is not weight:
+                    weights.release(weight)
+            for name, tensor in weights.tensors.items():  # a matrix converted at load (IQ3, IQ2 to bf16) is a
+                if tensor is weight:  # copy of its own: the file's tensors let go of it, so it is freed once repacked
                     weights.tensors[name] = repacked
             return repacked
 
@@ -259,6 +263,7 @@ class NativeLlama:
         for layer in layers:
             self._stack.add_layer(layer.input_norm, layer.post_norm, layer.q_norm, layer.k_norm, [
                 (weight.blocks, weight.qtype, weight.interleaved, bias) if isinstance(weight, QuantWeight)
+                else (weight.panels, -2, False, bias) if isinstance(weight, PanelWeight)
                 else (weight, -1, False, bias)
                 for weight, bias in ((layer.q, layer.q_bias), (layer.k, layer.k_bias), (layer.v, layer.v_bias),
                                      (layer.o, layer.o_bias), (layer.gate, None), (layer.up, None),
@@ -297,7 +302,7 @@ class NativeLlama:
         def count(weight: Weight | None) -> int:
             if weight is None:
                 return 0
-            rows, cols = weight.shape if isinstance(weight, QuantWeight) else (weight.numel(), 1)
+            rows, cols = (weight.numel(), 1) if isinstance(weight, torch.Tensor) else weight.shape
             return rows * cols
 
         return (sum(count(getattr(layer, field.name)) for layer in self.layers for field in fields(_Layer))
@@ -319,8 +324,8 @@ class NativeLlama:
         def same(a: Weight | None, b: Weight | None) -> bool:
             if a is None or b is None:
                 return a is b
-            if isinstance(a, QuantWeight) or isinstance(b, QuantWeight):
-                return a is b or (isinstance(a, QuantWeight) and isinstance(b, QuantWeight) and a.equal(b))
+            if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):  # block formats, panels
+                return a is b or (type(a) is type(b) and a.equal(b))
             return a is b or (a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b))
 
         rotary = (torch.equal(self.inv_freq, other.inv_freq) and self.rotary_scaling == other.rotary_scaling)
@@ -344,7 +349,7 @@ class NativeLlama:
                 kernel_only: bool = False) -> torch.Tensor:
         """x [T, K] float32 @ weight [N, K]^T (+ bias) -> [T, N] float32. kernel_only: the batch-invariant kernels
         whatever T (a pass of several sequences, whose rows must come out as they would alone)."""
-        if isinstance(weight, QuantWeight):
+        if not isinstance(weight, torch.Tensor):  # block formats, panels: the batch-invariant kernels, any T
             return weight.linear(x, bias)
         if x.shape[0] <= MAX_KERNEL_ROWS or weight.dtype != torch.float32 or kernel_only:
             return self.ops.linear(x, weight, bias)
