@@ -17,6 +17,7 @@ from specdraft import Engine, SamplingParams, SpecConfig, load_model
 from specdraft.drafters import ModelDrafter
 from specdraft.errors import SpecdraftError
 from specdraft.models.native import kernels
+from specdraft.models.native.gguf_weights import PanelWeight
 from specdraft.models.native.llama import MAX_KERNEL_ROWS, native_unsupported_reason
 from tiny import build_model
 
@@ -44,7 +45,7 @@ def transformers_logits(model, dtype) -> torch.Tensor:
     """The logits of TOKENS by transformers' forward over the native model's weights in float32 (for a bf16 model:
     its bf16 weights, widened; in the avx512bf16 build each linear layer's input rounded to bf16 too, by a forward
     pre-hook). [T, V]"""
-    reference_model = copy.deepcopy(model.model).float()
+    reference_model = copy.deepcopy(model.transformers_model("the reference forward")).float()
     if rounds_activations(dtype):
         for module in reference_model.modules():
             if isinstance(module, torch.nn.Linear):
@@ -170,8 +171,6 @@ def test_dense_panels_match_float64_and_are_batch_invariant(dtype):
     """A dense matrix in panels (a GGUF's F16/BF16/F32 matrices): each token's row bit for bit what a one-token call
     gives, in passes of every tile shape (6 tokens a tile, 1-5 left over), and a float64 reference; one or two
     threads alike."""
-    from specdraft.models.native.gguf_weights import PanelWeight
-
     ops = kernels.load_kernels()
     generator = torch.Generator().manual_seed(3)
     rows = 5 * ops.dense_panel_rows()  # 5 panels: the tiles of 4, 3 and 2 panels leave some over
@@ -381,8 +380,15 @@ def test_auto_dtype_gives_the_native_backend_bf16_weights(tiny_dirs):
 
     native = load_model(str(tiny_dirs["target"]), "auto")
     assert native.backend == "native" and native.dtype == torch.bfloat16
-    assert native.native.layers[0].gate.dtype == torch.bfloat16  # shared with the HF model, not copied
-    assert native.native.layers[0].gate.data_ptr() == native.model.model.layers[0].mlp.gate_proj.weight.data_ptr()
+    gate = native.native.layers[0].gate
+    assert gate.dtype == torch.bfloat16
+    if kernels.load_kernels().dense_panel_rows():  # in panels: taken from the transformers model, which is let go
+        assert isinstance(gate, PanelWeight) and native.model is None and native.native.transformers_spent
+        again = native.transformers_model("a transformers forward")  # loaded again from the folder, once
+        assert again is native.transformers_model("another") and torch.equal(
+            again.model.layers[0].mlp.gate_proj.weight, gate.unpack())
+    else:  # shared with the transformers model, not copied
+        assert gate.data_ptr() == native.model.model.layers[0].mlp.gate_proj.weight.data_ptr()
     generic = load_model(str(tiny_dirs["target"]), "auto", backend="transformers")
     assert generic.dtype == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
 

@@ -31,10 +31,10 @@ def sorted_models(tmp_path_factory):
 
 def sub_model_logits(draft, depth: int, token_ids: list[int]) -> torch.Tensor:
     """The reference: the draft cut to its first `depth` layers, run alone over the whole sequence: [1, V]."""
-    cut = copy.deepcopy(draft.model)
+    cut = copy.deepcopy(draft.transformers_model("a cut copy"))
     cut.model.layers = cut.model.layers[:depth]
     cut.config.num_hidden_layers = depth
-    native = NativeLlama(cut)
+    native = NativeLlama(cut, panels=True)  # as load_model builds the draft's: the same kernels
     return native.forward(token_ids, native.new_cache(), 1)
 
 
@@ -380,10 +380,12 @@ def test_every_accepted_token_is_adopted_at_every_depth(sorted_models):
 def test_exits_shallower_than_the_target_share_its_first_layers_bit_for_bit(sorted_models, monkeypatch):
     """Exits (1, 2) of the 4-layer model serving the whole model: layers 0-1 adopted, 2-3 never run."""
     _, draft = sorted_models["bfloat16"]
-    cut_model = copy.deepcopy(draft.model)  # its own tensors, equal to the draft's
+    cut_model = copy.deepcopy(draft.transformers_model("a cut copy"))  # its own tensors, equal to the draft's
     cut_model.model.layers = cut_model.model.layers[:2]
     cut_model.config.num_hidden_layers = 2
-    cut = dataclasses.replace(draft, model=cut_model, native=NativeLlama(cut_model))
+    native = NativeLlama(cut_model, panels=True)  # as load_model builds the draft's: the same kernels
+    cut = dataclasses.replace(draft, model=None if native.transformers_spent else cut_model, native=native,
+                              gguf_config=cut_model.config, gguf_generation_config=cut_model.generation_config)
     assert cut.native.same_first_layers(draft.native, 2) and not cut.native.same_first_layers(draft.native, 4)
 
     def proposals(share: bool):

@@ -43,9 +43,11 @@ class LoadedModel:
     weight_major: bool = True  # transformers backend: few-row linears as (W @ x.T).T, see models/fastpath.py
     native: NativeLlama | None = None  # set when the native backend runs this model
     backend_note: str = ""  # why the transformers backend was chosen, when it was
-    # the Hugging Face config and generation config of a GGUF loaded without a transformers model
+    # the Hugging Face config and generation config of a model loaded without a transformers model (a GGUF), or
+    # whose transformers model was spent on the native backend's panels
     gguf_config: object = None
     gguf_generation_config: object = None
+    _reloaded: torch.nn.Module | None = None  # `transformers_model` of a spent model, loaded again on demand
 
     @property
     def config(self):
@@ -56,11 +58,19 @@ class LoadedModel:
         return self.model.generation_config if self.model is not None else self.gguf_generation_config
 
     def transformers_model(self, what: str) -> torch.nn.Module:
-        """The transformers model, for `what` needs one; a clear error for a GGUF loaded without it."""
-        if self.model is None:
+        """The transformers model, for `what` needs one; a clear error for a GGUF loaded without it. A model folder
+        whose native matrices were repacked in panels (its transformers model spent on them) is loaded again from
+        its folder, once, in this model's dtype."""
+        if self.model is not None:
+            return self.model
+        if self.native is None or self.native.weight_dtype == "gguf":
             raise SpecdraftError(f"{what} needs the model's float weights; {self.name!r} runs its GGUF blocks "
                                  f"(--dtype gguf or auto): use --dtype bfloat16 or float32")
-        return self.model
+        if self._reloaded is None:
+            from transformers import AutoModelForCausalLM
+
+            self._reloaded = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype).eval()
+        return self._reloaded
 
     @property
     def dtype_name(self) -> str:
@@ -210,7 +220,11 @@ def load_model(name_or_path: str, dtype: str = "auto", cache_dir: str | None = N
         if dtype == "auto" and torch_dtype == torch.float32:
             model.to(torch.bfloat16)
             loaded.dtype = torch.bfloat16
-        loaded.native = NativeLlama(model)
+        loaded.native = NativeLlama(model, panels=True)
+        if loaded.native.transformers_spent:  # its bf16 matrices now live in panels only (`transformers_model`
+            # loads it again where a transformers forward is wanted)
+            loaded.model, loaded.gguf_config = None, model.config
+            loaded.gguf_generation_config = model.generation_config
     elif backend == "native":
         raise SpecdraftError(f"{name_or_path!r} cannot use the native backend: {reason}; use --backend auto")
     else:

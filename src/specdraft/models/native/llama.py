@@ -140,24 +140,38 @@ def gguf_rotary_frequencies(weights: GGUFTensors, config) -> tuple[torch.Tensor,
 class NativeLlama:
     """Forward passes of a Llama/Qwen2/Qwen3/Mistral model over a `NativeCache`."""
 
-    def __init__(self, hf_model):
-        """The native forward over an already loaded Hugging Face model's weights (shared, not copied)."""
+    def __init__(self, hf_model, panels: bool = False):
+        """The native forward over an already loaded Hugging Face model's weights (shared, not copied). panels:
+        bfloat16 layer matrices are repacked in panels instead (`PanelWeight`, where the build has them), each
+        taken from the Hugging Face model as it is repacked (its linear's weight becomes None): that model is
+        spent, and `transformers_spent` says so. float32 matrices stay shared (long passes take torch's matmul)."""
         reason = native_unsupported_reason(hf_model)
         if reason:
             raise ValueError(reason)
         base = hf_model.model
+        self.transformers_spent = False
+
+        def matrix(linear: torch.nn.Linear) -> Weight:
+            weight = linear.weight.detach()
+            if not panels or weight.dtype != torch.bfloat16:
+                return weight
+            repacked = PanelWeight.pack(weight)
+            if repacked is not weight:
+                linear.weight = None  # the only other reference: freed now, not after the whole model is packed
+                self.transformers_spent = True
+            return repacked
+
         layers = []
         for layer in base.layers:
             attn, mlp = layer.self_attn, layer.mlp
             layers.append(_Layer(
                 input_norm=layer.input_layernorm.weight.detach().float().contiguous(),
-                q=attn.q_proj.weight.detach(), q_bias=_bias(attn.q_proj),
-                k=attn.k_proj.weight.detach(), k_bias=_bias(attn.k_proj),
-                v=attn.v_proj.weight.detach(), v_bias=_bias(attn.v_proj),
-                o=attn.o_proj.weight.detach(), o_bias=_bias(attn.o_proj),
+                q=matrix(attn.q_proj), q_bias=_bias(attn.q_proj),
+                k=matrix(attn.k_proj), k_bias=_bias(attn.k_proj),
+                v=matrix(attn.v_proj), v_bias=_bias(attn.v_proj),
+                o=matrix(attn.o_proj), o_bias=_bias(attn.o_proj),
                 post_norm=layer.post_attention_layernorm.weight.detach().float().contiguous(),
-                gate=mlp.gate_proj.weight.detach(), up=mlp.up_proj.weight.detach(),
-                down=mlp.down_proj.weight.detach(),
+                gate=matrix(mlp.gate_proj), up=matrix(mlp.up_proj), down=matrix(mlp.down_proj),
                 q_norm=_head_norm(attn, "q_norm"), k_norm=_head_norm(attn, "k_norm")))
         rotary = base.rotary_emb
         self._setup(hf_model.config, (rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0))),
@@ -173,6 +187,7 @@ class NativeLlama:
         if reason:
             raise ValueError(reason)
         native = cls.__new__(cls)
+        native.transformers_spent = False
         n_heads, n_kv_heads = config.num_attention_heads, config.num_key_value_heads
         llama_order = weights.architecture == "llama"  # its converter interleaves the Q and K rows of each head
 
