@@ -23,6 +23,8 @@
 #include <utility>
 #include <vector>
 
+#include "unrolled.h"
+
 namespace {
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -277,34 +279,23 @@ constexpr bool kPanels = true;
 
 // out[t, r] for P panels from `panel` on (kPanelRows * K weights apart) and TB tokens from x on (K apart). Registers:
 // 2 P TB accumulators, a panel's two weight vectors, one broadcast.
-// f(integral_constant<0>) .. f(integral_constant<N - 1>), unrolled: GCC leaves short constant loops rolled, and an
-// accumulator array indexed in a rolled loop lives in memory.
-template <typename F, int... I>
-inline __attribute__((always_inline)) void each_index(F& f, std::integer_sequence<int, I...>) {
-  (f(std::integral_constant<int, I>{}), ...);
-}
-template <int N, typename F>
-inline __attribute__((always_inline)) void for_each_index(F&& f) {
-  each_index(f, std::make_integer_sequence<int, N>{});
-}
-
 template <typename WT, int P, int TB>
 inline void panel_tile(const WT* panel, int64_t K, const float* x, float* out, int64_t N, const float* bias) {
   static_assert(2 * P * TB + 3 <= kRegisters, "tile does not fit in the vector registers");
   Vec acc[P * TB * 2];  // panel p, token t, half h at 2 (p TB + t) + h
-  for_each_index<P * TB * 2>([&](auto i) { acc[i] = vzero(); });
+  specdraft::unrolled<P * TB * 2>([&](auto i) { acc[i] = vzero(); });
   for (int64_t k = 0; k < K; ++k) {
-    for_each_index<P>([&](auto p) {
+    specdraft::unrolled<P>([&](auto p) {
       const WT* w = panel + (p * K + k) * kPanelRows;
       const Vec low = vload(w), high = vload(w + kLanes);
-      for_each_index<TB>([&](auto t) {
+      specdraft::unrolled<TB>([&](auto t) {
         const Vec xk = vbroadcast(x + t * K + k);
         acc[2 * (p * TB + t)] = vfmadd(low, xk, acc[2 * (p * TB + t)]);
         acc[2 * (p * TB + t) + 1] = vfmadd(high, xk, acc[2 * (p * TB + t) + 1]);
       });
     });
   }
-  for_each_index<P * TB * 2>([&](auto i) {
+  specdraft::unrolled<P * TB * 2>([&](auto i) {
     constexpr int p = i / (2 * TB), t = i / 2 % TB, h = i % 2;
     float lanes[kLanes];
     vstore(lanes, acc[i]);

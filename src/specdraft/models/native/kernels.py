@@ -12,6 +12,7 @@ from pathlib import Path
 
 _SOURCE = Path(__file__).with_name("kernels.cpp")
 _SOURCES = (_SOURCE, Path(__file__).with_name("quant_kernels.cpp"))  # one extension; kernels.cpp binds both
+_HEADERS = (Path(__file__).with_name("unrolled.h"),)  # included by both: part of the build's fingerprint
 # -fopenmp matters: at::parallel_for is a header template that runs sequentially unless the extension itself is
 # compiled with OpenMP (it then shares torch's libgomp and follows torch.set_num_threads).
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
@@ -84,7 +85,8 @@ def build_dir() -> Path:
 
     from .. import fetch
 
-    fingerprint = b"".join(source.read_bytes() for source in _SOURCES) + torch.__version__.encode() + " ".join(_flags()).encode()
+    fingerprint = (b"".join(source.read_bytes() for source in _SOURCES + _HEADERS) + torch.__version__.encode()
+                   + " ".join(_flags()).encode())
     key = hashlib.sha256(fingerprint).hexdigest()[:12]
     return fetch.cache_root(None) / "kernels" / f"{sys.implementation.cache_tag}-{key}"
 

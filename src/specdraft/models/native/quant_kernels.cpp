@@ -52,6 +52,8 @@
 #include <utility>
 #include <vector>
 
+#include "unrolled.h"
+
 namespace {
 
 // ggml's type numbers
@@ -87,16 +89,7 @@ inline __m256i add_i32_into(__m256i acc, __m256i v) {
 }
 #undef SPECDRAFT_VREG
 
-// f(std::integral_constant<int, 0>{}) .. f(std::integral_constant<int, N - 1>{}), in order: a loop whose index must
-// be a constant in its body (GCC 12 at -O3 leaves a 4-trip loop rolled, with the index tested in it).
-template <typename F, int... I>
-inline __attribute__((always_inline)) void unrolled_over(F& f, std::integer_sequence<int, I...>) {
-  (f(std::integral_constant<int, I>{}), ...);
-}
-template <int N, typename F>
-inline __attribute__((always_inline)) void unrolled(F&& f) {
-  unrolled_over(f, std::make_integer_sequence<int, N>{});
-}
+using specdraft::unrolled;  // unrolled.h
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 constexpr bool kVnni = true;
