@@ -567,6 +567,11 @@ def test_a_llama_3_rope_comes_from_the_files_rope_factors(tiny_pair):
     """llama.cpp writes Llama 3's RoPE as `rope_freqs.weight` and transformers' reading of the file keeps the
     default RoPE in the config: the file's factors make the logits the float model's."""
     assert logit_error(tiny_pair, "llama3", LONG_PROMPT) < LOGIT_TOLERANCE
+    assert fetch.has_rope_factors(fetch.gguf_source(tiny_pair["llama3_q8"]))
+    assert not fetch.has_rope_factors(fetch.gguf_source(tiny_pair["qwen2_q8"]))
+    # float weights made by transformers from such a file would lose the factors: refused, not run wrong
+    with pytest.raises(SpecdraftError, match="rope_freqs.weight, which transformers' reading of it drops"):
+        load_model(str(tiny_pair["llama3_q8"]), "float32", progress=False)
 
 
 def test_negative_control_a_llama_3_file_read_without_its_rope_factors_fails_the_same_check(tiny_pair,

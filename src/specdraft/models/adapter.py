@@ -37,7 +37,9 @@ from .native.llama import NativeCache, NativeLlama, config_unsupported_reason, n
 class LoadedModel:
     name: str
     path: str
-    model: torch.nn.Module | None  # the transformers model; None for a GGUF on the native backend (no module needed)
+    # the transformers model; None for a GGUF on the native backend (no module needed), or a folder whose bf16
+    # matrices went into the native backend's panels (`transformers_model` loads it again)
+    model: torch.nn.Module | None
     tokenizer: object
     dtype: torch.dtype
     weight_major: bool = True  # transformers backend: few-row linears as (W @ x.T).T, see models/fastpath.py
@@ -66,10 +68,13 @@ class LoadedModel:
         if self.native is None or self.native.weight_dtype == "gguf":
             raise SpecdraftError(f"{what} needs the model's float weights; {self.name!r} runs its GGUF blocks "
                                  f"(--dtype gguf or auto): use --dtype bfloat16 or float32")
-        if self._reloaded is None:
+        if self._reloaded is None:  # kept while this model lives: the bench's hf-* methods run turn after turn
             from transformers import AutoModelForCausalLM
 
-            self._reloaded = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype).eval()
+            try:
+                self._reloaded = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype).eval()
+            except (OSError, ValueError, SafetensorError) as exc:  # the folder changed since it was loaded
+                raise SpecdraftError(f"{what}: could not load {self.name!r} again: {_first_lines(exc)}") from None
         return self._reloaded
 
     @property

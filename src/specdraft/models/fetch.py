@@ -23,6 +23,7 @@ import base64
 import contextlib
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import subprocess
@@ -295,6 +296,17 @@ def _config_read_from(gguf_path: Path, header: Path, vocabulary: int | None):
             gguf_utils.load_gguf_checkpoint = load
 
 
+# What an import writes: a folder made by an earlier format is made again (2: `_config_from_metadata`, 2026-12-07)
+IMPORT_FORMAT = 2
+
+
+def has_rope_factors(gguf_path: Path) -> bool:
+    """Whether the file holds llama.cpp's `rope_freqs.weight` (a Llama 3 RoPE), which only the native GGUF path
+    reads (`gguf_rotary_frequencies`)."""
+    with open(gguf_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        return any(tensor.name == "rope_freqs.weight" for tensor in read_header(mapped).tensors)
+
+
 def _config_from_metadata(config, header: Path) -> None:
     """What transformers' reading of a GGUF leaves out of its config, from the metadata llama.cpp writes:
     - the head size (`<arch>.attention.key_length`): it maps none for Qwen3, whose config class then says 128
@@ -345,7 +357,7 @@ def _write_model_dir(gguf_path: Path, out_dir: Path, source: dict, with_weights:
                 print(f"converting {gguf_path.name} to fp32 safetensors for float weights (once; takes a minute)...",
                       file=sys.stderr)
                 model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                             dtype=torch.float32)
+                                                             config=config, dtype=torch.float32)
     if with_weights:
         # The weights are already dequantized; drop the GGUF quantizer so save_pretrained writes a plain model.
         model.hf_quantizer = None
@@ -376,6 +388,10 @@ def add_float_weights(model_path: str | os.PathLike) -> None:
     gguf_path = gguf_source(model_path)
     if gguf_path is None or has_float_weights(model_path):
         return
+    if has_rope_factors(gguf_path):
+        raise SpecdraftError(f"{gguf_path.name} holds a Llama 3 RoPE as rope_freqs.weight, which transformers' reading "
+                             f"of it drops: float weights made from it would run another model; use --dtype gguf (or "
+                             f"auto)")
     source = json.loads((Path(model_path) / COMPLETE_MARKER).read_text())
     source["weights"] = "the GGUF's weights dequantized to fp32"
     _write_model_dir(gguf_path, Path(model_path), source, with_weights=True)
@@ -524,7 +540,7 @@ def import_gguf(name_or_path: str, cache: Path | None = None, progress: bool = T
     path = check_gguf_file(name_or_path)
     cache = cache or cache_root()
     identity = _file_identity(path)
-    digest = hashlib.sha256(json.dumps([str(path), identity]).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(json.dumps([str(path), identity, IMPORT_FORMAT]).encode()).hexdigest()[:12]
     out_dir = model_dir(f"file-{path.stem}-{digest}", cache)
     if gguf_source(out_dir) == path:
         return out_dir

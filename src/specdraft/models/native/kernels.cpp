@@ -801,8 +801,8 @@ torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c1
 // interpreter work per layer between the kernels (4 ms of a 45 ms one-token step of the 1.5B, 2026-12-03).
 namespace {
 
-// A matrix as the kernels take it: dense float32/bfloat16/float16 (`linear`), or a GGUF block format (`qlinear`; over
-// interleaved groups of 8 rows, `qlinear_x8`).
+// A matrix as the kernels take it: dense float32/bfloat16/float16 (`linear`; in panels, `linear_panels`), or a GGUF
+// block format (`qlinear`; over interleaved groups of 8 rows, `qlinear_x8`).
 constexpr int64_t kDensePanels = -2;
 
 struct StackMatrix {
