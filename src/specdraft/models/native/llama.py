@@ -68,7 +68,8 @@ def native_unsupported_reason(hf_model) -> str | None:
 
 
 ROTARY_ROWS = 1024  # rotary positions tabulated at load; more on first use
-# a float32/bfloat16/float16 matrix, the same in panels (a GGUF's dense matrices), or one in a GGUF block format
+# a float32/bfloat16/float16 matrix, the same in panels (a GGUF's dense matrices, a folder's bf16 ones), or one in
+# a GGUF block format
 Weight = torch.Tensor | PanelWeight | QuantWeight
 
 
@@ -141,10 +142,11 @@ class NativeLlama:
     """Forward passes of a Llama/Qwen2/Qwen3/Mistral model over a `NativeCache`."""
 
     def __init__(self, hf_model, panels: bool = False):
-        """The native forward over an already loaded Hugging Face model's weights (shared, not copied). panels:
-        bfloat16 layer matrices are repacked in panels instead (`PanelWeight`, where the build has them), each
-        taken from the Hugging Face model as it is repacked (its linear's weight becomes None): that model is
-        spent, and `transformers_spent` says so. float32 matrices stay shared (long passes take torch's matmul)."""
+        """The native forward over an already loaded Hugging Face model's weights (shared, not copied). With
+        `panels`, its bfloat16 layer matrices are repacked in panels instead (`PanelWeight`, where the build has
+        them), each taken from the Hugging Face model as it is repacked (its linear's weight becomes None): that
+        model is spent, and `transformers_spent` says so. float32 matrices stay shared (long passes take torch's
+        matmul)."""
         reason = native_unsupported_reason(hf_model)
         if reason:
             raise ValueError(reason)
