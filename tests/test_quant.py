@@ -554,12 +554,17 @@ def test_negative_control_llama_rows_left_interleaved_fail_the_same_check(tiny_p
     assert logit_error(tiny_pair, "llama") > LOGIT_TOLERANCE
 
 
-def test_negative_control_qwen3_without_its_head_norms_fails_the_same_check(tiny_pair, monkeypatch):
+def hide_tensors(monkeypatch, *name_endings: str) -> None:
+    """The GGUF reader finds no tensor whose name ends so (a loader that ignores them, for negative controls)."""
     from specdraft.models.native.gguf_weights import GGUFTensors
 
     read = GGUFTensors.get
-    monkeypatch.setattr(GGUFTensors, "get", lambda self, name: None if name.endswith(
-        ("attn_q_norm.weight", "attn_k_norm.weight")) else read(self, name))
+    monkeypatch.setattr(GGUFTensors, "get", lambda self, name: None if name.endswith(name_endings)
+                        else read(self, name))
+
+
+def test_negative_control_qwen3_without_its_head_norms_fails_the_same_check(tiny_pair, monkeypatch):
+    hide_tensors(monkeypatch, "attn_q_norm.weight", "attn_k_norm.weight")
     assert logit_error(tiny_pair, "qwen3") > LOGIT_TOLERANCE
 
 
@@ -576,11 +581,7 @@ def test_a_llama_3_rope_comes_from_the_files_rope_factors(tiny_pair):
 
 def test_negative_control_a_llama_3_file_read_without_its_rope_factors_fails_the_same_check(tiny_pair,
                                                                                              monkeypatch):
-    from specdraft.models.native.gguf_weights import GGUFTensors
-
-    read = GGUFTensors.get
-    monkeypatch.setattr(GGUFTensors, "get", lambda self, name: None if name == "rope_freqs.weight"
-                        else read(self, name))
+    hide_tensors(monkeypatch, "rope_freqs.weight")
     assert logit_error(tiny_pair, "llama3", LONG_PROMPT) > LOGIT_TOLERANCE
 
 

@@ -201,11 +201,8 @@ class NativeLlama:
             tensor = weights.get(name)
             return None if tensor is None else tensor.float().contiguous()
 
-        def norm(name: str) -> torch.Tensor:
-            return weights.need(name).float().contiguous()
-
-        def head_norm(name: str) -> torch.Tensor | None:  # Qwen3's per-head q and k norms; None in the others
-            tensor = weights.get(name)
+        def norm(name: str, optional: bool = False) -> torch.Tensor | None:  # optional: Qwen3's head norms
+            tensor = weights.get(name) if optional else weights.need(name)
             return None if tensor is None else tensor.float().contiguous()
 
         def interleaved(weight: Weight) -> Weight:  # block formats in groups of 8 rows, dense ones in panels
@@ -238,7 +235,8 @@ class NativeLlama:
                 post_norm=norm(prefix + "ffn_norm.weight"),
                 gate=weights.need(prefix + "ffn_gate.weight"), up=weights.need(prefix + "ffn_up.weight"),
                 down=weights.need(prefix + "ffn_down.weight"),
-                q_norm=head_norm(prefix + "attn_q_norm.weight"), k_norm=head_norm(prefix + "attn_k_norm.weight")))
+                q_norm=norm(prefix + "attn_q_norm.weight", optional=True),
+                k_norm=norm(prefix + "attn_k_norm.weight", optional=True)))
         for layer in layers:  # the block-format matrices in groups of 8 rows, for passes of several tokens
             for field in ("q", "k", "v", "o", "gate", "up", "down"):
                 setattr(layer, field, interleaved(getattr(layer, field)))
