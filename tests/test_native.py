@@ -1,5 +1,5 @@
-"""The native Llama/Qwen2/Qwen3/Mistral forward: same numbers as transformers, batch invariance, the cache, the
-choice."""
+"""The native Llama/Qwen2/Qwen3/Mistral/Gemma forward: same numbers as transformers, batch invariance, the cache,
+the choice."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from specdraft.models.native.llama import MAX_KERNEL_ROWS, native_unsupported_re
 from tiny import build_model
 
 TOKENS = [3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 11, 2, 6]
-ARCHS = ("qwen2", "llama", "qwen3", "mistral")
+ARCHS = ("qwen2", "llama", "qwen3", "mistral", "gemma2", "gemma3")
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +83,49 @@ def test_negative_control_qwen3_without_its_head_norms_fails_the_same_check(tiny
         assert (native - reference).abs().max() > 1e-2
 
 
+def gemma_without(model, monkeypatch, feature: str) -> None:
+    """The tiny Gemma model's native forward with one of Gemma's features taken away (a negative control)."""
+    import dataclasses
+
+    native = model.native
+    off = {"gelu": False, "embed_scale": 1.0, "attention_scale": 0.0, "attention_softcap": 0.0,
+           "final_softcap": 0.0, "windows": (0,) * len(native.layers), "rope_tables": (0,) * len(native.layers)}
+    if feature in off:
+        monkeypatch.setattr(native, "variant", dataclasses.replace(native.variant, **{feature: off[feature]}))
+    elif feature == "norm offsets":  # norms of weight instead of 1 + weight
+        for layer in native.layers:
+            for name in ("input_norm", "post_norm", "attention_output_norm", "mlp_output_norm"):
+                monkeypatch.setattr(layer, name, getattr(layer, name) - 1.0)
+    else:  # the attention's or the MLP's output norm left out
+        for layer in native.layers:
+            monkeypatch.setattr(layer, feature, None)
+
+
+@pytest.mark.parametrize("arch, feature", [
+    *[(arch, feature) for arch in ("gemma2", "gemma3") for feature in (
+        "gelu", "embed_scale", "attention_scale", "windows", "norm offsets", "attention_output_norm",
+        "mlp_output_norm")],
+    ("gemma2", "attention_softcap"), ("gemma2", "final_softcap"), ("gemma3", "rope_tables")])
+def test_negative_control_gemma_without_each_of_its_features_fails_the_same_check(tiny_native, monkeypatch, arch,
+                                                                                 feature):
+    """The check above sees every way Gemma's layers differ from Llama's: a forward without any one of them is far
+    off (the tiny models' windows of 6 positions are crossed by the 14 tokens)."""
+    model = tiny_native[arch, "float32"]
+    reference = transformers_logits(model, "float32")
+    with torch.inference_mode():
+        assert (layer_by_layer(model.native, TOKENS, model.native.new_cache(len(TOKENS))) - reference).abs().max() \
+            < 1e-4  # the Python layers, as the controls run them
+        gemma_without(model, monkeypatch, feature)
+        native = layer_by_layer(model.native, TOKENS, model.native.new_cache(len(TOKENS)))
+    assert (native - reference).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma2", "gemma3"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_verify_pass_equals_single_steps_bit_for_bit(tiny_native, dtype):
-    """Batch invariance: scoring k tokens in one pass gives exactly the logits of k one-token steps."""
-    model = tiny_native["qwen2", dtype]
+def test_a_verify_pass_equals_single_steps_bit_for_bit(tiny_native, dtype, arch):
+    """Batch invariance: scoring k tokens in one pass gives exactly the logits of k one-token steps (Gemma's: passes
+    that cross its sliding window, so that some queries of a pass see every key and others do not)."""
+    model = tiny_native[arch, dtype]
     with torch.inference_mode():
         one_pass = model.new_state().forward(TOKENS, len(TOKENS))  # [T, V]
         stepwise_state = model.new_state()
@@ -96,6 +135,27 @@ def test_a_verify_pass_equals_single_steps_bit_for_bit(tiny_native, dtype):
             chunks = [state.forward(TOKENS[i:i + k], len(TOKENS[i:i + k])) for i in range(0, len(TOKENS), k)]
             assert torch.equal(torch.cat(chunks), steps), f"chunks of {k} differ from single steps"
     assert torch.equal(one_pass, steps)
+
+
+def test_a_tree_under_a_sliding_window_gives_each_node_its_branch_as_a_chain(tiny_native):
+    """Gemma's local layers in a tree pass: each node sees the prefix keys its window reaches from its own position,
+    as its branch run as a chain does (the 14-token prefix is past the tiny model's window of 6); a tree over more
+    slots than the window spans is refused."""
+    model = tiny_native["gemma3", "float32"]
+    ids, parents = [7, 8, 9, 10, 11], [-1, -1, 0, 0, 2]  # two roots, a branch of depth 3
+    with torch.inference_mode():
+        state = model.new_state()
+        state.forward(TOKENS, 1)
+        tree = state.forward_tree(ids, parents, len(ids))  # [5, V]
+        for node in range(len(ids)):
+            branch, at = [], node
+            while at >= 0:
+                branch, at = [ids[at]] + branch, parents[at]
+            assert torch.equal(tree[node], model.new_state().forward(TOKENS + branch, 1)[0])
+        state = model.new_state()
+        state.forward(TOKENS, 1)
+        with pytest.raises(RuntimeError, match="a sliding window of 6 does not span the tree's 7 slots"):
+            state.forward_tree([7] * 7, [-1, 0, 1, 2, 3, 4, 5], 7)
 
 
 def test_transformers_backend_is_not_batch_invariant_here_negative_control(tiny_native, tiny_dirs):
@@ -398,16 +458,19 @@ def test_rotary_tables_grown_in_steps_equal_tables_grown_at_once(tiny_native):
     a fresh model computing them in one go holds (so a run's history never changes a position's rotation)."""
     from specdraft.models.native import llama
 
-    native = tiny_native["qwen2", "float32"].native
+    native = tiny_native["gemma3", "float32"].native  # two tables: its full layers' and its local ones'
     stepped, at_once = copy.copy(native), copy.copy(native)
     stepped.max_positions = at_once.max_positions = 5000
     for table in (stepped, at_once):
-        table.cos = table.sin = torch.empty(0, native.cos.shape[1])
+        table.cos_tables = table.sin_tables = [torch.empty(0, native.head_dim)] * 2
     for n in (10, llama.ROTARY_ROWS + 1, 2500, 4999):
         stepped._cover_positions(n)
     at_once._cover_positions(5000)
-    assert stepped.cos.shape[0] == at_once.cos.shape[0] == 5000
-    assert torch.equal(stepped.cos, at_once.cos) and torch.equal(stepped.sin, at_once.sin)
+    for index in range(2):
+        assert stepped.cos_tables[index].shape[0] == at_once.cos_tables[index].shape[0] == 5000
+        assert torch.equal(stepped.cos_tables[index], at_once.cos_tables[index])
+        assert torch.equal(stepped.sin_tables[index], at_once.sin_tables[index])
+    assert not torch.equal(at_once.cos_tables[0], at_once.cos_tables[1])
 
 
 def layer_by_layer(native, token_ids: list[int], cache) -> torch.Tensor:
@@ -430,7 +493,7 @@ def stack_models(tiny_native, tmp_path_factory):
     root = tmp_path_factory.mktemp("stack")
     models = {f"{arch}-{dtype}": model for (arch, dtype), model in tiny_native.items()}
     for arch, qtype, mixed in (("qwen2", "Q8_0", "Q4_1"), ("llama", "Q5_0", None), ("qwen3", "Q8_0", None),
-                               ("qwen2", "F16", None)):
+                               ("qwen2", "F16", None), ("gemma3", "Q8_0", None)):
         hf = build_model(root / f"hf-{arch}-{qtype}", seed=31, arch=arch, hidden=64, layers=2)
         path = write_gguf(hf, root / "cache", f"stack-{arch}-{qtype}", qtype, mixed)
         models[f"{arch}-{qtype}"] = load_model(str(path), "gguf", progress=False)
@@ -438,7 +501,8 @@ def stack_models(tiny_native, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["qwen2-float32", "qwen2-bfloat16", "llama-float32", "llama-bfloat16",
-                                  "qwen3-float32", "qwen2-Q8_0", "llama-Q5_0", "qwen3-Q8_0", "qwen2-F16"])
+                                  "qwen3-float32", "qwen2-Q8_0", "llama-Q5_0", "qwen3-Q8_0", "qwen2-F16",
+                                  "gemma2-float32", "gemma3-bfloat16", "gemma3-Q8_0"])
 def test_the_layer_stack_gives_the_bits_of_the_layers_run_one_by_one(stack_models, name, monkeypatch):
     """A chain pass runs every layer in one kernel call (ops.LayerStack); a token tree and feature taps still drive
     the layers from Python. Both give the same logits and the same cached K/V, bit for bit, for one sequence

@@ -495,7 +495,7 @@ def test_a_gguf_with_q3_k_and_q4_0_matrices_reads_them_in_supported_formats(tmp_
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
     """A Qwen2 target (Q8_0 and Q4_1 matrices) and a Llama draft (Q5_0), written as GGUF files; and Q8_0 files of
-    them, of a Qwen3 model and of a Llama with Llama 3's RoPE."""
+    them, of a Qwen3 model, of a Llama with Llama 3's RoPE and of Gemma 2 and 3 models."""
     from tiny import build_model
     from tiny_gguf import write_gguf
 
@@ -510,7 +510,9 @@ def tiny_pair(tmp_path_factory):
     cache = root / "cache"
     target = write_gguf(target_hf, cache, "tiny-target", "Q8_0", mixed="Q4_1")
     draft = write_gguf(draft_hf, cache, "tiny-draft", "Q5_0")
-    hf = {"qwen2": target_hf, "llama": draft_hf, "qwen3": qwen3_hf, "llama3": llama3_hf}
+    hf = {"qwen2": target_hf, "llama": draft_hf, "qwen3": qwen3_hf, "llama3": llama3_hf,
+          **{arch: build_model(root / f"hf-{arch}", seed=25, hidden=64, layers=2, arch=arch)
+             for arch in ("gemma2", "gemma3")}}
     fine = {arch: write_gguf(folder, cache, f"tiny-{arch}-q8", "Q8_0") for arch, folder in hf.items()}
     return {"target": target, "draft": draft, "target_hf": target_hf, "draft_hf": draft_hf,
             **{f"{arch}_q8": folder for arch, folder in fine.items()},
@@ -545,6 +547,30 @@ LONG_PROMPT = tuple(2 + 7 * i % 11 for i in range(60))  # positions far enough f
 @pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
 def test_gguf_forward_follows_the_float_model_it_came_from(tiny_pair, arch):
     assert logit_error(tiny_pair, arch) < LOGIT_TOLERANCE
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_a_gemma_gguf_follows_the_float_model_it_came_from(tiny_pair, arch):
+    """Gemma's norms as llama.cpp's converter stores them (1 + weight), its output norms, sliding windows (of 6
+    positions: the 60-token prompt crosses them), soft caps (Gemma 2) and local RoPE (Gemma 3)."""
+    assert logit_error(tiny_pair, arch, LONG_PROMPT) < LOGIT_TOLERANCE
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_negative_control_a_gemma_gguf_without_its_sliding_window_fails_the_same_check(tiny_pair, arch,
+                                                                                      monkeypatch):
+    import dataclasses
+
+    import specdraft.models.native.llama as llama
+
+    full = load_model(str(tiny_pair[arch + "_hf"]), "float32", progress=False)
+    variant = llama.model_variant
+    monkeypatch.setattr(llama, "model_variant", lambda config, *args: dataclasses.replace(  # the file's model alone
+        variant(config, *args), windows=(0,) * config.num_hidden_layers))
+    quantized = load_model(str(tiny_pair[arch + "_q8"]), "gguf", progress=False)
+    prompt = list(LONG_PROMPT)
+    got = quantized.new_state().forward(prompt, len(prompt))
+    assert relative_error(got, full.new_state().forward(prompt, len(prompt)).double()) > LOGIT_TOLERANCE
 
 
 def test_negative_control_llama_rows_left_interleaved_fail_the_same_check(tiny_pair, monkeypatch):
@@ -650,6 +676,58 @@ def test_a_linear_or_yarn_rope_comes_from_the_files_metadata(tmp_path):
         config = Qwen2Config(rope_parameters={"rope_type": "default", "rope_theta": 5e5})
         fetch._config_from_metadata(config, path)
         assert config.rope_parameters == expected
+
+
+def test_gemmas_layer_plan_comes_from_the_files_metadata(tmp_path):
+    """transformers reads a Gemma GGUF's window size and keeps its config class's defaults for the rest: an import
+    takes what llama.cpp reads (by hand against llama.cpp's server on files its converter made: with the metadata
+    the same greedy tokens, 6 of 6 prompts, Gemma 2 and 3; Gemma 2 read without it, 3 of 6)."""
+    import gguf
+    from transformers import Gemma2Config, Gemma3TextConfig
+
+    def header(arch: str, **keys) -> Path:
+        path = tmp_path / f"{arch}-{len(list(tmp_path.iterdir()))}.gguf"
+        writer = gguf.GGUFWriter(path, arch)
+        for key, value in keys.items():
+            if isinstance(value, list):
+                writer.add_array(f"{arch}.{key}", value)
+            elif isinstance(value, float):
+                writer.add_float32(f"{arch}.{key}", value)
+            elif isinstance(value, str):
+                writer.add_string(f"{arch}.{key}", value)
+            else:
+                writer.add_uint32(f"{arch}.{key}", value)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.close()
+        return path
+
+    def gemma3(layers: int = 8):
+        return Gemma3TextConfig(num_hidden_layers=layers, hidden_size=512, num_attention_heads=4, head_dim=64)
+
+    config = gemma3()  # a period of 6 (llama.cpp's default), the local base from the file, no final cap
+    fetch._config_from_metadata(config, header("gemma3", **{"attention.sliding_window": 512,
+                                                           "rope.freq_base_swa": 20000.0}))
+    assert config.layer_types == ["sliding_attention"] * 5 + ["full_attention"] + ["sliding_attention"] * 2
+    assert config.sliding_window == 512 and config.query_pre_attn_scalar == 64
+    assert config.rope_parameters["sliding_attention"]["rope_theta"] == 20000.0
+    config = gemma3()  # no window: every layer full
+    fetch._config_from_metadata(config, header("gemma3"))
+    assert config.layer_types == ["full_attention"] * 8
+    config = gemma3()  # a pattern given layer by layer, a linear scaling of the full layers' RoPE
+    fetch._config_from_metadata(config, header("gemma3", **{
+        "attention.sliding_window": 8, "attention.sliding_window_pattern": [True, False] * 4,
+        "rope.scaling.type": "linear", "rope.scaling.factor": 8.0}))
+    assert config.layer_types == ["sliding_attention", "full_attention"] * 4
+    assert config.rope_parameters["full_attention"] == {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}
+    config = gemma3(62)  # the 27B: queries scaled by 1 / sqrt(hidden / heads)
+    fetch._config_from_metadata(config, header("gemma3", **{"attention.sliding_window": 1024}))
+    assert config.query_pre_attn_scalar == 128
+    config = Gemma2Config(num_hidden_layers=4)  # every 2nd layer local, 4096 positions, the file's caps
+    fetch._config_from_metadata(config, header("gemma2", **{"attn_logit_softcapping": 5.0,
+                                                           "final_logit_softcapping": 3.0}))
+    assert config.layer_types == ["sliding_attention", "full_attention"] * 2 and config.sliding_window == 4096
+    assert (config.attn_logit_softcapping, config.final_logit_softcapping) == (5.0, 3.0)
 
 
 def test_gguf_verify_pass_equals_single_steps(tiny_pair):

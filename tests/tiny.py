@@ -29,13 +29,24 @@ def build_model(path: Path, seed: int, vocab_size: int | None = None, layers: in
                 rope_parameters: dict | None = None) -> Path:
     """A random causal LM saved as a Hugging Face directory with the character tokenizer. arch: qwen2, llama,
     qwen3 (heads twice as wide as hidden / heads, as Qwen3's are wider than that, and random per-head q and k norms)
-    or mistral (no sliding window). rope_parameters: the config's, where not the default RoPE."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    or mistral (no sliding window); gemma2 and gemma3 (Gemma 3's text model) with a sliding window of 6 positions
+    on their local layers (so that a dozen tokens cross it), a query scale other than 1 / sqrt(head size), random
+    norm weights, and Gemma 2's soft caps made small enough to change the logits. rope_parameters: the config's,
+    where not the default RoPE."""
+    from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig,
+                              Qwen2Config, Qwen3Config)
 
     tokenizer = build_tokenizer(chars)
     vocab_size = vocab_size or len(tokenizer.get_vocab())
-    config_class = {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen3": Qwen3Config, "mistral": MistralConfig}[arch]
-    extra = {"qwen3": {"head_dim": 2 * hidden // 4}, "mistral": {"sliding_window": None}}.get(arch, {})
+    config_class = {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen3": Qwen3Config, "mistral": MistralConfig,
+                    "gemma2": Gemma2Config, "gemma3": Gemma3TextConfig}[arch]
+    gemma = {"sliding_window": 6, "query_pre_attn_scalar": 24, "head_dim": hidden // 4,
+             "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]}
+    extra = {"qwen3": {"head_dim": 2 * hidden // 4}, "mistral": {"sliding_window": None},
+             "gemma2": {**gemma, "attn_logit_softcapping": 1.0, "final_logit_softcapping": 3.0},
+             "gemma3": {**gemma, "rope_parameters": {
+                 "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}}}.get(arch, {})
     if rope_parameters is not None:
         extra["rope_parameters"] = rope_parameters
     config = config_class(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
@@ -51,6 +62,8 @@ def build_model(path: Path, seed: int, vocab_size: int | None = None, layers: in
         for name, weight in model.named_parameters():  # the head norms start as ones: make each weight count
             if name.endswith(("q_norm.weight", "k_norm.weight")):
                 weight.uniform_(0.5, 1.5)
+            if arch.startswith("gemma") and name.endswith("norm.weight"):  # Gemma's start as zeros (1 + weight)
+                weight.uniform_(-0.5, 0.5)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

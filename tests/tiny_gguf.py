@@ -34,12 +34,23 @@ _NAMES = {
 }
 
 
-def _gguf_name(hf_name: str) -> str:
+# Gemma's layers: its post_attention_layernorm norms the attention's output; the norm before the MLP is another
+_GEMMA_NAMES = {
+    **_NAMES,
+    "model.layers.{i}.post_attention_layernorm.weight": "blk.{i}.post_attention_norm.weight",
+    "model.layers.{i}.pre_feedforward_layernorm.weight": "blk.{i}.ffn_norm.weight",
+    "model.layers.{i}.post_feedforward_layernorm.weight": "blk.{i}.post_ffw_norm.weight",
+}
+_GGUF_ARCHITECTURE = {"gemma3_text": "gemma3"}  # llama.cpp's name where it is not transformers' model type
+
+
+def _gguf_name(hf_name: str, gemma: bool = False) -> str:
+    names = _GEMMA_NAMES if gemma else _NAMES
     parts = hf_name.split(".")
     if len(parts) > 3 and parts[1] == "layers":
         index = parts[2]
-        return _NAMES[".".join(parts[:2] + ["{i}"] + parts[3:])].format(i=index)
-    return _NAMES[hf_name]
+        return names[".".join(parts[:2] + ["{i}"] + parts[3:])].format(i=index)
+    return names[hf_name]
 
 
 def llama3_rope_factors(rope: dict, head_dim: int) -> np.ndarray:
@@ -94,11 +105,14 @@ def write_gguf(hf_dir: Path, cache: Path, name: str, qtype: str = "Q8_0", mixed:
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     (cache / "gguf").mkdir(parents=True, exist_ok=True)
     path = cache / "gguf" / f"{name}.gguf"
-    writer = gguf.GGUFWriter(path, config.model_type)
+    writer = gguf.GGUFWriter(path, _GGUF_ARCHITECTURE.get(config.model_type, config.model_type))
     writer.add_block_count(config.num_hidden_layers)
+    gemma = config.model_type.startswith("gemma")
     matrix = 0
     for hf_name, tensor in model.state_dict().items():
         values = tensor.float().numpy()
+        if gemma and hf_name.endswith("norm.weight"):  # as llama.cpp's converter stores Gemma's norms: 1 + weight
+            values = values + 1.0
         if config.model_type == "llama" and (".q_proj." in hf_name or ".k_proj." in hf_name):
             heads = config.num_attention_heads if ".q_proj." in hf_name else config.num_key_value_heads
             values = permute_for_llama_cpp(values, heads)
@@ -106,9 +120,9 @@ def write_gguf(hf_dir: Path, cache: Path, name: str, qtype: str = "Q8_0", mixed:
             kind = getattr(gguf.GGMLQuantizationType, mixed if mixed and matrix % 2 else qtype)
             matrix += 1
             blocks = quantize_iq4_nl(values) if kind == gguf.GGMLQuantizationType.IQ4_NL else quantize(values, kind)
-            writer.add_tensor(_gguf_name(hf_name), blocks, raw_dtype=kind)
+            writer.add_tensor(_gguf_name(hf_name, gemma), blocks, raw_dtype=kind)
         else:
-            writer.add_tensor(_gguf_name(hf_name), values)
+            writer.add_tensor(_gguf_name(hf_name, gemma), values)
     rope = dict(config.rope_parameters)
     if rope.get("rope_type") == "llama3":  # as llama.cpp's converter writes it: a factor per frequency
         writer.add_tensor("rope_freqs.weight", llama3_rope_factors(rope, config.head_dim))

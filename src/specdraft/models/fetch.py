@@ -296,8 +296,9 @@ def _config_read_from(gguf_path: Path, header: Path, vocabulary: int | None):
             gguf_utils.load_gguf_checkpoint = load
 
 
-# What an import writes: a folder made by an earlier format is made again (2: `_config_from_metadata`, 2026-12-07)
-IMPORT_FORMAT = 2
+# What an import writes: a folder made by an earlier format is made again (2: `_config_from_metadata`, 2026-12-07;
+# 3: its Gemma layer plan)
+IMPORT_FORMAT = 3
 
 
 def has_rope_factors(gguf_path: Path) -> bool:
@@ -312,17 +313,22 @@ def _config_from_metadata(config, header: Path) -> None:
     - the head size (`<arch>.attention.key_length`): it maps none for Qwen3, whose config class then says 128
       (right for Qwen3's own models only);
     - a linear or YaRN RoPE scaling (`<arch>.rope.scaling.*`): it keeps only gpt-oss's, so a file made from a
-      config with one ran the unscaled RoPE. (Llama 3's RoPE is a tensor of the file: `gguf_rotary_frequencies`.)"""
+      config with one ran the unscaled RoPE. (Llama 3's RoPE is a tensor of the file: `gguf_rotary_frequencies`.)
+    - Gemma's layer plan, as llama.cpp reads it (`_gemma_config_from_metadata`)."""
     metadata = read_header(header.read_bytes()).metadata
     arch = metadata.get("general.architecture")
     size = metadata.get(f"{arch}.attention.key_length")
     if isinstance(size, int) and getattr(config, "head_dim", None) not in (None, size):
         config.head_dim = size
+    if arch in ("gemma2", "gemma3"):
+        _gemma_config_from_metadata(config, metadata, arch)
     scaling = metadata.get(f"{arch}.rope.scaling.type")
     factor = metadata.get(f"{arch}.rope.scaling.factor")
     if scaling not in ("linear", "yarn") or not isinstance(factor, float) or factor <= 0:
         return
-    rope = {"rope_type": scaling, "rope_theta": (getattr(config, "rope_parameters", None) or {}).get(
+    parameters = getattr(config, "rope_parameters", None) or {}
+    nested = isinstance(parameters.get("full_attention"), dict)  # Gemma 3: per layer type
+    rope = {"rope_type": scaling, "rope_theta": (parameters["full_attention"] if nested else parameters).get(
         "rope_theta", metadata.get(f"{arch}.rope.freq_base", 10000.0)), "factor": factor}
     if scaling == "yarn":
         original = metadata.get(f"{arch}.rope.scaling.original_context_length")
@@ -334,7 +340,42 @@ def _config_from_metadata(config, header: Path) -> None:
             value = metadata.get(f"{arch}.rope.scaling.{key}")
             if isinstance(value, float):
                 rope[name] = value
-    config.rope_parameters = rope
+    if nested:
+        config.rope_parameters["full_attention"] = rope  # Gemma 3: the scaling is its full layers' (llama.cpp's)
+    else:
+        config.rope_parameters = rope
+
+
+def _gemma_config_from_metadata(config, metadata: dict, arch: str) -> None:
+    """Gemma 2/3's layer plan as llama.cpp reads it from the file, where transformers' reading keeps its config
+    class's defaults: the sliding window (Gemma 3 without one: every layer full) and which layers have it (the
+    `sliding_window_pattern` array or period; by default every 2nd layer of 2 local in Gemma 2, 5 of 6 in Gemma 3),
+    the local layers' RoPE base (Gemma 3), the soft caps, and the query scale (1 / sqrt(head size), but
+    1 / sqrt(hidden / heads) for the 27B models, which llama.cpp knows by their layer count)."""
+    layers = config.num_hidden_layers
+    window = metadata.get(f"{arch}.attention.sliding_window", 4096 if arch == "gemma2" else 0)
+    pattern = metadata.get(f"{arch}.attention.sliding_window_pattern", 2 if arch == "gemma2" else 6)
+    if isinstance(pattern, list) and len(pattern) == layers:
+        local = [bool(flag) for flag in pattern]
+    else:  # a period n: layer i is local unless it is the last of each n
+        period = int(pattern) if isinstance(pattern, int) and pattern > 0 else 1
+        local = [i % period < period - 1 for i in range(layers)]
+    if not window:
+        local = [False] * layers
+    config.sliding_window = int(window) if window else None
+    config.layer_types = ["sliding_attention" if flag else "full_attention" for flag in local]
+    local_base = metadata.get(f"{arch}.rope.freq_base_swa")
+    rope = getattr(config, "rope_parameters", None) or {}
+    if isinstance(local_base, float) and isinstance(rope.get("sliding_attention"), dict):
+        rope["sliding_attention"]["rope_theta"] = local_base
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        value = metadata.get(f"{arch}.{key}")
+        if isinstance(value, float):
+            setattr(config, key, value if value > 0 else None)
+    largest = {"gemma2": 46, "gemma3": 62}[arch]  # layers of the 27B models
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    config.query_pre_attn_scalar = (config.hidden_size // config.num_attention_heads if layers == largest
+                                    else head_dim)
 
 
 def _write_model_dir(gguf_path: Path, out_dir: Path, source: dict, with_weights: bool) -> Path:

@@ -16,6 +16,7 @@ from pathlib import Path
 # GGUF metadata value types: struct formats of the fixed-size ones, 8 a string, 9 an array
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
+SHORT_ARRAY = 1024  # arrays of numbers up to this long are read (a value per layer), longer ones stepped over
 _UINT32, _F32 = 4, 0  # a metadata type; a tensor type (ggml's F32)
 
 
@@ -30,7 +31,8 @@ class TensorEntry:
 @dataclass
 class GGUFHeader:
     version: int
-    metadata: dict[str, object]  # scalars and strings; an array's value is None
+    # scalars and strings; an array of up to SHORT_ARRAY numbers as a list (Gemma's layer pattern), any other None
+    metadata: dict[str, object]
     array_lengths: dict[str, int]  # entries of each array-valued key
     spans: dict[str, tuple[int, int]]  # bytes [start, end) of each key-value pair in the file
     tensors: list[TensorEntry]
@@ -55,7 +57,8 @@ class _Reader:
         return text
 
     def value(self, kind: int):
-        """A metadata value, or for an array (stepped over) its length as ("array", n)."""
+        """A metadata value, or for an array its length and, for a short one of numbers, its entries, as ("array", n,
+        list or None)."""
         if kind in _SCALARS:
             return self.read(_SCALARS[kind])
         if kind == _STRING:
@@ -63,6 +66,8 @@ class _Reader:
         if kind != _ARRAY:
             raise ValueError(f"unknown metadata type {kind}")
         item_kind, count = self.read("I"), self.read("Q")
+        if item_kind in _SCALARS and count <= SHORT_ARRAY:
+            return ("array", count, [self.read(_SCALARS[item_kind]) for _ in range(count)])
         if item_kind in _SCALARS:
             self.at += count * struct.calcsize(_SCALARS[item_kind])
         elif item_kind == _STRING:
@@ -71,7 +76,7 @@ class _Reader:
         else:
             for _ in range(count):
                 self.value(item_kind)
-        return ("array", count)
+        return ("array", count, None)
 
 
 def read_header(buffer) -> GGUFHeader:
@@ -92,7 +97,7 @@ def read_header(buffer) -> GGUFHeader:
         key = reader.string()
         value = reader.value(reader.read("I"))
         if isinstance(value, tuple):
-            metadata[key], array_lengths[key] = None, value[1]
+            metadata[key], array_lengths[key] = value[2], value[1]
         else:
             metadata[key] = value
         spans[key] = (start, reader.at)

@@ -495,7 +495,7 @@ constexpr int64_t kValueTile = 32;        // value rows kept in L1 while every q
 
 template <bool kSameKeys, typename KeySlot>
 void attend_block(const float* const* qrows, float* const* outs, const int64_t* n_keys, int64_t n_queries,
-                  const float* keys, const float* values, int64_t Dh, float scale, KeySlot key_slot,
+                  const float* keys, const float* values, int64_t Dh, float scale, float softcap, KeySlot key_slot,
                   std::vector<float>& scores) {
   int64_t longest = 0;
   for (int64_t u = 0; u < n_queries; ++u) longest = std::max(longest, n_keys[u]);
@@ -528,6 +528,8 @@ void attend_block(const float* const* qrows, float* const* outs, const int64_t* 
   std::vector<float> totals(n_queries);
   for (int64_t u = 0; u < n_queries; ++u) {
     float* row = scores.data() + u * stride;
+    if (softcap > 0.0f)  // Gemma 2's soft cap: cap tanh(score / cap), element by element
+      for (int64_t i = 0; i < n_keys[u]; ++i) row[i] = softcap * std::tanh(row[i] / softcap);
     __m256 lane_max = _mm256_set1_ps(-INFINITY);  // over the query's own keys only
     int64_t i = 0;
     for (; i + 8 <= n_keys[u]; i += 8) lane_max = _mm256_max_ps(lane_max, _mm256_loadu_ps(row + i));
@@ -580,16 +582,18 @@ void attend_block(const float* const* qrows, float* const* outs, const int64_t* 
 }
 
 // Runs `attend_block` over every (KV head, block of its queries) in parallel. Query (t, h) reads KV head
-// h / group; its keys come from key_count(t) and key_slot(t, i).
+// h / group; its keys come from key_count(t) and key_slot(t, i). scale: what a score q.k is multiplied by (0:
+// 1 / sqrt(Dh)); softcap: Gemma 2's cap of the scaled scores (0: none).
 template <bool kSameKeys, typename KeyCount, typename KeySlot>
 void attend_all(const float* qp, float* op, int64_t T, int64_t H, int64_t Hkv, int64_t C, int64_t Dh,
-                const float* kp, const float* vp, KeyCount key_count, KeySlot key_slot) {
+                const float* kp, const float* vp, double scale_or_zero, double softcap, KeyCount key_count,
+                KeySlot key_slot) {
   const int64_t group = H / Hkv, per_head = T * group;
   const int64_t blocks = (per_head + kQueriesPerBlock - 1) / kQueriesPerBlock;
   // a KV head's queries split further when there are fewer KV heads than threads
   const int64_t split = std::max<int64_t>(1, std::min<int64_t>(per_head, (at::get_num_threads() + Hkv - 1) / Hkv));
   const int64_t parts = std::max(blocks, split);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+  const float scale = scale_or_zero > 0 ? static_cast<float>(scale_or_zero) : 1.0f / std::sqrt(static_cast<float>(Dh));
   at::parallel_for(0, Hkv * parts, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     const float* qrows[kQueriesPerBlock];
@@ -608,7 +612,8 @@ void attend_all(const float* qp, float* op, int64_t T, int64_t H, int64_t Hkv, i
           times[u] = t;
         }
         attend_block<kSameKeys>(qrows, outs, n_keys, n, kp + kvh * C * Dh, vp + kvh * C * Dh, Dh, scale,
-                     [&](int64_t u, int64_t i) { return key_slot(times[u], i); }, scores);
+                                static_cast<float>(softcap),
+                                [&](int64_t u, int64_t i) { return key_slot(times[u], i); }, scores);
       }
     }
   });
@@ -616,8 +621,11 @@ void attend_all(const float* qp, float* op, int64_t T, int64_t H, int64_t Hkv, i
 
 // Causal attention of T new queries against a cache that already holds their keys and values.
 // q: [T, H, Dh]; k_cache, v_cache: [Hkv, C, Dh] (C = capacity); query t sits at position start + t and sees
-// keys 0 .. start + t. Grouped-query attention: head h reads kv head h / (H / Hkv).  ->  [T, H, Dh]
-torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, int64_t start) {
+// keys 0 .. start + t, or with a sliding window (window > 0) the last `window` of them (Gemma's local layers: key j
+// is seen when start + t - j < window). Grouped-query attention: head h reads kv head h / (H / Hkv). scale,
+// softcap: as `attend_all`.  ->  [T, H, Dh]
+torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, int64_t start, int64_t window,
+                        double scale, double softcap) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat && q.is_contiguous(), "q must be [T, H, Dh] float32");
   TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be [Hkv, C, Dh]");
   const int64_t T = q.size(0), H = q.size(1), Dh = q.size(2);
@@ -629,8 +637,15 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_
   const float* kp = k_cache.data_ptr<float>();
   const float* vp = v_cache.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  attend_all<true>(qp, op, T, H, Hkv, C, Dh, kp, vp, [start](int64_t t) { return start + t + 1; },
-             [](int64_t t, int64_t i) { return i; });
+  if (window <= 0 || start + T <= window) {  // no query's window cuts a key: every query starts at slot 0
+    attend_all<true>(qp, op, T, H, Hkv, C, Dh, kp, vp, scale, softcap, [start](int64_t t) { return start + t + 1; },
+                     [](int64_t t, int64_t i) { return i; });
+  } else {  // each query's keys start where its own window does (the same per-query arithmetic as above)
+    const auto first = [start, window](int64_t t) { return std::max<int64_t>(0, start + t + 1 - window); };
+    attend_all<false>(qp, op, T, H, Hkv, C, Dh, kp, vp, scale, softcap,
+                      [start, first](int64_t t) { return start + t + 1 - first(t); },
+                      [first](int64_t t, int64_t i) { return first(t) + i; });
+  }
   return out;
 }
 
@@ -639,9 +654,12 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_
 // new tokens' own keys are the last T of those W). Visible keys are visited in increasing position, exactly as
 // `attention` visits them, so a node whose visible keys are its root-to-node branch gets bit for bit the
 // output that the branch run as a chain gets from `attention` (the same `attend_one` over the same key
-// sequence).  ->  [T, H, Dh]
+// sequence). With a sliding window (window > 0; positions [T] int64, each query's rotary position p), a query
+// sees the prefix keys j with p - j < window, as its branch run as a chain would; the window must span the W slots.
+// scale, softcap: as `attend_all`.  ->  [T, H, Dh]
 torch::Tensor tree_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache, int64_t prefix,
-                             torch::Tensor mask) {
+                             torch::Tensor mask, int64_t window, c10::optional<torch::Tensor> positions, double scale,
+                             double softcap) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat && q.is_contiguous(), "q must be [T, H, Dh] float32");
   TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be [Hkv, C, Dh]");
   TORCH_CHECK(mask.dim() == 2 && mask.scalar_type() == torch::kBool && mask.is_contiguous() &&
@@ -657,15 +675,24 @@ torch::Tensor tree_attention(torch::Tensor q, torch::Tensor k_cache, torch::Tens
   const float* vp = v_cache.data_ptr<float>();
   const bool* mp = mask.data_ptr<bool>();
   float* op = out.data_ptr<float>();
+  std::vector<int64_t> first_prefix_key(T, 0);  // the first prefix slot each query's window reaches
+  if (window > 0) {
+    TORCH_CHECK(window >= W, "a sliding window of ", window, " does not span the tree's ", W, " slots");
+    TORCH_CHECK(positions.has_value() && positions->dim() == 1 && positions->scalar_type() == torch::kLong &&
+                positions->numel() == T, "a sliding window needs the queries' positions, [T] int64");
+    auto ids = positions->contiguous();
+    for (int64_t t = 0; t < T; ++t)
+      first_prefix_key[t] = std::max<int64_t>(0, ids.data_ptr<int64_t>()[t] + 1 - window);
+  }
   // visible key positions of each query, in increasing order
   std::vector<std::vector<int64_t>> visible(T);
   for (int64_t t = 0; t < T; ++t) {
     visible[t].reserve(prefix + W);
-    for (int64_t j = 0; j < prefix; ++j) visible[t].push_back(j);
+    for (int64_t j = first_prefix_key[t]; j < prefix; ++j) visible[t].push_back(j);
     for (int64_t j = 0; j < W; ++j)
       if (mp[t * W + j]) visible[t].push_back(prefix + j);
   }
-  attend_all<false>(qp, op, T, H, Hkv, C, Dh, kp, vp,
+  attend_all<false>(qp, op, T, H, Hkv, C, Dh, kp, vp, scale, softcap,
                     [&visible](int64_t t) { return static_cast<int64_t>(visible[t].size()); },
                     [&visible](int64_t t, int64_t i) { return visible[t][i]; });
   return out;
@@ -679,9 +706,20 @@ inline __m256 silu_mul8(__m256 g, __m256 u) {
   return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
 }
 
-// silu(gate) * up, element-wise: gate, up [T, I] float32  ->  [T, I]. Every element goes through the same lane
+// gelu(gate) * up for 8 lanes, gelu in its tanh form (Gemma's gelu_pytorch_tanh): 0.5 g (1 + tanh(z)) with
+// z = sqrt(2 / pi) (g + 0.044715 g^3), computed as g / (1 + e^(-2z)), e^(-2z) clamped as in `silu_mul8`
+inline __m256 gelu_tanh_mul8(__m256 g, __m256 u) {
+  const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+  const __m256 z2 = _mm256_mul_ps(_mm256_set1_ps(-1.5957691216057308f),  // -2 sqrt(2 / pi)
+                                  _mm256_add_ps(g, _mm256_mul_ps(_mm256_set1_ps(0.044715f), cube)));
+  const __m256 e = exp_in_range(_mm256_min_ps(_mm256_max_ps(z2, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f)));
+  return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+// act(gate) * up, element-wise: gate, up [T, I] float32  ->  [T, I]. Every element goes through the same lane
 // arithmetic (a ragged end is padded to 8 lanes), so an element's value never depends on where it sits.
-torch::Tensor silu_mul(torch::Tensor gate, torch::Tensor up) {
+template <__m256 (*kGatedLanes)(__m256, __m256)>
+torch::Tensor gated_mul(torch::Tensor gate, torch::Tensor up) {
   TORCH_CHECK(gate.scalar_type() == torch::kFloat && up.scalar_type() == torch::kFloat && gate.is_contiguous() &&
               up.is_contiguous() && gate.sizes() == up.sizes(), "gate and up must be float32 tensors of one shape");
   auto out = torch::empty_like(gate);
@@ -691,16 +729,32 @@ torch::Tensor silu_mul(torch::Tensor gate, torch::Tensor up) {
   const int64_t n = gate.numel(), whole = n / 8;
   at::parallel_for(0, whole, 512, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i)
-      _mm256_storeu_ps(op + 8 * i, silu_mul8(_mm256_loadu_ps(gp + 8 * i), _mm256_loadu_ps(up_ + 8 * i)));
+      _mm256_storeu_ps(op + 8 * i, kGatedLanes(_mm256_loadu_ps(gp + 8 * i), _mm256_loadu_ps(up_ + 8 * i)));
   });
   if (n % 8) {
     alignas(32) float g[8] = {}, u[8] = {}, o[8];
     for (int64_t i = 8 * whole; i < n; ++i) g[i - 8 * whole] = gp[i], u[i - 8 * whole] = up_[i];
-    _mm256_store_ps(o, silu_mul8(_mm256_load_ps(g), _mm256_load_ps(u)));
+    _mm256_store_ps(o, kGatedLanes(_mm256_load_ps(g), _mm256_load_ps(u)));
     for (int64_t i = 8 * whole; i < n; ++i) op[i] = o[i - 8 * whole];
   }
   return out;
 }
+
+torch::Tensor silu_mul(torch::Tensor gate, torch::Tensor up) { return gated_mul<silu_mul8>(gate, up); }
+
+// cap tanh(x / cap), element by element (Gemma 2's final logits): a value's result depends on it alone.
+torch::Tensor softcap(torch::Tensor x, double cap) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && x.is_contiguous() && cap > 0, "softcap takes contiguous float32");
+  auto out = torch::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float c = static_cast<float>(cap);
+  at::parallel_for(0, x.numel(), 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) op[i] = c * std::tanh(xp[i] / c);
+  });
+  return out;
+}
+torch::Tensor gelu_tanh_mul(torch::Tensor gate, torch::Tensor up) { return gated_mul<gelu_tanh_mul8>(gate, up); }
 
 // Rotary embedding of new queries and keys, and the keys and values written to their cache slots, in one pass.
 // q [T, H, Dh], k and v [T, Hkv, Dh] float32; cos, sin [P, Dh] (each row two copies of a half: the half-split
@@ -821,37 +875,53 @@ struct StackMatrix {
 
 struct StackLayer {
   torch::Tensor input_norm, post_norm;  // [D] float32
-  c10::optional<torch::Tensor> q_norm, k_norm;  // [Dh] float32: Qwen3's norm of each head's q and k (or none)
+  c10::optional<torch::Tensor> q_norm, k_norm;  // [Dh] float32: Qwen3's and Gemma 3's norm of each head's q and k
+  // [D] float32: Gemma's norms of the attention's and the MLP's outputs, before each joins the residual (or none)
+  c10::optional<torch::Tensor> attention_output_norm, mlp_output_norm;
+  int64_t window;      // sliding-window attention over this many positions (0: every earlier position)
+  int64_t rope_table;  // which of the rotary tables `forward` is given this layer rotates by
   StackMatrix q, k, v, o, gate, up, down;
 };
 
 class LayerStack {
  public:
-  LayerStack(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps)
-      : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(eps) {}
+  // attention_scale: what q.k is multiplied by (0: 1 / sqrt(head_dim)); attention_softcap: Gemma 2's cap of the
+  // scores (0: none); gelu: the MLP gates by gelu in its tanh form (Gemma) instead of silu
+  LayerStack(int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, double attention_scale,
+             double attention_softcap, bool gelu)
+      : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), eps_(eps), attention_scale_(attention_scale),
+        attention_softcap_(attention_softcap), gelu_(gelu) {}
 
   // matrices: q, k, v, o, gate, up, down, each (weight, qtype or -1 or kDensePanels, interleaved, bias or None)
   void add_layer(torch::Tensor input_norm, torch::Tensor post_norm, c10::optional<torch::Tensor> q_norm,
                  c10::optional<torch::Tensor> k_norm,
-                 std::vector<std::tuple<torch::Tensor, int64_t, bool, c10::optional<torch::Tensor>>> matrices) {
+                 std::vector<std::tuple<torch::Tensor, int64_t, bool, c10::optional<torch::Tensor>>> matrices,
+                 c10::optional<torch::Tensor> attention_output_norm, c10::optional<torch::Tensor> mlp_output_norm,
+                 int64_t window, int64_t rope_table) {
     TORCH_CHECK(matrices.size() == 7, "a layer has 7 matrices: q, k, v, o, gate, up, down");
     for (const auto& norm : {q_norm, k_norm})
       TORCH_CHECK(!norm.has_value() || norm->numel() == head_dim_, "a head norm has head_dim weights");
+    TORCH_CHECK(window >= 0 && rope_table >= 0, "a window and a rotary table index are not negative");
     std::vector<StackMatrix> stacked;
     for (auto& [weight, qtype, interleaved, bias] : matrices) stacked.push_back({weight, qtype, interleaved, bias});
-    layers_.push_back({input_norm, post_norm, q_norm, k_norm, stacked[0], stacked[1], stacked[2], stacked[3],
-                       stacked[4], stacked[5], stacked[6]});
+    layers_.push_back({input_norm, post_norm, q_norm, k_norm, attention_output_norm, mlp_output_norm, window,
+                       rope_table, stacked[0], stacked[1], stacked[2], stacked[3], stacked[4], stacked[5], stacked[6]});
   }
 
   int64_t size() const { return static_cast<int64_t>(layers_.size()); }
 
   // hidden [T, D] float32: rows firsts[s] .. firsts[s] + counts[s] - 1 belong to sequence s, whose K/V go to
   // slots starts[s] .. of keys[s], values[s] ([layers, Hkv, C, Dh] each) and which attend to every earlier slot.
-  // cos, sin [P, Dh]: the rotary tables, covering every position of the pass.  ->  [T, D] after the last layer
+  // cos, sin: the rotary tables [P, Dh] (one pair per `rope_table` of the layers), covering every position of the
+  // pass.  ->  [T, D] after the last layer
   torch::Tensor forward(torch::Tensor hidden, const std::vector<int64_t>& firsts, const std::vector<int64_t>& counts,
                         const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
-                        const std::vector<int64_t>& starts, const torch::Tensor& cos, const torch::Tensor& sin) const {
+                        const std::vector<int64_t>& starts, const std::vector<torch::Tensor>& cos,
+                        const std::vector<torch::Tensor>& sin) const {
     const size_t n_segments = firsts.size();
+    TORCH_CHECK(cos.size() == sin.size(), "one sine table per cosine table");
+    for (const auto& layer : layers_)
+      TORCH_CHECK(layer.rope_table < static_cast<int64_t>(cos.size()), "a layer's rotary table is missing");
     TORCH_CHECK(n_segments > 0 && counts.size() == n_segments && keys.size() == n_segments &&
                 values.size() == n_segments && starts.size() == n_segments, "one entry per sequence in each list");
     TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous(), "hidden must be [T, D] contiguous");
@@ -872,22 +942,28 @@ class LayerStack {
         auto keys_layer = keys[s].select(0, index), values_layer = values[s].select(0, index);  // [Hkv, C, Dh]
         auto q_rotated = ::rope_store(q.narrow(0, first, n).view({n, heads_, head_dim_}),
                                     k.narrow(0, first, n).view({n, kv_heads_, head_dim_}),
-                                    v.narrow(0, first, n).view({n, kv_heads_, head_dim_}), cos, sin, c10::nullopt,
-                                    keys_layer, values_layer, starts[s]);
-        attended[s] = ::attention(q_rotated, keys_layer, values_layer, starts[s]);  // [n, H, Dh]
+                                    v.narrow(0, first, n).view({n, kv_heads_, head_dim_}), cos[layer.rope_table],
+                                    sin[layer.rope_table], c10::nullopt, keys_layer, values_layer, starts[s]);
+        attended[s] = ::attention(q_rotated, keys_layer, values_layer, starts[s], layer.window, attention_scale_,
+                                  attention_softcap_);  // [n, H, Dh]
       }
       auto heads = n_segments == 1 ? attended[0] : torch::cat(attended);  // [T, H, Dh]
-      hidden = hidden + layer.o.apply(heads.view({rows, -1}));
+      auto attention_out = layer.o.apply(heads.view({rows, -1}));  // [T, D]
+      if (layer.attention_output_norm) attention_out = ::rms_norm(attention_out, *layer.attention_output_norm, eps_);
+      hidden = hidden + attention_out;
       x = ::rms_norm(hidden, layer.post_norm, eps_);
-      auto gated = ::silu_mul(layer.gate.apply(x), layer.up.apply(x));  // [T, I]
-      hidden = hidden + layer.down.apply(gated);
+      auto gate = layer.gate.apply(x), up = layer.up.apply(x);  // [T, I]
+      auto mlp_out = layer.down.apply(gelu_ ? ::gelu_tanh_mul(gate, up) : ::silu_mul(gate, up));  // [T, D]
+      if (layer.mlp_output_norm) mlp_out = ::rms_norm(mlp_out, *layer.mlp_output_norm, eps_);
+      hidden = hidden + mlp_out;
     }
     return hidden;
   }
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
-  double eps_;
+  double eps_, attention_scale_, attention_softcap_;
+  bool gelu_;
   std::vector<StackLayer> layers_;
 };
 
@@ -895,7 +971,7 @@ class LayerStack {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<LayerStack>(m, "LayerStack", "a model's decoder layers, run over a chain pass in one call")
-      .def(pybind11::init<int64_t, int64_t, int64_t, double>())
+      .def(pybind11::init<int64_t, int64_t, int64_t, double, double, double, bool>())
       .def("add_layer", &LayerStack::add_layer)
       .def("__len__", &LayerStack::size)
       // no Python object is touched inside: other threads (the server's event loop) run during the pass
@@ -906,9 +982,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_panels", &linear_panels, "batch-invariant x @ W.T (+ b) over W repacked in panels (dense_panel_rows)");
   m.def("dense_panel_rows", &dense_panel_rows, "rows per dense panel in this build (0: none, `linear` only)");
   m.def("rms_norm", &rms_norm, "row-wise RMSNorm, fixed reduction order");
-  m.def("attention", &attention, "causal GQA attention of new queries against the KV cache");
-  m.def("tree_attention", &tree_attention, "GQA attention of new queries against chosen keys (token trees)");
+  m.def("attention", &attention, "causal GQA attention of new queries against the KV cache (a sliding window)",
+        pybind11::arg("q"), pybind11::arg("k_cache"), pybind11::arg("v_cache"), pybind11::arg("start"),
+        pybind11::arg("window") = 0, pybind11::arg("scale") = 0.0, pybind11::arg("softcap") = 0.0);
+  m.def("tree_attention", &tree_attention, "GQA attention of new queries against chosen keys (token trees)",
+        pybind11::arg("q"), pybind11::arg("k_cache"), pybind11::arg("v_cache"), pybind11::arg("prefix"),
+        pybind11::arg("mask"), pybind11::arg("window") = 0, pybind11::arg("positions") = pybind11::none(),
+        pybind11::arg("scale") = 0.0, pybind11::arg("softcap") = 0.0);
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
+  m.def("gelu_tanh_mul", &gelu_tanh_mul, "gelu(gate) * up, gelu in its tanh form");
+  m.def("softcap", &softcap, "cap tanh(x / cap), element by element");
   m.def("rope_store", &rope_store, "rotary embedding of q and k, k and v written to their cache slots");
   m.def("qlinear", &qlinear, "batch-invariant x @ W.T (+ b) with W in a GGUF block format (int8 activations)");
   m.def("qdequantize_rows", &qdequantize_rows, "rows of a GGUF block-format matrix as float32");

@@ -1,5 +1,5 @@
-"""A native forward for the Llama/Qwen2/Qwen3/Mistral family, over the weights of a loaded Hugging Face model or of
-a GGUF file.
+"""A native forward for the Llama/Qwen2/Qwen3/Mistral and Gemma 2/3 family, over the weights of a loaded Hugging
+Face model or of a GGUF file.
 
 Why: the generic transformers forward is correct for every causal LM but computes a k-token verify pass
 with different kernels than a 1-token decode step, so the two round differently (and cost 2-3x more for
@@ -26,7 +26,10 @@ from ...errors import SpecdraftError
 from .gguf_weights import GGUFTensors, PanelWeight, QuantWeight, stored_bytes, take_rows, unpermute_rows
 from .kernels import load_kernels, unavailable_reason
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text")
+# Gemma's layers: norms of (1 + weight), the attention's and the MLP's outputs normed before the residual, a gelu
+# gate, embeddings scaled by sqrt(hidden), local layers with a sliding window (and in Gemma 3 their own RoPE)
+GEMMA_MODEL_TYPES = ("gemma2", "gemma3_text")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # inverse frequencies fixed at load time
 # float32 passes longer than this (prompt prefill) use torch's matmul: faster for many rows, and batch
 # invariance matters only between verify passes and decode steps, which are all far shorter. bf16 weights
@@ -35,22 +38,43 @@ STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # inverse frequenci
 MAX_KERNEL_ROWS = 32
 
 
+def _rope_parameters(config, layer_type: str | None = None) -> dict:
+    """The config's RoPE parameters; Gemma 3's are per layer type ("full_attention", "sliding_attention")."""
+    parameters = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if not isinstance(parameters, dict):
+        return {}
+    if layer_type is not None and isinstance(parameters.get(layer_type), dict):
+        return parameters[layer_type]
+    return parameters
+
+
 def config_unsupported_reason(config) -> str | None:
     """Why a model of this Hugging Face config cannot run natively (None when it can), whatever its weights."""
     model_type = getattr(config, "model_type", "")
     if model_type not in SUPPORTED_MODEL_TYPES:
         return f"model type {model_type!r} is not in the native family ({', '.join(SUPPORTED_MODEL_TYPES)})"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"activation {config.hidden_act!r} (native supports silu)"
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if rope_type not in STATIC_ROPE_TYPES:
-        return f"rope type {rope_type!r} (native supports {', '.join(STATIC_ROPE_TYPES)})"
+    gemma = model_type in GEMMA_MODEL_TYPES
+    activation = getattr(config, "hidden_activation", None) if gemma else getattr(config, "hidden_act", "silu")
+    if activation != ("gelu_pytorch_tanh" if gemma else "silu"):
+        return f"activation {activation!r} (native supports silu, and gelu_pytorch_tanh in Gemma)"
     layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    # Qwen's configs name a window that only `use_sliding_window` turns on; Mistral's applies whenever it is set
-    window = getattr(config, "sliding_window", None) if model_type == "mistral" else None
-    if layer_types != {"full_attention"} or getattr(config, "use_sliding_window", False) or window is not None:
-        return "sliding-window attention layers"
+    for layer_type in sorted(layer_types):
+        rope = _rope_parameters(config, layer_type)
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in STATIC_ROPE_TYPES:
+            return f"rope type {rope_type!r} (native supports {', '.join(STATIC_ROPE_TYPES)})"
+    if gemma:
+        if not layer_types <= {"full_attention", "sliding_attention"}:
+            return f"layer types {sorted(layer_types)}"
+        if getattr(config, "use_bidirectional_attention", False):
+            return "bidirectional attention (an embedding model)"
+        if "sliding_attention" in layer_types and not getattr(config, "sliding_window", None):
+            return "sliding-window layers without a window"
+    else:
+        # Qwen's configs name a window that only `use_sliding_window` turns on; Mistral's applies whenever it is set
+        window = getattr(config, "sliding_window", None) if model_type == "mistral" else None
+        if layer_types != {"full_attention"} or getattr(config, "use_sliding_window", False) or window is not None:
+            return "sliding-window attention layers"
     if getattr(config, "mlp_bias", False) or getattr(config, "pretraining_tp", 1) != 1:
         return "MLP biases or tensor-parallel pretraining layout"
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -90,36 +114,84 @@ class _Layer:
     down: Weight  # [D, I]
     q_norm: torch.Tensor | None = None  # [Dh] float32: Qwen3's RMSNorm of each head's q, before the rotary embedding
     k_norm: torch.Tensor | None = None  # [Dh] float32: the same for k
+    attention_output_norm: torch.Tensor | None = None  # [D] float32: Gemma's norm of o's output, before the residual
+    mlp_output_norm: torch.Tensor | None = None  # [D] float32: Gemma's norm of down's output, before the residual
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What a model type changes in the shared decoder layer; the defaults are Llama/Qwen2/Qwen3/Mistral's."""
+
+    gelu: bool = False  # the MLP gates by gelu in its tanh form instead of silu
+    embed_scale: float = 1.0  # what the embeddings are multiplied by (Gemma: sqrt(hidden size))
+    attention_scale: float = 0.0  # what q.k is multiplied by (0: 1 / sqrt(head size))
+    attention_softcap: float = 0.0  # Gemma 2: scores capped as cap tanh(score / cap) (0: none)
+    final_softcap: float = 0.0  # Gemma 2: the logits capped the same way (0: none)
+    windows: tuple[int, ...] = ()  # per layer: a sliding window over this many positions (0: every position)
+    rope_tables: tuple[int, ...] = ()  # per layer: which of `_rotary_layer_types(config)` it rotates by
+
+
+def _rotary_layer_types(config) -> list[str | None]:
+    """The layer types with rotary tables of their own: Gemma 3's full and sliding layers ([full, sliding]); one
+    table ([None]) for every other model."""
+    parameters = getattr(config, "rope_parameters", None)
+    if isinstance(parameters, dict) and isinstance(parameters.get("sliding_attention"), dict):
+        return ["full_attention", "sliding_attention"]
+    return [None]
+
+
+def model_variant(config, embed_dtype: torch.dtype = torch.float32) -> Variant:
+    """The `Variant` of a (supported) config. embed_dtype: the embedding's dtype, in which transformers rounds
+    Gemma's scale (sqrt(1152) = 33.94 is 34.0 in bfloat16; llama.cpp multiplies by the float32 root)."""
+    n_layers = config.num_hidden_layers
+    if config.model_type not in GEMMA_MODEL_TYPES:
+        return Variant(windows=(0,) * n_layers, rope_tables=(0,) * n_layers)
+    layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * n_layers)
+    table_types = _rotary_layer_types(config)
+    return Variant(
+        gelu=True, embed_scale=float(torch.tensor(config.hidden_size ** 0.5).to(embed_dtype)),
+        attention_scale=float(config.query_pre_attn_scalar) ** -0.5,
+        attention_softcap=float(getattr(config, "attn_logit_softcapping", None) or 0.0),
+        final_softcap=float(getattr(config, "final_logit_softcapping", None) or 0.0),
+        windows=tuple(int(config.sliding_window) if kind == "sliding_attention" else 0 for kind in layer_types),
+        rope_tables=tuple(table_types.index(kind) if kind in table_types else 0 for kind in layer_types))
 
 
 def _bias(linear: torch.nn.Linear) -> torch.Tensor | None:
     return None if linear.bias is None else linear.bias.detach().float().contiguous()
 
 
-def _head_norm(attention: torch.nn.Module, name: str) -> torch.Tensor | None:
-    """A per-head norm's weight (Qwen3's q_norm and k_norm), or None for a model without one."""
-    norm = getattr(attention, name, None)
-    return None if norm is None else norm.weight.detach().float().contiguous()
+def _norm_weight(norm: torch.nn.Module | None, offset: float) -> torch.Tensor | None:
+    """An RMSNorm's weight as the kernels multiply by it: float32, plus 1 for Gemma's (which multiply by 1 + weight,
+    the sum in float32, as llama.cpp's converter stores them). None for a model without that norm."""
+    return None if norm is None else (norm.weight.detach().float() + offset).contiguous()
 
 
-def rotary_frequencies(config) -> tuple[torch.Tensor, float]:
-    """The inverse frequencies [Dh / 2] and attention scaling that a Llama/Qwen2/Qwen3/Mistral model of transformers
-    computes for `config` (its RotaryEmbedding's), without importing the model's code: the default RoPE by the same
-    float32 operations, any other type (linear, dynamic, yarn, llama3, ...) by transformers' own function for it."""
-    parameters = getattr(config, "rope_parameters", None) or {}
+def _module_rotary(rotary: torch.nn.Module, layer_type: str | None) -> tuple[torch.Tensor, float]:
+    """The inverse frequencies and attention scaling a transformers rotary module holds (for Gemma 3, per layer
+    type)."""
+    prefix = "" if layer_type is None else f"{layer_type}_"
+    return getattr(rotary, f"{prefix}inv_freq"), float(getattr(rotary, f"{prefix}attention_scaling", 1.0))
+
+
+def rotary_frequencies(config, layer_type: str | None = None) -> tuple[torch.Tensor, float]:
+    """The inverse frequencies [Dh / 2] and attention scaling that the model of transformers computes for `config`
+    (its RotaryEmbedding's; Gemma 3's for `layer_type`), without importing the model's code: the default RoPE by the
+    same float32 operations, any other type (linear, dynamic, yarn, llama3, ...) by transformers' own function."""
+    parameters = _rope_parameters(config, layer_type)
     rope_type = parameters.get("rope_type", parameters.get("type", "default"))
     if rope_type != "default":
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config)
+        extra = {} if layer_type is None else {"layer_type": layer_type}
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, **extra)
         return inv_freq, float(scaling)
-    return default_rotary_frequencies(config), 1.0
+    return default_rotary_frequencies(config, layer_type), 1.0
 
 
-def default_rotary_frequencies(config) -> torch.Tensor:
+def default_rotary_frequencies(config, layer_type: str | None = None) -> torch.Tensor:
     """The unscaled RoPE's inverse frequencies [Dh / 2], by transformers' float32 operations."""
-    parameters = getattr(config, "rope_parameters", None) or {}
-    base = parameters["rope_theta"]
+    base = _rope_parameters(config, layer_type)["rope_theta"]
     dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
 
@@ -128,10 +200,11 @@ def gguf_rotary_frequencies(weights: GGUFTensors, config) -> tuple[torch.Tensor,
     """`rotary_frequencies` for a GGUF file. llama.cpp's converter writes a Llama 3 RoPE (rope type llama3) as a
     tensor, `rope_freqs.weight` [Dh / 2]: each frequency is the unscaled one divided by its factor there.
     transformers' reading of such a file keeps no RoPE scaling in the config, so the file's factors decide."""
+    layer_type = _rotary_layer_types(config)[0]
     factors = weights.get("rope_freqs.weight")
     if factors is None:
-        return rotary_frequencies(config)
-    inv_freq = default_rotary_frequencies(config)
+        return rotary_frequencies(config, layer_type)
+    inv_freq = default_rotary_frequencies(config, layer_type)
     if isinstance(factors, QuantWeight) or factors.numel() != inv_freq.numel():
         raise SpecdraftError(f"{weights.path.name}: rope_freqs.weight holds {tuple(factors.shape)}, not the "
                              f"{inv_freq.numel()} factors of heads of {2 * inv_freq.numel()}")
@@ -139,7 +212,7 @@ def gguf_rotary_frequencies(weights: GGUFTensors, config) -> tuple[torch.Tensor,
 
 
 class NativeLlama:
-    """Forward passes of a Llama/Qwen2/Qwen3/Mistral model over a `NativeCache`."""
+    """Forward passes of a Llama/Qwen2/Qwen3/Mistral or Gemma 2/3 model over a `NativeCache`."""
 
     def __init__(self, hf_model, panels: bool = False):
         """The native forward over an already loaded Hugging Face model's weights (shared, not copied). With
@@ -163,23 +236,31 @@ class NativeLlama:
                 self.transformers_spent = True
             return repacked
 
+        config = hf_model.config
+        gemma = config.model_type in GEMMA_MODEL_TYPES
+        offset = 1.0 if gemma else 0.0  # Gemma's norms multiply by 1 + weight
         layers = []
         for layer in base.layers:
             attn, mlp = layer.self_attn, layer.mlp
             layers.append(_Layer(
-                input_norm=layer.input_layernorm.weight.detach().float().contiguous(),
+                input_norm=_norm_weight(layer.input_layernorm, offset),
                 q=matrix(attn.q_proj), q_bias=_bias(attn.q_proj),
                 k=matrix(attn.k_proj), k_bias=_bias(attn.k_proj),
                 v=matrix(attn.v_proj), v_bias=_bias(attn.v_proj),
                 o=matrix(attn.o_proj), o_bias=_bias(attn.o_proj),
-                post_norm=layer.post_attention_layernorm.weight.detach().float().contiguous(),
+                # the norm before the MLP: Gemma's pre_feedforward_layernorm (its post_attention_layernorm norms the
+                # attention's output), Llama's post_attention_layernorm
+                post_norm=_norm_weight(layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm,
+                                       offset),
                 gate=matrix(mlp.gate_proj), up=matrix(mlp.up_proj), down=matrix(mlp.down_proj),
-                q_norm=_head_norm(attn, "q_norm"), k_norm=_head_norm(attn, "k_norm")))
-        rotary = base.rotary_emb
-        self._setup(hf_model.config, (rotary.inv_freq, float(getattr(rotary, "attention_scaling", 1.0))),
-                    base.embed_tokens.weight.detach(),
-                    hf_model.get_output_embeddings().weight.detach(), base.norm.weight.detach().float().contiguous(),
-                    layers, base.embed_tokens.weight.dtype)
+                q_norm=_norm_weight(getattr(attn, "q_norm", None), offset),
+                k_norm=_norm_weight(getattr(attn, "k_norm", None), offset),
+                attention_output_norm=_norm_weight(layer.post_attention_layernorm, offset) if gemma else None,
+                mlp_output_norm=_norm_weight(layer.post_feedforward_layernorm, offset) if gemma else None))
+        embed_dtype = base.embed_tokens.weight.dtype
+        self._setup(config, [_module_rotary(base.rotary_emb, kind) for kind in _rotary_layer_types(config)],
+                    base.embed_tokens.weight.detach(), hf_model.get_output_embeddings().weight.detach(),
+                    _norm_weight(base.norm, offset), layers, embed_dtype, model_variant(config, embed_dtype))
 
     @classmethod
     def from_gguf(cls, weights: GGUFTensors, config) -> "NativeLlama":
@@ -201,9 +282,11 @@ class NativeLlama:
             tensor = weights.get(name)
             return None if tensor is None else tensor.float().contiguous()
 
-        def norm(name: str, optional: bool = False) -> torch.Tensor | None:  # optional: Qwen3's head norms
-            tensor = weights.get(name) if optional else weights.need(name)
+        def norm(name: str, optional: bool = False) -> torch.Tensor | None:  # optional: Qwen3's head norms, ...
+            tensor = weights.get(name) if optional else weights.need(name)  # (Gemma's hold 1 + weight already)
             return None if tensor is None else tensor.float().contiguous()
+
+        gemma = config.model_type in GEMMA_MODEL_TYPES
 
         def interleaved(weight: Weight) -> Weight:  # block formats in groups of 8 rows, dense ones in panels
             if isinstance(weight, QuantWeight):
@@ -236,23 +319,28 @@ class NativeLlama:
                 gate=weights.need(prefix + "ffn_gate.weight"), up=weights.need(prefix + "ffn_up.weight"),
                 down=weights.need(prefix + "ffn_down.weight"),
                 q_norm=norm(prefix + "attn_q_norm.weight", optional=True),
-                k_norm=norm(prefix + "attn_k_norm.weight", optional=True)))
+                k_norm=norm(prefix + "attn_k_norm.weight", optional=True),
+                attention_output_norm=norm(prefix + "post_attention_norm.weight") if gemma else None,
+                mlp_output_norm=norm(prefix + "post_ffw_norm.weight") if gemma else None))
         for layer in layers:  # the block-format matrices in groups of 8 rows, for passes of several tokens
             for field in ("q", "k", "v", "o", "gate", "up", "down"):
                 setattr(layer, field, interleaved(getattr(layer, field)))
         embed = weights.need("token_embd.weight")  # rows looked up one by one: kept as the file has it
         lm_head = weights.get("output.weight")
-        native._setup(config, gguf_rotary_frequencies(weights, config), embed, embed if lm_head is None else lm_head,
-                      norm("output_norm.weight"), layers, "gguf")
+        rotary = [gguf_rotary_frequencies(weights, config)] + [
+            rotary_frequencies(config, kind) for kind in _rotary_layer_types(config)[1:]]  # Gemma 3's local RoPE
+        native._setup(config, rotary, embed, embed if lm_head is None else lm_head, norm("output_norm.weight"),
+                      layers, "gguf", model_variant(config))
         # a separate head is repacked on its first full use (`logits`): a draft that scores a reduced vocabulary
         # copies its rows from the file and never needs the whole head repacked (145 MB for the 0.5B)
         native._unpacked_head = weights if isinstance(lm_head, QuantWeight) else None  # a dense head is used as it is
         native.gguf_formats = dict(weights.formats)
         return native
 
-    def _setup(self, config, rotary: tuple[torch.Tensor, float], embed: Weight, lm_head: Weight,
-               final_norm: torch.Tensor, layers: list[_Layer], weight_dtype) -> None:
-        """rotary: the inverse frequencies [Dh / 2] and the attention scaling of the model's rotary embedding."""
+    def _setup(self, config, rotary: list[tuple[torch.Tensor, float]], embed: Weight, lm_head: Weight,
+               final_norm: torch.Tensor, layers: list[_Layer], weight_dtype, variant: Variant) -> None:
+        """rotary: per rotary table (`_rotary_layer_types`), the inverse frequencies [Dh / 2] and the attention
+        scaling of the model's rotary embedding."""
         self.ops = load_kernels()
         self.n_heads = config.num_attention_heads
         self.n_kv_heads = config.num_key_value_heads
@@ -266,23 +354,27 @@ class NativeLlama:
         self._unpacked_head: GGUFTensors | None = None  # the file of a head still to be repacked on first use
         self.final_norm = final_norm  # [D] float32
         self.layers = layers
+        self.variant = variant
         # rotary tables, computed as transformers does (float32 angles) for the positions used so far: a position's
         # row depends on it alone, so growing the tables never changes a row (all 32k positions of Qwen2.5 would
-        # hold 34 MB per model)
-        self.inv_freq = rotary[0].detach().float()  # [Dh / 2]
-        self.rotary_scaling = float(rotary[1])
-        self.cos = self.sin = torch.empty(0, 2 * self.inv_freq.numel())
+        # hold 34 MB per model). One table per `_rotary_layer_types` (Gemma 3: its full layers', its local ones').
+        self.inv_freqs = [inv_freq.detach().float() for inv_freq, _ in rotary]  # [Dh / 2] each
+        self.rotary_scalings = [float(scaling) for _, scaling in rotary]
+        self.cos_tables = self.sin_tables = [torch.empty(0, 2 * self.inv_freqs[0].numel())] * len(rotary)
         self._cover_positions(min(ROTARY_ROWS, self.max_positions))
         # the layers for a chain pass in one kernel call (`_layers`); the same tensors as `layers`, not copies
-        self._stack = self.ops.LayerStack(self.n_heads, self.n_kv_heads, self.head_dim, self.eps)
-        for layer in layers:
+        self._stack = self.ops.LayerStack(self.n_heads, self.n_kv_heads, self.head_dim, self.eps,
+                                          variant.attention_scale, variant.attention_softcap, variant.gelu)
+        for index, layer in enumerate(layers):
             self._stack.add_layer(layer.input_norm, layer.post_norm, layer.q_norm, layer.k_norm, [
                 (weight.blocks, weight.qtype, weight.interleaved, bias) if isinstance(weight, QuantWeight)
                 else (weight.panels, -2, False, bias) if isinstance(weight, PanelWeight)
                 else (weight, -1, False, bias)
                 for weight, bias in ((layer.q, layer.q_bias), (layer.k, layer.k_bias), (layer.v, layer.v_bias),
                                      (layer.o, layer.o_bias), (layer.gate, None), (layer.up, None),
-                                     (layer.down, None))])
+                                     (layer.down, None))],
+                                  layer.attention_output_norm, layer.mlp_output_norm, variant.windows[index],
+                                  variant.rope_tables[index])
         self._has_float32_matrices = not self.rows_batch_invariant
         self._loaded_on = threading.get_ident()  # the thread whose OpenMP team loading started (`_check_thread`)
         self._thread_warned = False
@@ -291,18 +383,23 @@ class NativeLlama:
         """Rotary tables with at least the first n positions (doubling, up to max_positions). Rows are computed in
         blocks of ROTARY_ROWS positions that always start at a multiple of ROTARY_ROWS, so a position's row comes
         from the same computation whatever the tables held before (bit for bit, in every run)."""
-        have = self.cos.shape[0]
+        have = self.cos_tables[0].shape[0]
         if n <= have:
             return
         want = min(max(n, 2 * have), self.max_positions)
-        cos, sin = [self.cos], [self.sin]
-        for start in range(have, want, ROTARY_ROWS):
-            positions = torch.arange(start, start + ROTARY_ROWS, dtype=torch.float32)
-            angles = positions[:, None] * self.inv_freq[None, :]  # [ROTARY_ROWS, Dh / 2]
-            table = torch.cat([angles, angles], dim=-1)  # [ROTARY_ROWS, Dh]
-            cos.append(table.cos() * self.rotary_scaling)
-            sin.append(table.sin() * self.rotary_scaling)
-        self.cos, self.sin = torch.cat(cos)[: self.max_positions], torch.cat(sin)[: self.max_positions]
+        cos_tables, sin_tables = [], []
+        for inv_freq, scaling, old_cos, old_sin in zip(self.inv_freqs, self.rotary_scalings, self.cos_tables,
+                                                       self.sin_tables):
+            cos, sin = [old_cos], [old_sin]
+            for start in range(have, want, ROTARY_ROWS):
+                positions = torch.arange(start, start + ROTARY_ROWS, dtype=torch.float32)
+                angles = positions[:, None] * inv_freq[None, :]  # [ROTARY_ROWS, Dh / 2]
+                table = torch.cat([angles, angles], dim=-1)  # [ROTARY_ROWS, Dh]
+                cos.append(table.cos() * scaling)
+                sin.append(table.sin() * scaling)
+            cos_tables.append(torch.cat(cos)[: self.max_positions])
+            sin_tables.append(torch.cat(sin)[: self.max_positions])
+        self.cos_tables, self.sin_tables = cos_tables, sin_tables
 
     @property
     def weight_bytes(self) -> int:
@@ -343,8 +440,10 @@ class NativeLlama:
                 return a is b or (type(a) is type(b) and a.equal(b))
             return a is b or (a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b))
 
-        rotary = (torch.equal(self.inv_freq, other.inv_freq) and self.rotary_scaling == other.rotary_scaling)
-        return (same(self.embed, other.embed) and rotary
+        rotary = (len(self.inv_freqs) == len(other.inv_freqs)
+                  and all(torch.equal(mine, theirs) for mine, theirs in zip(self.inv_freqs, other.inv_freqs))
+                  and self.rotary_scalings == other.rotary_scalings)
+        return (same(self.embed, other.embed) and rotary and self.variant == other.variant
                 and all(same(getattr(mine, field.name), getattr(theirs, field.name))
                         for mine, theirs in zip(self.layers[:depth], other.layers[:depth])
                         for field in fields(_Layer)))
@@ -372,7 +471,8 @@ class NativeLlama:
 
     def embed_tokens(self, token_ids: list[int]) -> torch.Tensor:
         """The residual stream entering layer 0: float32 [T, D]."""
-        return take_rows(self.embed, torch.tensor(token_ids, dtype=torch.long))
+        rows = take_rows(self.embed, torch.tensor(token_ids, dtype=torch.long))
+        return rows if self.variant.embed_scale == 1.0 else rows * self.variant.embed_scale
 
     def layer_forward(self, index: int, hidden: torch.Tensor, cache: "NativeCache", start: int,
                       positions: torch.Tensor | None = None,
@@ -407,7 +507,7 @@ class NativeLlama:
                                        [segment.n for segment in segments],
                                        [segment.cache.keys for segment in segments],
                                        [segment.cache.values for segment in segments],
-                                       [segment.start for segment in segments], self.cos, self.sin)
+                                       [segment.start for segment in segments], self.cos_tables, self.sin_tables)
         for index in range(len(self.layers)):
             hidden = self._layer(index, hidden, segments, kernel_only)
         return hidden
@@ -416,7 +516,8 @@ class NativeLlama:
                kernel_only: bool = False) -> torch.Tensor:
         """Layer `index` over the rows of one or several sequences (`segments`): norms and matrix products over
         all rows at once, the rotary embedding, cache writes and attention per sequence. hidden [T, D] -> [T, D]."""
-        ops, layer = self.ops, self.layers[index]
+        ops, layer, variant = self.ops, self.layers[index], self.variant
+        window, table = variant.windows[index], variant.rope_tables[index]
         n_rows = hidden.shape[0]
         x = ops.rms_norm(hidden, layer.input_norm, self.eps)  # [T, D]
         q = self._linear(x, layer.q, layer.q_bias, kernel_only)  # [T, H * Dh]
@@ -436,27 +537,41 @@ class NativeLlama:
             # q and k rotated; k and v written to cache slots start .. start + n - 1 of this layer
             q_rotated = ops.rope_store(q[rows].view(n, self.n_heads, self.head_dim),
                                        k[rows].view(n, self.n_kv_heads, self.head_dim),
-                                       v[rows].view(n, self.n_kv_heads, self.head_dim), self.cos, self.sin,
-                                       segment.positions, keys, values, segment.start)
+                                       v[rows].view(n, self.n_kv_heads, self.head_dim), self.cos_tables[table],
+                                       self.sin_tables[table], segment.positions, keys, values, segment.start)
             if segment.tree_mask is None:
-                attended.append(ops.attention(q_rotated, keys, values, segment.start))  # [n, H, Dh]
+                attended.append(ops.attention(q_rotated, keys, values, segment.start, window,
+                                              variant.attention_scale, variant.attention_softcap))  # [n, H, Dh]
             else:
                 attended.append(ops.tree_attention(q_rotated, keys, values,
-                                                   segment.start + n - segment.tree_mask.shape[1], segment.tree_mask))
+                                                   segment.start + n - segment.tree_mask.shape[1], segment.tree_mask,
+                                                   window, segment.positions, variant.attention_scale,
+                                                   variant.attention_softcap))
         heads = attended[0] if len(attended) == 1 else torch.cat(attended)  # [T, H, Dh]
-        hidden = hidden + self._linear(heads.view(n_rows, -1), layer.o, layer.o_bias, kernel_only)
+        attention_out = self._linear(heads.view(n_rows, -1), layer.o, layer.o_bias, kernel_only)  # [T, D]
+        if layer.attention_output_norm is not None:
+            attention_out = ops.rms_norm(attention_out, layer.attention_output_norm, self.eps)
+        hidden = hidden + attention_out
         x = ops.rms_norm(hidden, layer.post_norm, self.eps)
-        gated = ops.silu_mul(self._linear(x, layer.gate, None, kernel_only),
-                             self._linear(x, layer.up, None, kernel_only))  # [T, I]
-        return hidden + self._linear(gated, layer.down, None, kernel_only)
+        gate_mul = ops.gelu_tanh_mul if variant.gelu else ops.silu_mul
+        gated = gate_mul(self._linear(x, layer.gate, None, kernel_only),
+                         self._linear(x, layer.up, None, kernel_only))  # [T, I]
+        mlp_out = self._linear(gated, layer.down, None, kernel_only)  # [T, D]
+        if layer.mlp_output_norm is not None:
+            mlp_out = ops.rms_norm(mlp_out, layer.mlp_output_norm, self.eps)
+        return hidden + mlp_out
 
     def logits(self, hidden: torch.Tensor, lm_head: Weight | None = None, kernel_only: bool = False) -> torch.Tensor:
         """The final norm and the LM head over residual-stream rows: [T, D] -> float32 [T, V]. Any layer's
         output can go through them: that is an early exit (S2D, LayerSkip). lm_head: other rows to score
         instead of the model's head ([V_draft, D], a reduced draft vocabulary)."""
         head = self.full_head() if lm_head is None else lm_head
-        return self._linear(self.ops.rms_norm(hidden.contiguous(), self.final_norm, self.eps), head, None,
-                            kernel_only)
+        return self._capped(self._linear(self.ops.rms_norm(hidden.contiguous(), self.final_norm, self.eps), head,
+                                         None, kernel_only))
+
+    def _capped(self, logits: torch.Tensor) -> torch.Tensor:
+        """Gemma 2's soft cap of the logits (others: as they are)."""
+        return self.ops.softcap(logits, self.variant.final_softcap) if self.variant.final_softcap else logits
 
     def full_head(self) -> Weight:
         """The LM head for scoring every row: a GGUF head is repacked (`QuantWeight.interleave`) on first use."""
@@ -503,7 +618,7 @@ class NativeLlama:
         taps[len(self.layers)] = normed
         features = torch.stack([taps[i] for i in feature_layers], dim=1)  # [T, n_taps, D]
         head = self.full_head() if lm_head is None else lm_head
-        return self._linear(normed[-n_logits:].contiguous(), head, None), features  # [n_logits, V]
+        return self._capped(self._linear(normed[-n_logits:].contiguous(), head, None)), features  # [n_logits, V]
 
     def forward_many(self, passes: list[tuple[list[int], "NativeCache", int]],
                      heads: list[Weight | None] | None = None) -> list[torch.Tensor]:
