@@ -105,11 +105,11 @@ def gemma_without(model, monkeypatch, feature: str) -> None:
     *[(arch, feature) for arch in ("gemma2", "gemma3") for feature in (
         "gelu", "embed_scale", "attention_scale", "windows", "norm offsets", "attention_output_norm",
         "mlp_output_norm")],
-    ("gemma2", "attention_softcap"), ("gemma2", "final_softcap"), ("gemma3", "rope_tables")])
+    ("gemma2", "attention_softcap"), ("gemma2", "final_softcap"), ("gemma3", "rope_tables"), ("mistral", "windows")])
 def test_negative_control_gemma_without_each_of_its_features_fails_the_same_check(tiny_native, monkeypatch, arch,
                                                                                  feature):
-    """The check above sees every way Gemma's layers differ from Llama's: a forward without any one of them is far
-    off (the tiny models' windows of 6 positions are crossed by the 14 tokens)."""
+    """The check above sees every way Gemma's layers differ from Llama's (and Mistral's window): a forward without
+    any one of them is far off (the tiny models' windows of 6 positions are crossed by the 14 tokens)."""
     model = tiny_native[arch, "float32"]
     reference = transformers_logits(model, "float32")
     with torch.inference_mode():
@@ -120,7 +120,7 @@ def test_negative_control_gemma_without_each_of_its_features_fails_the_same_chec
     assert (native - reference).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "gemma2", "gemma3"])
+@pytest.mark.parametrize("arch", ["qwen2", "mistral", "gemma2", "gemma3"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_verify_pass_equals_single_steps_bit_for_bit(tiny_native, dtype, arch):
     """Batch invariance: scoring k tokens in one pass gives exactly the logits of k one-token steps (Gemma's: passes
@@ -416,16 +416,21 @@ def test_auto_falls_back_to_transformers_and_says_why(tmp_path):
     assert result.stats.backend == "transformers"
 
 
-def test_a_sliding_window_keeps_a_model_off_the_native_backend():
-    """Mistral's window applies whenever its config names one; Qwen's only with `use_sliding_window`."""
-    from transformers import MistralConfig, Qwen2Config, Qwen3Config
+def test_which_sliding_windows_run_natively():
+    """Mistral's window applies whenever its config names one (on every layer), Gemma's on its local layers: both
+    run natively; Qwen's window (only with `use_sliding_window`, on some layers) keeps a model off the backend."""
+    from transformers import Gemma3TextConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-    from specdraft.models.native.llama import config_unsupported_reason
+    from specdraft.models.native.llama import config_unsupported_reason, model_variant
 
-    assert "sliding-window" in config_unsupported_reason(MistralConfig(sliding_window=4096))
-    for config in (MistralConfig(sliding_window=None), Qwen3Config(sliding_window=4096), Qwen2Config()):
+    for config in (MistralConfig(sliding_window=4096), MistralConfig(sliding_window=None),
+                   Qwen3Config(sliding_window=4096), Qwen2Config(), Gemma3TextConfig(num_hidden_layers=6)):
         assert config_unsupported_reason(config) is None
+    assert model_variant(MistralConfig(sliding_window=4096, num_hidden_layers=2)).windows == (4096, 4096)
+    assert model_variant(MistralConfig(sliding_window=None, num_hidden_layers=2)).windows == (0, 0)
+    assert model_variant(Gemma3TextConfig(num_hidden_layers=6)).windows == (4096,) * 5 + (0,)
     assert "sliding-window" in config_unsupported_reason(Qwen3Config(use_sliding_window=True, sliding_window=64))
+    assert "bidirectional" in config_unsupported_reason(Gemma3TextConfig(use_bidirectional_attention=True))
 
 
 def test_forcing_native_on_an_unsupported_model_is_a_clear_error(tmp_path):

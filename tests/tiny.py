@@ -29,8 +29,8 @@ def build_model(path: Path, seed: int, vocab_size: int | None = None, layers: in
                 rope_parameters: dict | None = None) -> Path:
     """A random causal LM saved as a Hugging Face directory with the character tokenizer. arch: qwen2, llama,
     qwen3 (heads twice as wide as hidden / heads, as Qwen3's are wider than that, and random per-head q and k norms)
-    or mistral (no sliding window); gemma2 and gemma3 (Gemma 3's text model) with a sliding window of 6 positions
-    on their local layers (so that a dozen tokens cross it), a query scale other than 1 / sqrt(head size), random
+    or mistral; gemma2 and gemma3 (Gemma 3's text model); sliding windows of 6 positions (so that a dozen tokens
+    cross them) on every layer of mistral and on the local layers of gemma, a query scale other than 1 / sqrt(head size), random
     norm weights, and Gemma 2's soft caps made small enough to change the logits. rope_parameters: the config's,
     where not the default RoPE."""
     from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig,
@@ -42,7 +42,7 @@ def build_model(path: Path, seed: int, vocab_size: int | None = None, layers: in
                     "gemma2": Gemma2Config, "gemma3": Gemma3TextConfig}[arch]
     gemma = {"sliding_window": 6, "query_pre_attn_scalar": 24, "head_dim": hidden // 4,
              "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]}
-    extra = {"qwen3": {"head_dim": 2 * hidden // 4}, "mistral": {"sliding_window": None},
+    extra = {"qwen3": {"head_dim": 2 * hidden // 4}, "mistral": {"sliding_window": 6},
              "gemma2": {**gemma, "attn_logit_softcapping": 1.0, "final_logit_softcapping": 3.0},
              "gemma3": {**gemma, "rope_parameters": {
                  "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},

@@ -70,10 +70,9 @@ def config_unsupported_reason(config) -> str | None:
             return "bidirectional attention (an embedding model)"
         if "sliding_attention" in layer_types and not getattr(config, "sliding_window", None):
             return "sliding-window layers without a window"
-    else:
-        # Qwen's configs name a window that only `use_sliding_window` turns on; Mistral's applies whenever it is set
-        window = getattr(config, "sliding_window", None) if model_type == "mistral" else None
-        if layer_types != {"full_attention"} or getattr(config, "use_sliding_window", False) or window is not None:
+    elif model_type != "mistral":  # Mistral's window (when set) is on every layer (`model_variant`)
+        # Qwen's configs name a window that only `use_sliding_window` turns on
+        if layer_types != {"full_attention"} or getattr(config, "use_sliding_window", False):
             return "sliding-window attention layers"
     if getattr(config, "mlp_bias", False) or getattr(config, "pretraining_tp", 1) != 1:
         return "MLP biases or tensor-parallel pretraining layout"
@@ -144,8 +143,9 @@ def model_variant(config, embed_dtype: torch.dtype = torch.float32) -> Variant:
     """The `Variant` of a (supported) config. embed_dtype: the embedding's dtype, in which transformers rounds
     Gemma's scale (sqrt(1152) = 33.94 is 34.0 in bfloat16; llama.cpp multiplies by the float32 root)."""
     n_layers = config.num_hidden_layers
-    if config.model_type not in GEMMA_MODEL_TYPES:
-        return Variant(windows=(0,) * n_layers, rope_tables=(0,) * n_layers)
+    if config.model_type not in GEMMA_MODEL_TYPES:  # Mistral's window, where its config sets one, on every layer
+        window = int(getattr(config, "sliding_window", None) or 0) if config.model_type == "mistral" else 0
+        return Variant(windows=(window,) * n_layers, rope_tables=(0,) * n_layers)
     layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * n_layers)
     table_types = _rotary_layer_types(config)
     return Variant(
