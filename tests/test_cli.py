@@ -34,6 +34,19 @@ def test_user_mistakes_print_one_line_and_exit_nonzero(args, message):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("command", ["generate", "bench"])
+def test_chat_without_a_chat_template_is_a_clear_error(tiny_dirs, tmp_path, command):
+    """The tiny models' tokenizer has no chat template: chat prompts (the default) are refused in one line; the bench
+    encodes its turns as messages and once ended in a traceback."""
+    args = (["generate", "abc"] if command == "generate" else
+            ["bench", "--limit", "1", "--methods", "ar", "--max-new-tokens", "2", "--out", str(tmp_path / "b")])
+    proc = run_cli(*args, "--target", str(tiny_dirs["target"]), "--method" if command == "generate" else "--threads",
+                   "ar" if command == "generate" else "1")
+    assert proc.returncode == 2
+    assert "has no chat template" in proc.stderr and "--no-chat" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_incompatible_draft_is_a_clear_error(tiny_dirs, tmp_path):
     from tiny import build_model
 
