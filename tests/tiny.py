@@ -26,13 +26,13 @@ def build_tokenizer(chars: str = CHARS):
 
 def build_model(path: Path, seed: int, vocab_size: int | None = None, layers: int = 2, hidden: int = 32,
                 init_range: float = 0.3, arch: str = "qwen2", chars: str = CHARS,
-                rope_parameters: dict | None = None) -> Path:
+                rope_parameters: dict | None = None, tied: bool = False) -> Path:
     """A random causal LM saved as a Hugging Face directory with the character tokenizer. arch: qwen2, llama,
     qwen3 (heads twice as wide as hidden / heads, as Qwen3's are wider than that, and random per-head q and k norms)
     or mistral; gemma2 and gemma3 (Gemma 3's text model); sliding windows of 6 positions (so that a dozen tokens
     cross them) on every layer of mistral and on the local layers of gemma, a query scale other than 1 / sqrt(head size), random
     norm weights, and Gemma 2's soft caps made small enough to change the logits. rope_parameters: the config's,
-    where not the default RoPE."""
+    where not the default RoPE. tied: the LM head is the embedding."""
     from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig,
                               Qwen2Config, Qwen3Config)
 
@@ -51,13 +51,13 @@ def build_model(path: Path, seed: int, vocab_size: int | None = None, layers: in
         extra["rope_parameters"] = rope_parameters
     config = config_class(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
                           num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                          max_position_embeddings=512, initializer_range=init_range, tie_word_embeddings=False,
+                          max_position_embeddings=512, initializer_range=init_range, tie_word_embeddings=tied,
                           eos_token_id=1, bos_token_id=None, pad_token_id=0, **extra)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # <unk> never wins (logit 0 against random logits), <eos> only now and then
         head = model.get_output_embeddings().weight
-        head[0].zero_()
+        head[0].zero_()  # (tied: the embedding rows of <unk> and <eos>, which prompts do not hold)
         head[1].mul_(0.3)
         for name, weight in model.named_parameters():  # the head norms start as ones: make each weight count
             if name.endswith(("q_norm.weight", "k_norm.weight")):

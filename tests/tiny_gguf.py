@@ -110,6 +110,8 @@ def write_gguf(hf_dir: Path, cache: Path, name: str, qtype: str = "Q8_0", mixed:
     gemma = config.model_type.startswith("gemma")
     matrix = 0
     for hf_name, tensor in model.state_dict().items():
+        if hf_name == "lm_head.weight" and config.tie_word_embeddings:  # the converter writes no output.weight
+            continue
         values = tensor.float().numpy()
         if gemma and hf_name.endswith("norm.weight"):  # as llama.cpp's converter stores Gemma's norms: 1 + weight
             values = values + 1.0

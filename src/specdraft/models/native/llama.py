@@ -15,6 +15,7 @@ rolling back is a change of length.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import warnings
 from dataclasses import dataclass, fields
@@ -331,9 +332,10 @@ class NativeLlama:
             rotary_frequencies(config, kind) for kind in _rotary_layer_types(config)[1:]]  # Gemma 3's local RoPE
         native._setup(config, rotary, embed, embed if lm_head is None else lm_head, norm("output_norm.weight"),
                       layers, "gguf", model_variant(config))
-        # a separate head is repacked on its first full use (`logits`): a draft that scores a reduced vocabulary
-        # copies its rows from the file and never needs the whole head repacked (145 MB for the 0.5B)
-        native._unpacked_head = weights if isinstance(lm_head, QuantWeight) else None  # a dense head is used as it is
+        # a block-format head is repacked on its first full use (`logits`): a draft that scores a reduced vocabulary
+        # copies its rows from the file and never needs the whole head repacked (145 MB for the 0.5B); a tied one
+        # (Gemma's) too, and its embedding lookups then read the repacked rows (a dense head is used as it is)
+        native._unpacked_head = weights if isinstance(native.lm_head, QuantWeight) else None
         native.gguf_formats = dict(weights.formats)
         return native
 
@@ -443,7 +445,10 @@ class NativeLlama:
         rotary = (len(self.inv_freqs) == len(other.inv_freqs)
                   and all(torch.equal(mine, theirs) for mine, theirs in zip(self.inv_freqs, other.inv_freqs))
                   and self.rotary_scalings == other.rotary_scalings)
-        return (same(self.embed, other.embed) and rotary and self.variant == other.variant
+        def first_layers(variant: Variant) -> Variant:  # the model-wide settings and those of the shared layers
+            return dataclasses.replace(variant, windows=variant.windows[:depth], rope_tables=variant.rope_tables[:depth])
+
+        return (same(self.embed, other.embed) and rotary and first_layers(self.variant) == first_layers(other.variant)
                 and all(same(getattr(mine, field.name), getattr(theirs, field.name))
                         for mine, theirs in zip(self.layers[:depth], other.layers[:depth])
                         for field in fields(_Layer)))
@@ -574,9 +579,14 @@ class NativeLlama:
         return self.ops.softcap(logits, self.variant.final_softcap) if self.variant.final_softcap else logits
 
     def full_head(self) -> Weight:
-        """The LM head for scoring every row: a GGUF head is repacked (`QuantWeight.interleave`) on first use."""
+        """The LM head for scoring every row: a GGUF head is repacked (`QuantWeight.interleave`) on first use; a head
+        tied to the embedding is then the embedding too (its rows come back in the file's layout, the same values),
+        so the file's copy is let go, not kept beside it."""
         if self._unpacked_head is not None:
+            tied = self.embed is self.lm_head
             self.lm_head = self.lm_head.interleave(self._unpacked_head)
+            if tied:
+                self.embed = self.lm_head
             self._unpacked_head = None
         return self.lm_head
 
