@@ -22,7 +22,7 @@ from specdraft.models.native.llama import MAX_KERNEL_ROWS, native_unsupported_re
 from tiny import build_model
 
 TOKENS = [3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 11, 2, 6]
-ARCHS = ("qwen2", "llama", "qwen3", "mistral", "gemma2", "gemma3")
+ARCHS = ("qwen2", "llama", "qwen3", "mistral", "smollm3", "gemma2", "gemma3")
 
 
 @pytest.fixture(scope="module")
@@ -105,11 +105,13 @@ def gemma_without(model, monkeypatch, feature: str) -> None:
     *[(arch, feature) for arch in ("gemma2", "gemma3") for feature in (
         "gelu", "embed_scale", "attention_scale", "windows", "norm offsets", "attention_output_norm",
         "mlp_output_norm")],
-    ("gemma2", "attention_softcap"), ("gemma2", "final_softcap"), ("gemma3", "rope_tables"), ("mistral", "windows")])
+    ("gemma2", "attention_softcap"), ("gemma2", "final_softcap"), ("gemma3", "rope_tables"), ("mistral", "windows"),
+    ("smollm3", "rope_tables")])
 def test_negative_control_gemma_without_each_of_its_features_fails_the_same_check(tiny_native, monkeypatch, arch,
                                                                                  feature):
-    """The check above sees every way Gemma's layers differ from Llama's (and Mistral's window): a forward without
-    any one of them is far off (the tiny models' windows of 6 positions are crossed by the 14 tokens)."""
+    """The check above sees every way Gemma's layers differ from Llama's (and Mistral's window, SmolLM3's layers
+    without RoPE): a forward without any one of them is far off (the tiny models' windows of 6 positions are crossed
+    by the 14 tokens)."""
     model = tiny_native[arch, "float32"]
     reference = transformers_logits(model, "float32")
     with torch.inference_mode():
@@ -419,7 +421,7 @@ def test_auto_falls_back_to_transformers_and_says_why(tmp_path):
 def test_which_sliding_windows_run_natively():
     """Mistral's window applies whenever its config names one (on every layer), Gemma's on its local layers: both
     run natively; Qwen's window (only with `use_sliding_window`, on some layers) keeps a model off the backend."""
-    from transformers import Gemma3TextConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import Gemma3TextConfig, MistralConfig, Qwen2Config, Qwen3Config, SmolLM3Config
 
     from specdraft.models.native.llama import config_unsupported_reason, model_variant
 
@@ -431,6 +433,12 @@ def test_which_sliding_windows_run_natively():
     assert model_variant(Gemma3TextConfig(num_hidden_layers=6)).windows == (4096,) * 5 + (0,)
     assert "sliding-window" in config_unsupported_reason(Qwen3Config(use_sliding_window=True, sliding_window=64))
     assert "bidirectional" in config_unsupported_reason(Gemma3TextConfig(use_bidirectional_attention=True))
+    # SmolLM3: every 4th layer without RoPE (a table of no rotation), its window only where it is turned on
+    smollm3 = SmolLM3Config(num_hidden_layers=8)
+    assert config_unsupported_reason(smollm3) is None
+    assert model_variant(smollm3).rope_tables == (0, 0, 0, 1) * 2 and model_variant(smollm3).windows == (0,) * 8
+    windowed = SmolLM3Config(num_hidden_layers=4, use_sliding_window=True, sliding_window=64)
+    assert model_variant(windowed).windows == (0, 0, 0, 64)
 
 
 def test_forcing_native_on_an_unsupported_model_is_a_clear_error(tmp_path):

@@ -493,13 +493,13 @@ class Engine:
         return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
     def encode_messages(self, messages: list[dict]) -> list[int]:
-        if not getattr(self.target.tokenizer, "chat_template", None):
-            raise SpecdraftError(f"{self.target.name!r} has no chat template, so chat messages cannot be encoded "
-                                 "(raw text: --no-chat)")
         if not messages:
             raise SpecdraftError("no messages to answer")
         if not (isinstance(messages, (list, tuple)) and all(isinstance(m, dict) for m in messages)):
             raise SpecdraftError("messages must be a list of {'role': ..., 'content': text} dicts")
+        if not getattr(self.target.tokenizer, "chat_template", None):
+            raise SpecdraftError(f"{self.target.name!r} has no chat template, so chat messages cannot be encoded "
+                                 "(raw text: --no-chat)")
         for message in messages:
             if isinstance(message.get("content"), str):
                 check_text(message["content"], f"a {message.get('role', '')} message")

@@ -742,6 +742,8 @@ torch::Tensor gated_mul(torch::Tensor gate, torch::Tensor up) {
 
 torch::Tensor silu_mul(torch::Tensor gate, torch::Tensor up) { return gated_mul<silu_mul8>(gate, up); }
 
+torch::Tensor gelu_tanh_mul(torch::Tensor gate, torch::Tensor up) { return gated_mul<gelu_tanh_mul8>(gate, up); }
+
 // cap tanh(x / cap), element by element (Gemma 2's final logits): a value's result depends on it alone.
 torch::Tensor softcap(torch::Tensor x, double cap) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat && x.is_contiguous() && cap > 0, "softcap takes contiguous float32");
@@ -754,7 +756,6 @@ torch::Tensor softcap(torch::Tensor x, double cap) {
   });
   return out;
 }
-torch::Tensor gelu_tanh_mul(torch::Tensor gate, torch::Tensor up) { return gated_mul<gelu_tanh_mul8>(gate, up); }
 
 // Rotary embedding of new queries and keys, and the keys and values written to their cache slots, in one pass.
 // q [T, H, Dh], k and v [T, Hkv, Dh] float32; cos, sin [P, Dh] (each row two copies of a half: the half-split

@@ -1,5 +1,5 @@
-"""A native forward for the Llama/Qwen2/Qwen3/Mistral and Gemma 2/3 family, over the weights of a loaded Hugging
-Face model or of a GGUF file.
+"""A native forward for the Llama/Qwen2/Qwen3/Mistral/SmolLM3 and Gemma 2/3 family, over the weights of a loaded
+Hugging Face model or of a GGUF file.
 
 Why: the generic transformers forward is correct for every causal LM but computes a k-token verify pass
 with different kernels than a 1-token decode step, so the two round differently (and cost 2-3x more for
@@ -27,7 +27,7 @@ from ...errors import SpecdraftError
 from .gguf_weights import GGUFTensors, PanelWeight, QuantWeight, stored_bytes, take_rows, unpermute_rows
 from .kernels import load_kernels, unavailable_reason
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "smollm3", "gemma2", "gemma3_text")
 # Gemma's layers: norms of (1 + weight), the attention's and the MLP's outputs normed before the residual, a gelu
 # gate, embeddings scaled by sqrt(hidden), local layers with a sliding window (and in Gemma 3 their own RoPE)
 GEMMA_MODEL_TYPES = ("gemma2", "gemma3_text")
@@ -71,6 +71,9 @@ def config_unsupported_reason(config) -> str | None:
             return "bidirectional attention (an embedding model)"
         if "sliding_attention" in layer_types and not getattr(config, "sliding_window", None):
             return "sliding-window layers without a window"
+    elif model_type == "smollm3":  # its window, where `use_sliding_window` turns it on, on its sliding layers
+        if not layer_types <= {"full_attention", "sliding_attention"}:
+            return f"layer types {sorted(layer_types)}"
     elif model_type != "mistral":  # Mistral's window (when set) is on every layer (`model_variant`)
         # Qwen's configs name a window that only `use_sliding_window` turns on
         if layer_types != {"full_attention"} or getattr(config, "use_sliding_window", False):
@@ -131,19 +134,35 @@ class Variant:
     rope_tables: tuple[int, ...] = ()  # per layer: which of `_rotary_layer_types(config)` it rotates by
 
 
+NO_ROPE = "no_rope"  # the rotary "table" of SmolLM3's NoPE layers: every angle 0, a rotation that changes no bit
+
+
 def _rotary_layer_types(config) -> list[str | None]:
-    """The layer types with rotary tables of their own: Gemma 3's full and sliding layers ([full, sliding]); one
-    table ([None]) for every other model."""
+    """The layer types with rotary tables of their own: Gemma 3's full and sliding layers ([full, sliding]);
+    SmolLM3's layers with and without RoPE ([None, NO_ROPE]); one table ([None]) for every other model."""
     parameters = getattr(config, "rope_parameters", None)
     if isinstance(parameters, dict) and isinstance(parameters.get("sliding_attention"), dict):
         return ["full_attention", "sliding_attention"]
+    if not all(getattr(config, "no_rope_layers", None) or [1]):
+        return [None, NO_ROPE]
     return [None]
+
+
+def _no_rotation(config) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies of 0: cos 1 and sin 0 at every position, so x cos - y sin is x exactly."""
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return torch.zeros(dim // 2), 1.0
 
 
 def model_variant(config, embed_dtype: torch.dtype = torch.float32) -> Variant:
     """The `Variant` of a (supported) config. embed_dtype: the embedding's dtype, in which transformers rounds
     Gemma's scale (sqrt(1152) = 33.94 is 34.0 in bfloat16; llama.cpp multiplies by the float32 root)."""
     n_layers = config.num_hidden_layers
+    if config.model_type == "smollm3":  # NoPE layers; a window on the sliding layers where it is turned on
+        window = int(config.sliding_window or 0) if getattr(config, "use_sliding_window", False) else 0
+        return Variant(windows=tuple(window if kind == "sliding_attention" else 0 for kind in config.layer_types),
+                       rope_tables=tuple(0 if rope else len(_rotary_layer_types(config)) - 1
+                                         for rope in config.no_rope_layers))
     if config.model_type not in GEMMA_MODEL_TYPES:  # Mistral's window, where its config sets one, on every layer
         window = int(getattr(config, "sliding_window", None) or 0) if config.model_type == "mistral" else 0
         return Variant(windows=(window,) * n_layers, rope_tables=(0,) * n_layers)
@@ -179,6 +198,8 @@ def rotary_frequencies(config, layer_type: str | None = None) -> tuple[torch.Ten
     """The inverse frequencies [Dh / 2] and attention scaling that the model of transformers computes for `config`
     (its RotaryEmbedding's; Gemma 3's for `layer_type`), without importing the model's code: the default RoPE by the
     same float32 operations, any other type (linear, dynamic, yarn, llama3, ...) by transformers' own function."""
+    if layer_type == NO_ROPE:
+        return _no_rotation(config)
     parameters = _rope_parameters(config, layer_type)
     rope_type = parameters.get("rope_type", parameters.get("type", "default"))
     if rope_type != "default":
@@ -259,7 +280,8 @@ class NativeLlama:
                 attention_output_norm=_norm_weight(layer.post_attention_layernorm, offset) if gemma else None,
                 mlp_output_norm=_norm_weight(layer.post_feedforward_layernorm, offset) if gemma else None))
         embed_dtype = base.embed_tokens.weight.dtype
-        self._setup(config, [_module_rotary(base.rotary_emb, kind) for kind in _rotary_layer_types(config)],
+        self._setup(config, [_no_rotation(config) if kind == NO_ROPE else _module_rotary(base.rotary_emb, kind)
+                             for kind in _rotary_layer_types(config)],
                     base.embed_tokens.weight.detach(), hf_model.get_output_embeddings().weight.detach(),
                     _norm_weight(base.norm, offset), layers, embed_dtype, model_variant(config, embed_dtype))
 
@@ -445,8 +467,10 @@ class NativeLlama:
         rotary = (len(self.inv_freqs) == len(other.inv_freqs)
                   and all(torch.equal(mine, theirs) for mine, theirs in zip(self.inv_freqs, other.inv_freqs))
                   and self.rotary_scalings == other.rotary_scalings)
+
         def first_layers(variant: Variant) -> Variant:  # the model-wide settings and those of the shared layers
-            return dataclasses.replace(variant, windows=variant.windows[:depth], rope_tables=variant.rope_tables[:depth])
+            return dataclasses.replace(variant, windows=variant.windows[:depth],
+                                       rope_tables=variant.rope_tables[:depth])
 
         return (same(self.embed, other.embed) and rotary and first_layers(self.variant) == first_layers(other.variant)
                 and all(same(getattr(mine, field.name), getattr(theirs, field.name))
