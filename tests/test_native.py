@@ -156,8 +156,33 @@ def test_a_tree_under_a_sliding_window_gives_each_node_its_branch_as_a_chain(tin
             assert torch.equal(tree[node], model.new_state().forward(TOKENS + branch, 1)[0])
         state = model.new_state()
         state.forward(TOKENS, 1)
-        with pytest.raises(RuntimeError, match="a sliding window of 6 does not span the tree's 7 slots"):
+        with pytest.raises(SpecdraftError, match="a token tree over 7 cache slots is wider than this model's "
+                                                 "sliding window of 6 positions"):
             state.forward_tree([7] * 7, [-1, 0, 1, 2, 3, 4, 5], 7)
+        with pytest.raises(RuntimeError, match="a sliding window of 6 does not span the tree's 7 slots"):
+            model.native.ops.tree_attention(  # the kernel's own check
+                torch.zeros(7, 4, 16), torch.zeros(2, 32, 16), torch.zeros(2, 32, 16), 14,
+                torch.ones(7, 7, dtype=torch.bool), 6, torch.arange(14, 21))
+
+
+def test_a_gemma_3_of_one_layer_kind_loads(tmp_path):
+    """transformers' Gemma 3 keeps rotary tables only for the layer kinds it has: one of all-local layers (any Gemma
+    3 under 6 layers by default) runs natively with its unused full table from the config."""
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+    from specdraft.models.native.llama import NativeLlama
+
+    config = Gemma3TextConfig(vocab_size=40, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=6,
+                              layer_types=["sliding_attention"] * 2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    native = NativeLlama(model)
+    assert native.variant.rope_tables == (1, 1)
+    with torch.inference_mode():
+        reference = model(input_ids=torch.tensor([TOKENS])).logits[0]
+        got = native.forward(TOKENS, native.new_cache(len(TOKENS)), len(TOKENS))
+    torch.testing.assert_close(got, reference, atol=1e-4, rtol=0)
 
 
 def test_transformers_backend_is_not_batch_invariant_here_negative_control(tiny_native, tiny_dirs):

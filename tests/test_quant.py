@@ -599,6 +599,9 @@ def test_a_tied_head_is_repacked_once_and_serves_the_embedding_too(tmp_path):
     # the head's products by the row kernel instead: the same sums in another order
     assert relative_error(got, as_filed.new_state().forward(prompt, len(prompt)).double()) < 1e-5
     assert not as_filed.native.lm_head.interleaved
+    # a model whose head is repacked computes what one whose head is not computes, layer for layer (a sorted draft
+    # on the target's first layers adopts its K/V)
+    assert native.same_first_layers(as_filed.native, 2) and as_filed.native.same_first_layers(native, 2)
 
 
 def test_negative_control_llama_rows_left_interleaved_fail_the_same_check(tiny_pair, monkeypatch):
@@ -756,6 +759,37 @@ def test_gemmas_layer_plan_comes_from_the_files_metadata(tmp_path):
                                                            "final_logit_softcapping": 3.0}))
     assert config.layer_types == ["sliding_attention", "full_attention"] * 2 and config.sliding_window == 4096
     assert (config.attn_logit_softcapping, config.final_logit_softcapping) == (5.0, 3.0)
+    config = gemma3()  # a period of 0: every layer local; Gemma 3's attention is never capped (llama.cpp's reading)
+    fetch._config_from_metadata(config, header("gemma3", **{
+        "attention.sliding_window": 8, "attention.sliding_window_pattern": 0, "attn_logit_softcapping": 5.0}))
+    assert config.layer_types == ["sliding_attention"] * 8 and config.attn_logit_softcapping is None
+    config = gemma3()  # a shorter array: the layers past it full
+    fetch._config_from_metadata(config, header("gemma3", **{
+        "attention.sliding_window": 8, "attention.sliding_window_pattern": [True] * 3}))
+    assert config.layer_types == ["sliding_attention"] * 3 + ["full_attention"] * 5
+
+
+def test_a_llama_file_read_as_mistral_gets_no_window_it_does_not_name(tmp_path):
+    """transformers reads a llama GGUF named "mistral" as a Mistral config, whose class default is a window of 4096
+    (which the native backend would apply); llama.cpp's llama architecture has none."""
+    import gguf
+    from transformers import MistralConfig
+
+    def header(window: int | None) -> Path:
+        path = tmp_path / f"llama-{window}.gguf"
+        writer = gguf.GGUFWriter(path, "llama")
+        if window is not None:
+            writer.add_sliding_window(window)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.close()
+        return path
+
+    for window, expected in ((None, None), (4096, 4096)):
+        config = MistralConfig()
+        assert config.sliding_window == 4096
+        fetch._config_from_metadata(config, header(window))
+        assert config.sliding_window == expected
 
 
 def test_gguf_verify_pass_equals_single_steps(tiny_pair):

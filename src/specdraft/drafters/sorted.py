@@ -351,7 +351,7 @@ class SortedDrafter(HasDraftVocab):
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, D] -> [n, V_draft] through the shared head (the reduced rows, when there are)."""
         head = self.native.full_head() if self.vocab is None else self.vocab.weight
-        return self.native._linear(hidden, head, None)
+        return self.native.soft_capped(self.native._linear(hidden, head, None))
 
     def exit_logits(self, exit_index: int) -> torch.Tensor:
         """The last position's logits at exit `exit_index`: [1, V_draft]."""

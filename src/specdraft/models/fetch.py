@@ -314,7 +314,8 @@ def _config_from_metadata(config, header: Path) -> None:
       (right for Qwen3's own models only);
     - a linear or YaRN RoPE scaling (`<arch>.rope.scaling.*`): it keeps only gpt-oss's, so a file made from a
       config with one ran the unscaled RoPE. (Llama 3's RoPE is a tensor of the file: `gguf_rotary_frequencies`.)
-    - Gemma's layer plan, as llama.cpp reads it (`_gemma_config_from_metadata`)."""
+    - Gemma's layer plan, as llama.cpp reads it (`_gemma_config_from_metadata`), and no Mistral window the file
+      does not name."""
     metadata = read_header(header.read_bytes()).metadata
     arch = metadata.get("general.architecture")
     size = metadata.get(f"{arch}.attention.key_length")
@@ -322,6 +323,10 @@ def _config_from_metadata(config, header: Path) -> None:
         config.head_dim = size
     if arch in ("gemma2", "gemma3"):
         _gemma_config_from_metadata(config, metadata, arch)
+    if getattr(config, "model_type", None) == "mistral" and f"{arch}.attention.sliding_window" not in metadata:
+        # transformers reads a llama file named "mistral" as a Mistral config, whose class default is a window of
+        # 4096; llama.cpp's llama architecture has none (nor have Mistral 7B v0.2 and later)
+        config.sliding_window = None
     scaling = metadata.get(f"{arch}.rope.scaling.type")
     factor = metadata.get(f"{arch}.rope.scaling.factor")
     if scaling not in ("linear", "yarn") or not isinstance(factor, float) or factor <= 0:
@@ -355,11 +360,11 @@ def _gemma_config_from_metadata(config, metadata: dict, arch: str) -> None:
     layers = config.num_hidden_layers
     window = metadata.get(f"{arch}.attention.sliding_window", 4096 if arch == "gemma2" else 0)
     pattern = metadata.get(f"{arch}.attention.sliding_window_pattern", 2 if arch == "gemma2" else 6)
-    if isinstance(pattern, list) and len(pattern) == layers:
-        local = [bool(flag) for flag in pattern]
-    else:  # a period n: layer i is local unless it is the last of each n
-        period = int(pattern) if isinstance(pattern, int) and pattern > 0 else 1
-        local = [i % period < period - 1 for i in range(layers)]
+    if isinstance(pattern, list):  # a flag per layer (layers past the list: full)
+        local = [bool(flag) for flag in pattern[:layers]] + [False] * max(0, layers - len(pattern))
+    else:  # a period n: layer i is local unless it is the last of each n; 0: every layer local
+        period = int(pattern) if isinstance(pattern, int) and pattern >= 0 else 1
+        local = [period == 0 or i % period < period - 1 for i in range(layers)]
     if not window:
         local = [False] * layers
     config.sliding_window = int(window) if window else None
@@ -368,7 +373,9 @@ def _gemma_config_from_metadata(config, metadata: dict, arch: str) -> None:
     rope = getattr(config, "rope_parameters", None) or {}
     if isinstance(local_base, float) and isinstance(rope.get("sliding_attention"), dict):
         rope["sliding_attention"]["rope_theta"] = local_base
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+    # llama.cpp caps Gemma 3's logits where the file says so, never its attention scores
+    for key in ("attn_logit_softcapping", "final_logit_softcapping") if arch == "gemma2" else (
+            "final_logit_softcapping",):
         value = metadata.get(f"{arch}.{key}")
         if isinstance(value, float):
             setattr(config, key, value if value > 0 else None)

@@ -187,10 +187,15 @@ def _norm_weight(norm: torch.nn.Module | None, offset: float) -> torch.Tensor | 
     return None if norm is None else (norm.weight.detach().float() + offset).contiguous()
 
 
-def _module_rotary(rotary: torch.nn.Module, layer_type: str | None) -> tuple[torch.Tensor, float]:
+def _module_rotary(rotary: torch.nn.Module, layer_type: str | None, config) -> tuple[torch.Tensor, float]:
     """The inverse frequencies and attention scaling a transformers rotary module holds (for Gemma 3, per layer
-    type)."""
+    type: it holds tables for the kinds its layers have, so one of all-local layers has no full one; that table,
+    which no layer uses, then comes from the config)."""
+    if layer_type == NO_ROPE:
+        return _no_rotation(config)
     prefix = "" if layer_type is None else f"{layer_type}_"
+    if not hasattr(rotary, f"{prefix}inv_freq"):
+        return rotary_frequencies(config, layer_type)
     return getattr(rotary, f"{prefix}inv_freq"), float(getattr(rotary, f"{prefix}attention_scaling", 1.0))
 
 
@@ -280,8 +285,7 @@ class NativeLlama:
                 attention_output_norm=_norm_weight(layer.post_attention_layernorm, offset) if gemma else None,
                 mlp_output_norm=_norm_weight(layer.post_feedforward_layernorm, offset) if gemma else None))
         embed_dtype = base.embed_tokens.weight.dtype
-        self._setup(config, [_no_rotation(config) if kind == NO_ROPE else _module_rotary(base.rotary_emb, kind)
-                             for kind in _rotary_layer_types(config)],
+        self._setup(config, [_module_rotary(base.rotary_emb, kind, config) for kind in _rotary_layer_types(config)],
                     base.embed_tokens.weight.detach(), hf_model.get_output_embeddings().weight.detach(),
                     _norm_weight(base.norm, offset), layers, embed_dtype, model_variant(config, embed_dtype))
 
@@ -374,6 +378,7 @@ class NativeLlama:
         self.weight_dtype = weight_dtype  # torch.float32 / torch.bfloat16, or "gguf" (block formats)
         self.gguf_formats: dict[str, int] = {}
         self.embed = embed  # [V, D]
+        self.embed_as_filed = embed  # the same rows in the layout it was loaded in (a tied head repacks `embed`)
         self.lm_head = lm_head  # [V, D] (may be the embedding)
         self._unpacked_head: GGUFTensors | None = None  # the file of a head still to be repacked on first use
         self.final_norm = final_norm  # [D] float32
@@ -472,7 +477,8 @@ class NativeLlama:
             return dataclasses.replace(variant, windows=variant.windows[:depth],
                                        rope_tables=variant.rope_tables[:depth])
 
-        return (same(self.embed, other.embed) and rotary and first_layers(self.variant) == first_layers(other.variant)
+        return (same(self.embed_as_filed, other.embed_as_filed) and rotary
+                and first_layers(self.variant) == first_layers(other.variant)
                 and all(same(getattr(mine, field.name), getattr(theirs, field.name))
                         for mine, theirs in zip(self.layers[:depth], other.layers[:depth])
                         for field in fields(_Layer)))
@@ -568,6 +574,9 @@ class NativeLlama:
                                        k[rows].view(n, self.n_kv_heads, self.head_dim),
                                        v[rows].view(n, self.n_kv_heads, self.head_dim), self.cos_tables[table],
                                        self.sin_tables[table], segment.positions, keys, values, segment.start)
+            if segment.tree_mask is not None and window and segment.tree_mask.shape[1] > window:
+                raise SpecdraftError(f"a token tree over {segment.tree_mask.shape[1]} cache slots is wider than this "
+                                     f"model's sliding window of {window} positions: draft a smaller tree")
             if segment.tree_mask is None:
                 attended.append(ops.attention(q_rotated, keys, values, segment.start, window,
                                               variant.attention_scale, variant.attention_softcap))  # [n, H, Dh]
@@ -595,10 +604,10 @@ class NativeLlama:
         output can go through them: that is an early exit (S2D, LayerSkip). lm_head: other rows to score
         instead of the model's head ([V_draft, D], a reduced draft vocabulary)."""
         head = self.full_head() if lm_head is None else lm_head
-        return self._capped(self._linear(self.ops.rms_norm(hidden.contiguous(), self.final_norm, self.eps), head,
-                                         None, kernel_only))
+        return self.soft_capped(self._linear(self.ops.rms_norm(hidden.contiguous(), self.final_norm, self.eps), head,
+                                             None, kernel_only))
 
-    def _capped(self, logits: torch.Tensor) -> torch.Tensor:
+    def soft_capped(self, logits: torch.Tensor) -> torch.Tensor:
         """Gemma 2's soft cap of the logits (others: as they are)."""
         return self.ops.softcap(logits, self.variant.final_softcap) if self.variant.final_softcap else logits
 
@@ -609,7 +618,7 @@ class NativeLlama:
         if self._unpacked_head is not None:
             tied = self.embed is self.lm_head
             self.lm_head = self.lm_head.interleave(self._unpacked_head)
-            if tied:
+            if tied:  # (`embed_as_filed` keeps the file's view, for `same_first_layers`)
                 self.embed = self.lm_head
             self._unpacked_head = None
         return self.lm_head
@@ -652,7 +661,7 @@ class NativeLlama:
         taps[len(self.layers)] = normed
         features = torch.stack([taps[i] for i in feature_layers], dim=1)  # [T, n_taps, D]
         head = self.full_head() if lm_head is None else lm_head
-        return self._capped(self._linear(normed[-n_logits:].contiguous(), head, None)), features  # [n_logits, V]
+        return self.soft_capped(self._linear(normed[-n_logits:].contiguous(), head, None)), features  # [n_logits, V]
 
     def forward_many(self, passes: list[tuple[list[int], "NativeCache", int]],
                      heads: list[Weight | None] | None = None) -> list[torch.Tensor]:
