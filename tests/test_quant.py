@@ -653,26 +653,38 @@ def test_a_config_that_does_not_describe_the_file_is_a_clear_error(tiny_pair):
         NativeLlama.from_gguf(read_gguf(fetch.gguf_source(tiny_pair["qwen3_q8"])), config)
 
 
+def metadata_file(folder: Path, arch: str, **keys) -> Path:
+    """A GGUF of metadata alone (a new file in `folder`): `<arch>.<key>` for each key, as a float32, a string, an
+    array or a uint32 by the value's type."""
+    import gguf
+
+    path = folder / f"{arch}-{len(list(folder.iterdir()))}.gguf"
+    writer = gguf.GGUFWriter(path, arch)
+    for key, value in keys.items():
+        if isinstance(value, list):
+            writer.add_array(f"{arch}.{key}", value)
+        elif isinstance(value, float):
+            writer.add_float32(f"{arch}.{key}", value)
+        elif isinstance(value, str):
+            writer.add_string(f"{arch}.{key}", value)
+        else:
+            writer.add_uint32(f"{arch}.{key}", value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return path
+
+
 def test_the_head_size_comes_from_the_files_key_length(tmp_path):
     """transformers maps no head size for a Qwen3 GGUF (its config class says 128): an import takes llama.cpp's
     `<arch>.attention.key_length`, and leaves a config that has it, or a file without it, as they are."""
-    import gguf
     from transformers import Qwen3Config
-
-    def header(arch: str, key_length: int | None) -> Path:
-        path = tmp_path / f"{arch}-{key_length}.gguf"
-        writer = gguf.GGUFWriter(path, arch)
-        if key_length is not None:
-            writer.add_key_length(key_length)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.close()
-        return path
 
     for key_length, expected in ((64, 64), (128, 128), (None, 128)):
         config = Qwen3Config(hidden_size=256, num_attention_heads=4)
         assert config.head_dim == 128
-        fetch._config_from_metadata(config, header("qwen3", key_length))
+        keys = {} if key_length is None else {"attention.key_length": key_length}
+        fetch._config_from_metadata(config, metadata_file(tmp_path, "qwen3", **keys))
         assert config.head_dim == expected
 
 
@@ -713,25 +725,10 @@ def test_gemmas_layer_plan_comes_from_the_files_metadata(tmp_path):
     """transformers reads a Gemma GGUF's window size and keeps its config class's defaults for the rest: an import
     takes what llama.cpp reads (by hand against llama.cpp's server on files its converter made: with the metadata
     the same greedy tokens, 6 of 6 prompts, Gemma 2 and 3; Gemma 2 read without it, 3 of 6)."""
-    import gguf
     from transformers import Gemma2Config, Gemma3TextConfig
 
     def header(arch: str, **keys) -> Path:
-        path = tmp_path / f"{arch}-{len(list(tmp_path.iterdir()))}.gguf"
-        writer = gguf.GGUFWriter(path, arch)
-        for key, value in keys.items():
-            if isinstance(value, list):
-                writer.add_array(f"{arch}.{key}", value)
-            elif isinstance(value, float):
-                writer.add_float32(f"{arch}.{key}", value)
-            elif isinstance(value, str):
-                writer.add_string(f"{arch}.{key}", value)
-            else:
-                writer.add_uint32(f"{arch}.{key}", value)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.close()
-        return path
+        return metadata_file(tmp_path, arch, **keys)
 
     def gemma3(layers: int = 8):
         return Gemma3TextConfig(num_hidden_layers=layers, hidden_size=512, num_attention_heads=4, head_dim=64)
@@ -772,23 +769,13 @@ def test_gemmas_layer_plan_comes_from_the_files_metadata(tmp_path):
 def test_a_llama_file_read_as_mistral_gets_no_window_it_does_not_name(tmp_path):
     """transformers reads a llama GGUF named "mistral" as a Mistral config, whose class default is a window of 4096
     (which the native backend would apply); llama.cpp's llama architecture has none."""
-    import gguf
     from transformers import MistralConfig
-
-    def header(window: int | None) -> Path:
-        path = tmp_path / f"llama-{window}.gguf"
-        writer = gguf.GGUFWriter(path, "llama")
-        if window is not None:
-            writer.add_sliding_window(window)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.close()
-        return path
 
     for window, expected in ((None, None), (4096, 4096)):
         config = MistralConfig()
         assert config.sliding_window == 4096
-        fetch._config_from_metadata(config, header(window))
+        keys = {} if window is None else {"attention.sliding_window": window}
+        fetch._config_from_metadata(config, metadata_file(tmp_path, "llama", **keys))
         assert config.sliding_window == expected
 
 
