@@ -165,6 +165,18 @@ def test_a_tree_under_a_sliding_window_gives_each_node_its_branch_as_a_chain(tin
                 torch.ones(7, 7, dtype=torch.bool), 6, torch.arange(14, 21))
 
 
+def test_the_soft_cap_kernel_matches_tanh_and_is_batch_invariant():
+    """Gemma 2's cap of its logits and scores, lane arithmetic through exp: within 1e-6 of float64's cap tanh(x / cap)
+    across its range, and each row of a batch (rows of a ragged length) bit for bit what it gives alone."""
+    ops = kernels.load_kernels()
+    x = torch.randn(5, 1003, generator=torch.Generator().manual_seed(8)) * 60  # [T, V]
+    x[0, :7] = torch.tensor([0.0, 1e-6, -1e-6, 500.0, -500.0, 30.0, -30.0])
+    capped = ops.softcap(x, 30.0)
+    reference = (x.double() / 30.0).tanh() * 30.0
+    assert (capped.double() - reference).abs().max() < 1e-5
+    assert all(torch.equal(ops.softcap(x[t:t + 1].contiguous(), 30.0), capped[t:t + 1]) for t in range(5))
+
+
 def test_a_gemma_3_of_one_layer_kind_loads(tmp_path):
     """transformers' Gemma 3 keeps rotary tables only for the layer kinds it has: one of all-local layers (any Gemma
     3 under 6 layers by default) runs natively with its unused full table from the config."""
