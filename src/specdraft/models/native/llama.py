@@ -64,17 +64,15 @@ def config_unsupported_reason(config) -> str | None:
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in STATIC_ROPE_TYPES:
             return f"rope type {rope_type!r} (native supports {', '.join(STATIC_ROPE_TYPES)})"
+    # Gemma's window on its local layers; SmolLM3's on its sliding layers, where `use_sliding_window` turns it on
+    if (gemma or model_type == "smollm3") and not layer_types <= {"full_attention", "sliding_attention"}:
+        return f"layer types {sorted(layer_types)}"
     if gemma:
-        if not layer_types <= {"full_attention", "sliding_attention"}:
-            return f"layer types {sorted(layer_types)}"
         if getattr(config, "use_bidirectional_attention", False):
             return "bidirectional attention (an embedding model)"
         if "sliding_attention" in layer_types and not getattr(config, "sliding_window", None):
             return "sliding-window layers without a window"
-    elif model_type == "smollm3":  # its window, where `use_sliding_window` turns it on, on its sliding layers
-        if not layer_types <= {"full_attention", "sliding_attention"}:
-            return f"layer types {sorted(layer_types)}"
-    elif model_type != "mistral":  # Mistral's window (when set) is on every layer (`model_variant`)
+    elif model_type not in ("mistral", "smollm3"):  # Mistral's window (when set) is on every layer (`model_variant`)
         # Qwen's configs name a window that only `use_sliding_window` turns on
         if layer_types != {"full_attention"} or getattr(config, "use_sliding_window", False):
             return "sliding-window attention layers"
@@ -161,7 +159,7 @@ def model_variant(config, embed_dtype: torch.dtype = torch.float32) -> Variant:
     if config.model_type == "smollm3":  # NoPE layers; a window on the sliding layers where it is turned on
         window = int(config.sliding_window or 0) if getattr(config, "use_sliding_window", False) else 0
         return Variant(windows=tuple(window if kind == "sliding_attention" else 0 for kind in config.layer_types),
-                       rope_tables=tuple(0 if rope else len(_rotary_layer_types(config)) - 1
+                       rope_tables=tuple(0 if rope else _rotary_layer_types(config).index(NO_ROPE)
                                          for rope in config.no_rope_layers))
     if config.model_type not in GEMMA_MODEL_TYPES:  # Mistral's window, where its config sets one, on every layer
         window = int(getattr(config, "sliding_window", None) or 0) if config.model_type == "mistral" else 0
@@ -189,10 +187,8 @@ def _norm_weight(norm: torch.nn.Module | None, offset: float) -> torch.Tensor | 
 
 def _module_rotary(rotary: torch.nn.Module, layer_type: str | None, config) -> tuple[torch.Tensor, float]:
     """The inverse frequencies and attention scaling a transformers rotary module holds (for Gemma 3, per layer
-    type: it holds tables for the kinds its layers have, so one of all-local layers has no full one; that table,
-    which no layer uses, then comes from the config)."""
-    if layer_type == NO_ROPE:
-        return _no_rotation(config)
+    type). A table it does not hold comes from the config: SmolLM3's no rotation, or Gemma 3's full table when all
+    its layers are local (transformers keeps tables only for the kinds present; no layer uses that one)."""
     prefix = "" if layer_type is None else f"{layer_type}_"
     if not hasattr(rotary, f"{prefix}inv_freq"):
         return rotary_frequencies(config, layer_type)
