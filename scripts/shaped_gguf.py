@@ -2,7 +2,8 @@
 
     python scripts/shaped_gguf.py gemma3-1b out/gemma3-1b-shape-q4_k_m.gguf [--type Q4_K_M] [--source DIR]
 
-Shapes: gemma3-1b (Gemma 3 1B), gemma2-2b (Gemma 2 2B), llama3.2-1b (Llama 3.2 1B: Llama 3's RoPE, a tied head).
+Shapes: gemma3-1b (Gemma 3 1B), gemma2-2b (Gemma 2 2B), llama3.2-1b (Llama 3.2 1B: Llama 3's RoPE, a tied head),
+phi4-mini (Phi-4-mini, 3.8B: fused matrices, a long RoPE over 3/4 of each head, a tied head).
 
 The model is built by transformers from the shapes below (random weights, bfloat16), given a packaged model's BPE
 tokenizer no larger than its vocabulary (Qwen2.5's 151,665 tokens, or SmolLM2's 49,152; the rest of the family's
@@ -44,6 +45,13 @@ SHAPES = {
         tie_word_embeddings=True,
         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})),
+    "phi4-mini": ("Phi3Config", QWEN, dict(
+        vocab_size=200064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=24,
+        num_key_value_heads=8, rms_norm_eps=1e-5, max_position_embeddings=131072, original_max_position_embeddings=4096,
+        sliding_window=262144, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                         "short_factor": [1.0 + i / 16 for i in range(48)],
+                         "long_factor": [1.0 + i for i in range(48)]})),
 }
 # the converter's classes that would look for another kind of vocabulary read the BPE one, and Gemma 3's keeps the
 # padded rows its converter drops
@@ -52,7 +60,8 @@ sys.path.insert(0, {source!r})
 sys.argv[0] = {script!r}
 import conversion.gemma as gemma
 import conversion.llama as llama
-for model in (gemma.Gemma2Model, gemma.Gemma3Model, llama.LlamaModel):
+import conversion.phi as phi
+for model in (gemma.Gemma2Model, gemma.Gemma3Model, llama.LlamaModel, phi.Phi3MiniModel):
     model.set_vocab = lambda self: self._set_vocab_gpt2()
 base = gemma.Gemma3Model.__mro__[1]
 def keep_padded_rows(self, data_torch, name, bid):

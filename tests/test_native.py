@@ -22,7 +22,7 @@ from specdraft.models.native.llama import MAX_KERNEL_ROWS, native_unsupported_re
 from tiny import build_model
 
 TOKENS = [3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 11, 2, 6]
-ARCHS = ("qwen2", "llama", "qwen3", "mistral", "smollm3", "gemma2", "gemma3")
+ARCHS = ("qwen2", "llama", "qwen3", "mistral", "smollm3", "phi3", "gemma2", "gemma3")
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +84,24 @@ def test_negative_control_qwen3_without_its_head_norms_fails_the_same_check(tiny
 
 
 def gemma_without(model, monkeypatch, feature: str) -> None:
-    """The tiny Gemma model's native forward with one of Gemma's features taken away (a negative control)."""
+    """The tiny Gemma (Phi-3, ...) model's native forward with one of its features taken away (a negative control)."""
     import dataclasses
 
+    from specdraft.models.native.llama import reorder_head_rows, rotary_row_order
+
     native = model.native
+    if feature in ("rotary_scalings", "turned_pairs"):  # Phi-3's long RoPE unscaled, or its unturned dims turned
+        monkeypatch.setattr(native, feature, [1.0] if feature == "rotary_scalings" else native.head_dim // 2)
+        monkeypatch.setattr(native, "cos_tables", [native.cos_tables[0][:0]])
+        monkeypatch.setattr(native, "sin_tables", [native.sin_tables[0][:0]])
+        native._cover_positions(len(TOKENS))
+        return
+    if feature == "row order":  # q and k rows left in transformers' order
+        order = rotary_row_order(native.head_dim, 2 * native.turned_pairs)
+        for layer in native.layers:
+            monkeypatch.setattr(layer, "q", reorder_head_rows(layer.q, native.n_heads, order.argsort()))
+            monkeypatch.setattr(layer, "k", reorder_head_rows(layer.k, native.n_kv_heads, order.argsort()))
+        return
     off = {"gelu": False, "embed_scale": 1.0, "attention_scale": 0.0, "attention_softcap": 0.0,
            "final_softcap": 0.0, "windows": (0,) * len(native.layers), "rope_tables": (0,) * len(native.layers)}
     if feature in off:
@@ -106,12 +120,13 @@ def gemma_without(model, monkeypatch, feature: str) -> None:
         "gelu", "embed_scale", "attention_scale", "windows", "norm offsets", "attention_output_norm",
         "mlp_output_norm")],
     ("gemma2", "attention_softcap"), ("gemma2", "final_softcap"), ("gemma3", "rope_tables"), ("mistral", "windows"),
-    ("smollm3", "rope_tables")])
+    ("smollm3", "rope_tables"), *[("phi3", feature) for feature in ("windows", "rotary_scalings", "turned_pairs",
+                                                                     "row order")]])
 def test_negative_control_gemma_without_each_of_its_features_fails_the_same_check(tiny_native, monkeypatch, arch,
                                                                                  feature):
     """The check above sees every way Gemma's layers differ from Llama's (and Mistral's window, SmolLM3's layers
-    without RoPE): a forward without any one of them is far off (the tiny models' windows of 6 positions are crossed
-    by the 14 tokens)."""
+    without RoPE, Phi-3's partial long RoPE): a forward without any one of them is far off (the tiny models' windows
+    of 6 positions are crossed by the 14 tokens)."""
     model = tiny_native[arch, "float32"]
     reference = transformers_logits(model, "float32")
     with torch.inference_mode():
@@ -122,7 +137,7 @@ def test_negative_control_gemma_without_each_of_its_features_fails_the_same_chec
     assert (native - reference).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "mistral", "gemma2", "gemma3"])
+@pytest.mark.parametrize("arch", ["qwen2", "mistral", "phi3", "gemma2", "gemma3"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_verify_pass_equals_single_steps_bit_for_bit(tiny_native, dtype, arch):
     """Batch invariance: scoring k tokens in one pass gives exactly the logits of k one-token steps (Gemma's: passes
@@ -458,7 +473,7 @@ def test_auto_falls_back_to_transformers_and_says_why(tmp_path):
 def test_which_sliding_windows_run_natively():
     """Mistral's window applies whenever its config names one (on every layer), Gemma's on its local layers: both
     run natively; Qwen's window (only with `use_sliding_window`, on some layers) keeps a model off the backend."""
-    from transformers import Gemma3TextConfig, MistralConfig, Qwen2Config, Qwen3Config, SmolLM3Config
+    from transformers import Gemma3TextConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config, SmolLM3Config
 
     from specdraft.models.native.llama import config_unsupported_reason, model_variant
 
@@ -476,6 +491,9 @@ def test_which_sliding_windows_run_natively():
     assert model_variant(smollm3).rope_tables == (0, 0, 0, 1) * 2 and model_variant(smollm3).windows == (0,) * 8
     windowed = SmolLM3Config(num_hidden_layers=4, use_sliding_window=True, sliding_window=64)
     assert model_variant(windowed).windows == (0, 0, 0, 64)
+    # Phi-3: its window (Phi-3-mini-4k's 2047) on every layer, as transformers applies it
+    phi3 = Phi3Config(num_hidden_layers=2, sliding_window=2047)
+    assert config_unsupported_reason(phi3) is None and model_variant(phi3).windows == (2047, 2047)
 
 
 def test_forcing_native_on_an_unsupported_model_is_a_clear_error(tmp_path):
@@ -543,7 +561,7 @@ def stack_models(tiny_native, tmp_path_factory):
     root = tmp_path_factory.mktemp("stack")
     models = {f"{arch}-{dtype}": model for (arch, dtype), model in tiny_native.items()}
     for arch, qtype, mixed in (("qwen2", "Q8_0", "Q4_1"), ("llama", "Q5_0", None), ("qwen3", "Q8_0", None),
-                               ("qwen2", "F16", None), ("gemma3", "Q8_0", None)):
+                               ("qwen2", "F16", None), ("gemma3", "Q8_0", None), ("phi3", "Q8_0", "Q4_1")):
         hf = build_model(root / f"hf-{arch}-{qtype}", seed=31, arch=arch, hidden=64, layers=2)
         path = write_gguf(hf, root / "cache", f"stack-{arch}-{qtype}", qtype, mixed)
         models[f"{arch}-{qtype}"] = load_model(str(path), "gguf", progress=False)
@@ -552,7 +570,7 @@ def stack_models(tiny_native, tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["qwen2-float32", "qwen2-bfloat16", "llama-float32", "llama-bfloat16",
                                   "qwen3-float32", "qwen2-Q8_0", "llama-Q5_0", "qwen3-Q8_0", "qwen2-F16",
-                                  "gemma2-float32", "gemma3-bfloat16", "gemma3-Q8_0"])
+                                  "gemma2-float32", "gemma3-bfloat16", "gemma3-Q8_0", "phi3-bfloat16", "phi3-Q8_0"])
 def test_the_layer_stack_gives_the_bits_of_the_layers_run_one_by_one(stack_models, name, monkeypatch):
     """A chain pass runs every layer in one kernel call (ops.LayerStack); a token tree and feature taps still drive
     the layers from Python. Both give the same logits and the same cached K/V, bit for bit, for one sequence

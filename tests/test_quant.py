@@ -512,7 +512,7 @@ def tiny_pair(tmp_path_factory):
     draft = write_gguf(draft_hf, cache, "tiny-draft", "Q5_0")
     hf = {"qwen2": target_hf, "llama": draft_hf, "qwen3": qwen3_hf, "llama3": llama3_hf,
           **{arch: build_model(root / f"hf-{arch}", seed=25, hidden=64, layers=2, arch=arch)
-             for arch in ("gemma2", "gemma3")}}
+             for arch in ("gemma2", "gemma3", "phi3")}}
     fine = {arch: write_gguf(folder, cache, f"tiny-{arch}-q8", "Q8_0") for arch, folder in hf.items()}
     return {"target": target, "draft": draft, "target_hf": target_hf, "draft_hf": draft_hf,
             **{f"{arch}_q8": folder for arch, folder in fine.items()},
@@ -539,8 +539,9 @@ def logit_error(tiny_pair, arch: str, prompt: tuple[int, ...] = (2, 3, 4, 5, 6, 
 
 
 LOGIT_TOLERANCE = 0.1  # 8-bit weights and activations on these random models: 0.04 (qwen2), 0.02 (llama), 0.04
-# (qwen3), 0.05 (llama3, LONG_PROMPT); the llama model with its Q/K rows left interleaved: 0.73; the qwen3 one
-# without its head norms: 0.83; the llama3 one without its RoPE factors: 0.89
+# (qwen3), 0.05 (llama3, LONG_PROMPT), 0.07 (phi3, LONG_PROMPT); the llama model with its Q/K rows left
+# interleaved: 0.73; the qwen3 one without its head norms: 0.83; the llama3 one without its RoPE factors: 0.89; the
+# phi3 one with its rotary dims in transformers' order: 0.91
 LONG_PROMPT = tuple(2 + 7 * i % 11 for i in range(60))  # positions far enough for Llama 3's RoPE to differ
 
 
@@ -554,6 +555,45 @@ def test_a_gemma_gguf_follows_the_float_model_it_came_from(tiny_pair, arch):
     """Gemma's norms as llama.cpp's converter stores them (1 + weight), its output norms, sliding windows (of 6
     positions: the 60-token prompt crosses them), soft caps (Gemma 2) and local RoPE (Gemma 3)."""
     assert logit_error(tiny_pair, arch, LONG_PROMPT) < LOGIT_TOLERANCE
+
+
+def test_a_phi3_gguf_follows_the_float_model_it_came_from(tiny_pair):
+    """Phi-3's fused q/k/v and gate/up matrices split by rows, its partial long RoPE, its window."""
+    assert logit_error(tiny_pair, "phi3", LONG_PROMPT) < LOGIT_TOLERANCE
+
+
+def test_negative_control_a_phi3_gguf_with_its_rotary_dims_in_transformers_order_fails(tiny_pair, monkeypatch):
+    import specdraft.models.native.llama as llama
+
+    full = load_model(str(tiny_pair["phi3_hf"]), "float32", progress=False)
+    with monkeypatch.context() as patch:  # the file's model alone
+        patch.setattr(llama, "rotary_row_order", lambda head_dim, rotated: None)
+        quantized = load_model(str(tiny_pair["phi3_q8"]), "gguf", progress=False)
+    prompt = list(LONG_PROMPT)
+    got = quantized.new_state().forward(prompt, len(prompt))
+    assert relative_error(got, full.new_state().forward(prompt, len(prompt)).double()) > LOGIT_TOLERANCE
+
+
+def test_phi3s_rope_comes_from_the_files_metadata_and_tensors(tiny_pair):
+    """transformers reads a Phi-3 GGUF's RoPE as the default over every dim: an import takes the dims it turns, its
+    long-RoPE factors (tensors of the file) and attention factor, as llama.cpp reads them; the config the tiny model
+    was written from comes back."""
+    from transformers import AutoConfig, Phi3Config
+
+    written = AutoConfig.from_pretrained(tiny_pair["phi3_hf"])
+    gguf_file = fetch.gguf_source(tiny_pair["phi3_q8"])
+    config = Phi3Config(**{key: getattr(written, key) for key in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "max_position_embeddings")}, rope_parameters={"rope_type": "default",
+                                                                            "rope_theta": 10_000.0})
+    fetch._config_from_metadata(config, gguf_file)
+    expected = dict(written.rope_parameters, attention_factor=pytest.approx(1.0606601717798212))
+    assert config.rope_parameters == expected
+    assert config.original_max_position_embeddings == 256
+    from specdraft.models.native.llama import native_positions, rotary_frequencies
+
+    assert native_positions(config) == 256
+    torch.testing.assert_close(rotary_frequencies(config)[0], rotary_frequencies(written)[0], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "gemma3"])

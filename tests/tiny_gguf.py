@@ -6,6 +6,7 @@ laid out in a cache folder the way `specdraft models fetch` lays out the package
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -31,6 +32,9 @@ _NAMES = {
     "model.layers.{i}.mlp.gate_proj.weight": "blk.{i}.ffn_gate.weight",
     "model.layers.{i}.mlp.up_proj.weight": "blk.{i}.ffn_up.weight",
     "model.layers.{i}.mlp.down_proj.weight": "blk.{i}.ffn_down.weight",
+    # Phi-3's fused matrices
+    "model.layers.{i}.self_attn.qkv_proj.weight": "blk.{i}.attn_qkv.weight",
+    "model.layers.{i}.mlp.gate_up_proj.weight": "blk.{i}.ffn_up.weight",
 }
 
 
@@ -128,6 +132,16 @@ def write_gguf(hf_dir: Path, cache: Path, name: str, qtype: str = "Q8_0", mixed:
     rope = dict(config.rope_parameters)
     if rope.get("rope_type") == "llama3":  # as llama.cpp's converter writes it: a factor per frequency
         writer.add_tensor("rope_freqs.weight", llama3_rope_factors(rope, config.head_dim))
+    if config.model_type == "phi3":  # as llama.cpp's converter writes Phi-3's RoPE (the folder's config holds it too)
+        head_dim = config.hidden_size // config.num_attention_heads
+        writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+        if rope.get("rope_type") == "longrope":
+            original = config.original_max_position_embeddings
+            scale = config.max_position_embeddings / original
+            writer.add_rope_scaling_orig_ctx_len(original)
+            writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
+            writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+            writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -132,6 +132,10 @@ class LoadedModel:
 
     @property
     def max_positions(self) -> int | None:
+        """The positions a sequence may take: the config's, or the native forward's (a long-RoPE model's stop at
+        its original context, `native_positions`)."""
+        if self.native is not None:
+            return self.native.max_positions
         return getattr(self.config, "max_position_embeddings", None)
 
     @property

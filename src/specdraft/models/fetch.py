@@ -26,6 +26,7 @@ import json
 import mmap
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -297,8 +298,8 @@ def _config_read_from(gguf_path: Path, header: Path, vocabulary: int | None):
 
 
 # What an import writes: a folder made by an earlier format is made again (2: `_config_from_metadata`, 2026-12-07;
-# 3: its Gemma layer plan)
-IMPORT_FORMAT = 3
+# 3: its Gemma layer plan; 4: Phi-3's RoPE)
+IMPORT_FORMAT = 4
 
 
 def has_rope_factors(gguf_path: Path) -> bool:
@@ -308,16 +309,21 @@ def has_rope_factors(gguf_path: Path) -> bool:
         return any(tensor.name == "rope_freqs.weight" for tensor in read_header(mapped).tensors)
 
 
-def _config_from_metadata(config, header: Path) -> None:
+def _config_from_metadata(config, header: Path, tensors: Path | None = None) -> None:
     """What transformers' reading of a GGUF leaves out of its config, from the metadata llama.cpp writes:
     - the head size (`<arch>.attention.key_length`): it maps none for Qwen3, whose config class then says 128
       (right for Qwen3's own models only);
     - a linear or YaRN RoPE scaling (`<arch>.rope.scaling.*`): it keeps only gpt-oss's, so a file made from a
       config with one ran the unscaled RoPE. (Llama 3's RoPE is a tensor of the file: `gguf_rotary_frequencies`.)
     - Gemma's layer plan, as llama.cpp reads it (`_gemma_config_from_metadata`), and no Mistral window the file
-      does not name."""
+      does not name;
+    - Phi-3's RoPE (`_phi3_config_from_metadata`), whose long-RoPE factors are tensors of the file `tensors` (the
+      file `header` copies the metadata of; by default `header` itself).
+    """
     metadata = read_header(header.read_bytes()).metadata
     arch = metadata.get("general.architecture")
+    if arch == "phi3":
+        _phi3_config_from_metadata(config, metadata, tensors or header)
     size = metadata.get(f"{arch}.attention.key_length")
     if isinstance(size, int) and getattr(config, "head_dim", None) not in (None, size):
         config.head_dim = size
@@ -349,6 +355,33 @@ def _config_from_metadata(config, header: Path) -> None:
         config.rope_parameters["full_attention"] = rope  # Gemma 3: the scaling is its full layers' (llama.cpp's)
     else:
         config.rope_parameters = rope
+
+
+def _phi3_config_from_metadata(config, metadata: dict, tensors: Path) -> None:
+    """Phi-3's RoPE as llama.cpp reads it, where transformers' reading keeps the default over every dim: the dims it
+    turns (`rope.dimension_count`: Phi-4-mini's 96 of 128) and, where the file holds `rope_factors_short.weight` and
+    `rope_factors_long.weight`, the long RoPE of Phi-3.5 and Phi-4-mini (its factors, its original context and the
+    attention factor the converter wrote)."""
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    dims = metadata.get("phi3.rope.dimension_count")
+    if isinstance(dims, int) and 0 < dims < head_dim:
+        rope["partial_rotary_factor"] = dims / head_dim
+    with open(tensors, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        header = read_header(mapped)
+        names = {"rope_factors_short.weight": "short", "rope_factors_long.weight": "long"}
+        factors = {names[entry.name]: list(struct.unpack_from(f"<{entry.dims[0]}f", mapped,
+                                                              header.data_start + entry.offset))
+                   for entry in header.tensors if entry.name in names and entry.qtype == 0 and len(entry.dims) == 1}
+    original = metadata.get("phi3.rope.scaling.original_context_length")
+    if set(factors) == {"short", "long"} and isinstance(original, int):
+        rope.update(rope_type="longrope", short_factor=factors["short"], long_factor=factors["long"],
+                    original_max_position_embeddings=original)
+        attention = metadata.get("phi3.rope.scaling.attn_factor")
+        if isinstance(attention, float):
+            rope["attention_factor"] = attention
+        config.original_max_position_embeddings = original
+    config.rope_parameters = rope
 
 
 def _gemma_config_from_metadata(config, metadata: dict, arch: str) -> None:
@@ -399,7 +432,7 @@ def _write_model_dir(gguf_path: Path, out_dir: Path, source: dict, with_weights:
         vocabulary = metadata_copy(gguf_path, header)
         with _config_read_from(gguf_path, header, vocabulary):
             config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-            _config_from_metadata(config, header)
+            _config_from_metadata(config, header, gguf_path)
             tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
             if with_weights:
                 print(f"converting {gguf_path.name} to fp32 safetensors for float weights (once; takes a minute)...",

@@ -1,4 +1,4 @@
-"""A native forward for the Llama/Qwen2/Qwen3/Mistral/SmolLM3 and Gemma 2/3 family, over the weights of a loaded
+"""A native forward for the Llama/Qwen2/Qwen3/Mistral/SmolLM3/Phi-3 and Gemma 2/3 family, over the weights of a loaded
 Hugging Face model or of a GGUF file.
 
 Why: the generic transformers forward is correct for every causal LM but computes a k-token verify pass
@@ -27,11 +27,14 @@ from ...errors import SpecdraftError
 from .gguf_weights import GGUFTensors, PanelWeight, QuantWeight, stored_bytes, take_rows, unpermute_rows
 from .kernels import load_kernels, unavailable_reason
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "smollm3", "gemma2", "gemma3_text")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "smollm3", "phi3", "gemma2", "gemma3_text")
 # Gemma's layers: norms of (1 + weight), the attention's and the MLP's outputs normed before the residual, a gelu
 # gate, embeddings scaled by sqrt(hidden), local layers with a sliding window (and in Gemma 3 their own RoPE)
 GEMMA_MODEL_TYPES = ("gemma2", "gemma3_text")
-STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # inverse frequencies fixed at load time
+# inverse frequencies fixed at load time; "longrope" (Phi-3.5, Phi-4-mini): its short factors, which transformers
+# uses up to `original_max_position_embeddings` positions (past them it recomputes the whole cache with the long
+# ones), so the native context stops there (`native_positions`)
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 # float32 passes longer than this (prompt prefill) use torch's matmul: faster for many rows, and batch
 # invariance matters only between verify passes and decode steps, which are all far shorter. bf16 weights
 # always use the kernels: widening 3 GB of weights per call costs more than the matmul saves (a 37-token
@@ -72,7 +75,7 @@ def config_unsupported_reason(config) -> str | None:
             return "bidirectional attention (an embedding model)"
         if "sliding_attention" in layer_types and not getattr(config, "sliding_window", None):
             return "sliding-window layers without a window"
-    elif model_type not in ("mistral", "smollm3"):  # Mistral's window (when set) is on every layer (`model_variant`)
+    elif model_type not in ("mistral", "smollm3", "phi3"):  # their window (when set) is on every layer
         # Qwen's configs name a window that only `use_sliding_window` turns on
         if layer_types != {"full_attention"} or getattr(config, "use_sliding_window", False):
             return "sliding-window attention layers"
@@ -81,7 +84,53 @@ def config_unsupported_reason(config) -> str | None:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if head_dim % 8:
         return f"head size {head_dim} is not a multiple of 8"
+    if not 0 < rotary_dim(config) <= head_dim or rotary_dim(config) % 2:
+        return f"a rotary embedding over {rotary_dim(config)} of a head's {head_dim} dims"
     return unavailable_reason()
+
+
+def rotary_dim(config) -> int:
+    """How many of a head's dims the rotary embedding turns (Phi-4-mini's partial_rotary_factor 0.75: the first 96
+    of 128), as transformers computes it."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(head_dim * (_rope_parameters(config).get("partial_rotary_factor") or 1.0))
+
+
+def rotary_row_order(head_dim: int, rotated: int) -> torch.Tensor | None:
+    """The kernels turn each head's dims i and i + Dh/2 together. transformers' partial rotary embedding (Phi-3)
+    turns dims i and i + r/2 of the first r and leaves the rest as they are; the q and k projections' rows, reordered
+    within each head by this order [Dh] (row m of ours is row order[m] of theirs), put its pairs where the kernels
+    turn them and its unturned dims on pairs whose angle is 0 (`_cover_positions`). q.k is the same sum of the same
+    products. None where every dim turns."""
+    if rotated == head_dim:
+        return None
+    half, pairs = head_dim // 2, rotated // 2
+    unturned = torch.arange(rotated, head_dim)
+    return torch.cat([torch.arange(pairs), unturned[: half - pairs], torch.arange(pairs, rotated),
+                      unturned[half - pairs:]])
+
+
+def reorder_head_rows(weight, n_heads: int, order: torch.Tensor | None):
+    """A q or k projection's rows (or its bias) with each head's rows in `order` (`rotary_row_order`)."""
+    if weight is None or order is None:
+        return weight
+    head_dim = order.numel()
+    rows = (torch.arange(n_heads)[:, None] * head_dim + order[None, :]).reshape(-1)
+    if isinstance(weight, QuantWeight):
+        return QuantWeight(weight.rows_layout(rows).contiguous(), weight.qtype, weight.cols)
+    return weight[rows].contiguous()
+
+
+def native_positions(config) -> int:
+    """The positions the native forward serves: the config's, but a long-RoPE model's only up to
+    `original_max_position_embeddings` (see STATIC_ROPE_TYPES)."""
+    limit = int(getattr(config, "max_position_embeddings", None) or 4096)
+    rope = _rope_parameters(config)
+    if rope.get("rope_type", rope.get("type")) == "longrope":
+        original = (rope.get("original_max_position_embeddings")
+                    or getattr(config, "original_max_position_embeddings", None))
+        limit = min(limit, int(original)) if original else limit
+    return limit
 
 
 def native_unsupported_reason(hf_model) -> str | None:
@@ -161,8 +210,8 @@ def model_variant(config, embed_dtype: torch.dtype = torch.float32) -> Variant:
         return Variant(windows=tuple(window if kind == "sliding_attention" else 0 for kind in config.layer_types),
                        rope_tables=tuple(0 if rope else _rotary_layer_types(config).index(NO_ROPE)
                                          for rope in config.no_rope_layers))
-    if config.model_type not in GEMMA_MODEL_TYPES:  # Mistral's window, where its config sets one, on every layer
-        window = int(getattr(config, "sliding_window", None) or 0) if config.model_type == "mistral" else 0
+    if config.model_type not in GEMMA_MODEL_TYPES:  # Mistral's and Phi-3's window, where set, on every layer
+        window = int(getattr(config, "sliding_window", None) or 0) if config.model_type in ("mistral", "phi3") else 0
         return Variant(windows=(window,) * n_layers, rope_tables=(0,) * n_layers)
     layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * n_layers)
     table_types = _rotary_layer_types(config)
@@ -183,6 +232,11 @@ def _norm_weight(norm: torch.nn.Module | None, offset: float) -> torch.Tensor | 
     """An RMSNorm's weight as the kernels multiply by it: float32, plus 1 for Gemma's (which multiply by 1 + weight,
     the sum in float32, as llama.cpp's converter stores them). None for a model without that norm."""
     return None if norm is None else (norm.weight.detach().float() + offset).contiguous()
+
+
+def _head_norm(weight: torch.Tensor | None, order: torch.Tensor | None) -> torch.Tensor | None:
+    """A per-head norm's weight [Dh] in the heads' row order (`rotary_row_order`)."""
+    return weight if weight is None or order is None else weight[order].contiguous()
 
 
 def _module_rotary(rotary: torch.nn.Module, layer_type: str | None, config) -> tuple[torch.Tensor, float]:
@@ -213,9 +267,9 @@ def rotary_frequencies(config, layer_type: str | None = None) -> tuple[torch.Ten
 
 
 def default_rotary_frequencies(config, layer_type: str | None = None) -> torch.Tensor:
-    """The unscaled RoPE's inverse frequencies [Dh / 2], by transformers' float32 operations."""
+    """The unscaled RoPE's inverse frequencies [r / 2] (r: `rotary_dim`), by transformers' float32 operations."""
     base = _rope_parameters(config, layer_type)["rope_theta"]
-    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    dim = rotary_dim(config)
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
 
 
@@ -249,35 +303,56 @@ class NativeLlama:
         base = hf_model.model
         self.transformers_spent = False
 
-        def matrix(linear: torch.nn.Linear) -> Weight:
+        def matrices(linear: torch.nn.Linear, rows: list[int] | None = None,
+                     orders: tuple[torch.Tensor | None, ...] = ()) -> list[Weight]:
+            """The linear's weight, or its blocks of `rows` rows (Phi-3's fused q/k/v and gate/up), the i-th with
+            each head's rows in orders[i] (`rotary_row_order`; a copy then)."""
             weight = linear.weight.detach()
+            pieces = [weight] if rows is None else list(weight.split(rows))
+            pieces = [reorder_head_rows(piece, len(piece) // len(order), order) if order is not None else piece
+                      for piece, order in zip(pieces, list(orders) + [None] * (len(pieces) - len(orders)))]
             if not panels or weight.dtype != torch.bfloat16:
-                return weight
-            repacked = PanelWeight.pack(weight)
-            if repacked is not weight:
+                return pieces
+            repacked = [PanelWeight.pack(piece) for piece in pieces]
+            if any(packed is not piece for packed, piece in zip(repacked, pieces)):
                 linear.weight = None  # the only other reference: freed now, not after the whole model is packed
                 self.transformers_spent = True
             return repacked
 
+        def matrix(linear: torch.nn.Linear, order: torch.Tensor | None = None) -> Weight:
+            return matrices(linear, orders=(order,))[0]
+
         config = hf_model.config
         gemma = config.model_type in GEMMA_MODEL_TYPES
         offset = 1.0 if gemma else 0.0  # Gemma's norms multiply by 1 + weight
+        n_heads, n_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+        order = rotary_row_order(head_dim, rotary_dim(config))
         layers = []
         for layer in base.layers:
             attn, mlp = layer.self_attn, layer.mlp
+            if config.model_type == "phi3":  # q, k and v in one matrix, gate and up in another
+                q, k, v = matrices(attn.qkv_proj, [n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim],
+                                   (order, order))
+                q_bias = k_bias = v_bias = None
+                gate, up = matrices(mlp.gate_up_proj, [config.intermediate_size] * 2)
+            else:
+                q, k, v = matrix(attn.q_proj, order), matrix(attn.k_proj, order), matrix(attn.v_proj)
+                q_bias = reorder_head_rows(_bias(attn.q_proj), n_heads, order)
+                k_bias = reorder_head_rows(_bias(attn.k_proj), n_kv_heads, order)
+                v_bias = _bias(attn.v_proj)
+                gate, up = matrix(mlp.gate_proj), matrix(mlp.up_proj)
             layers.append(_Layer(
                 input_norm=_norm_weight(layer.input_layernorm, offset),
-                q=matrix(attn.q_proj), q_bias=_bias(attn.q_proj),
-                k=matrix(attn.k_proj), k_bias=_bias(attn.k_proj),
-                v=matrix(attn.v_proj), v_bias=_bias(attn.v_proj),
+                q=q, q_bias=q_bias, k=k, k_bias=k_bias, v=v, v_bias=v_bias,
                 o=matrix(attn.o_proj), o_bias=_bias(attn.o_proj),
                 # the norm before the MLP: Gemma's pre_feedforward_layernorm (its post_attention_layernorm norms the
                 # attention's output), Llama's post_attention_layernorm
                 post_norm=_norm_weight(layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm,
                                        offset),
-                gate=matrix(mlp.gate_proj), up=matrix(mlp.up_proj), down=matrix(mlp.down_proj),
-                q_norm=_norm_weight(getattr(attn, "q_norm", None), offset),
-                k_norm=_norm_weight(getattr(attn, "k_norm", None), offset),
+                gate=gate, up=up, down=matrix(mlp.down_proj),
+                q_norm=_head_norm(_norm_weight(getattr(attn, "q_norm", None), offset), order),
+                k_norm=_head_norm(_norm_weight(getattr(attn, "k_norm", None), offset), order),
                 attention_output_norm=_norm_weight(layer.post_attention_layernorm, offset) if gemma else None,
                 mlp_output_norm=_norm_weight(layer.post_feedforward_layernorm, offset) if gemma else None))
         embed_dtype = base.embed_tokens.weight.dtype
@@ -324,25 +399,54 @@ class NativeLlama:
             return repacked
 
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
-        for name, heads in (("blk.0.attn_q.weight", n_heads), ("blk.0.attn_k.weight", n_kv_heads)):
+        fused = weights.get("blk.0.attn_qkv.weight") is not None  # Phi-3's q, k and v in one matrix
+        for name, heads in ((("blk.0.attn_qkv.weight", n_heads + 2 * n_kv_heads),) if fused else (
+                ("blk.0.attn_q.weight", n_heads), ("blk.0.attn_k.weight", n_kv_heads))):
             rows = weights.need(name).shape[0]
             if rows != heads * head_dim:
                 raise SpecdraftError(f"{weights.path.name}: {name} has {rows} rows, not the config's {heads} heads "
                                      f"of {head_dim}: the config does not describe this file")
+        order = rotary_row_order(head_dim, rotary_dim(config))
+
+        def attention_rows(prefix: str) -> tuple[Weight, ...]:
+            """q, k, v and their biases (None where the file has none), q's and k's rows in the kernels' order."""
+            if fused:
+                q, k, v = (weights.need(prefix + "attn_qkv.weight")[start: start + rows] for start, rows in (
+                    (0, n_heads * head_dim), (n_heads * head_dim, n_kv_heads * head_dim),
+                    ((n_heads + n_kv_heads) * head_dim, n_kv_heads * head_dim)))
+                biases = (None, None, None)
+            else:
+                q, k = rows_of(prefix + "attn_q.weight", n_heads), rows_of(prefix + "attn_k.weight", n_kv_heads)
+                v = weights.need(prefix + "attn_v.weight")
+                biases = (rows_of(prefix + "attn_q.bias", n_heads), rows_of(prefix + "attn_k.bias", n_kv_heads),
+                          bias(prefix + "attn_v.bias"))
+            return (reorder_head_rows(q, n_heads, order), reorder_head_rows(biases[0], n_heads, order),
+                    reorder_head_rows(k, n_kv_heads, order), reorder_head_rows(biases[1], n_kv_heads, order),
+                    v, biases[2])
+
+        def gate_and_up(prefix: str) -> tuple[Weight, Weight]:
+            up = weights.need(prefix + "ffn_up.weight")
+            if weights.get(prefix + "ffn_gate.weight") is not None:
+                return weights.need(prefix + "ffn_gate.weight"), up
+            if up.shape[0] != 2 * config.intermediate_size:  # Phi-3: gate and up in one matrix
+                raise SpecdraftError(f"{weights.path.name}: {prefix}ffn_up.weight has {up.shape[0]} rows and no "
+                                     f"ffn_gate.weight beside it, not the 2 x {config.intermediate_size} of a fused "
+                                     f"gate and up")
+            return up[: config.intermediate_size], up[config.intermediate_size:]
+
         layers = []
         for i in range(config.num_hidden_layers):
             prefix = f"blk.{i}."
+            q, q_bias, k, k_bias, v, v_bias = attention_rows(prefix)
+            gate, up = gate_and_up(prefix)
             layers.append(_Layer(
                 input_norm=norm(prefix + "attn_norm.weight"),
-                q=rows_of(prefix + "attn_q.weight", n_heads), q_bias=rows_of(prefix + "attn_q.bias", n_heads),
-                k=rows_of(prefix + "attn_k.weight", n_kv_heads), k_bias=rows_of(prefix + "attn_k.bias", n_kv_heads),
-                v=weights.need(prefix + "attn_v.weight"), v_bias=bias(prefix + "attn_v.bias"),
+                q=q, q_bias=q_bias, k=k, k_bias=k_bias, v=v, v_bias=v_bias,
                 o=weights.need(prefix + "attn_output.weight"), o_bias=bias(prefix + "attn_output.bias"),
                 post_norm=norm(prefix + "ffn_norm.weight"),
-                gate=weights.need(prefix + "ffn_gate.weight"), up=weights.need(prefix + "ffn_up.weight"),
-                down=weights.need(prefix + "ffn_down.weight"),
-                q_norm=norm(prefix + "attn_q_norm.weight", optional=True),
-                k_norm=norm(prefix + "attn_k_norm.weight", optional=True),
+                gate=gate, up=up, down=weights.need(prefix + "ffn_down.weight"),
+                q_norm=_head_norm(norm(prefix + "attn_q_norm.weight", optional=True), order),
+                k_norm=_head_norm(norm(prefix + "attn_k_norm.weight", optional=True), order),
                 attention_output_norm=norm(prefix + "post_attention_norm.weight") if gemma else None,
                 mlp_output_norm=norm(prefix + "post_ffw_norm.weight") if gemma else None))
         for layer in layers:  # the block-format matrices in groups of 8 rows, for passes of several tokens
@@ -363,14 +467,14 @@ class NativeLlama:
 
     def _setup(self, config, rotary: list[tuple[torch.Tensor, float]], embed: Weight, lm_head: Weight,
                final_norm: torch.Tensor, layers: list[_Layer], weight_dtype, variant: Variant) -> None:
-        """rotary: per rotary table (`_rotary_layer_types`), the inverse frequencies [Dh / 2] and the attention
-        scaling of the model's rotary embedding."""
+        """rotary: per rotary table (`_rotary_layer_types`), the inverse frequencies [r / 2] (r: `rotary_dim`) and
+        the attention scaling of the model's rotary embedding."""
         self.ops = load_kernels()
         self.n_heads = config.num_attention_heads
         self.n_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
         self.eps = float(config.rms_norm_eps)
-        self.max_positions = int(getattr(config, "max_position_embeddings", 4096))
+        self.max_positions = native_positions(config)
         self.weight_dtype = weight_dtype  # torch.float32 / torch.bfloat16, or "gguf" (block formats)
         self.gguf_formats: dict[str, int] = {}
         self.embed = embed  # [V, D]
@@ -383,7 +487,10 @@ class NativeLlama:
         # rotary tables, computed as transformers does (float32 angles) for the positions used so far: a position's
         # row depends on it alone, so growing the tables never changes a row (all 32k positions of Qwen2.5 would
         # hold 34 MB per model). One table per `_rotary_layer_types` (Gemma 3: its full layers', its local ones').
-        self.inv_freqs = [inv_freq.detach().float() for inv_freq, _ in rotary]  # [Dh / 2] each
+        # [Dh / 2] each: a partial rotary embedding's r / 2 frequencies, then angles of 0 (`rotary_row_order`)
+        self.inv_freqs = [F.pad(inv_freq.detach().float(), (0, self.head_dim // 2 - inv_freq.numel()))
+                          for inv_freq, _ in rotary]
+        self.turned_pairs = rotary_dim(config) // 2  # columns i and i + Dh / 2 for i below it turn
         self.rotary_scalings = [float(scaling) for _, scaling in rotary]
         self.cos_tables = self.sin_tables = [torch.empty(0, 2 * self.inv_freqs[0].numel())] * len(rotary)
         self._cover_positions(min(ROTARY_ROWS, self.max_positions))
@@ -420,8 +527,13 @@ class NativeLlama:
                 positions = torch.arange(start, start + ROTARY_ROWS, dtype=torch.float32)
                 angles = positions[:, None] * inv_freq[None, :]  # [ROTARY_ROWS, Dh / 2]
                 table = torch.cat([angles, angles], dim=-1)  # [ROTARY_ROWS, Dh]
-                cos.append(table.cos() * scaling)
-                sin.append(table.sin() * scaling)
+                cos_rows, sin_rows = table.cos() * scaling, table.sin() * scaling
+                unturned = torch.ones(self.head_dim // 2, dtype=torch.bool)
+                unturned[: self.turned_pairs] = False
+                unturned = torch.cat([unturned, unturned])  # a partial rotary embedding's other dims stay as they
+                cos_rows[:, unturned], sin_rows[:, unturned] = 1.0, 0.0  # are (transformers scales only turned ones)
+                cos.append(cos_rows)
+                sin.append(sin_rows)
             cos_tables.append(torch.cat(cos)[: self.max_positions])
             sin_tables.append(torch.cat(sin)[: self.max_positions])
         self.cos_tables, self.sin_tables = cos_tables, sin_tables
