@@ -83,15 +83,18 @@ def test_negative_control_qwen3_without_its_head_norms_fails_the_same_check(tiny
         assert (native - reference).abs().max() > 1e-2
 
 
-def gemma_without(model, monkeypatch, feature: str) -> None:
-    """The tiny Gemma (Phi-3, ...) model's native forward with one of its features taken away (a negative control)."""
+def without_feature(model, monkeypatch, feature: str) -> None:
+    """A tiny model's native forward with one of its family's features taken away (a negative control)."""
     import dataclasses
 
     from specdraft.models.native.llama import reorder_head_rows, rotary_row_order
 
     native = model.native
-    if feature in ("rotary_scalings", "turned_pairs"):  # Phi-3's long RoPE unscaled, or its unturned dims turned
-        monkeypatch.setattr(native, feature, [1.0] if feature == "rotary_scalings" else native.head_dim // 2)
+    if feature in ("rotary_scalings", "unturned dims scaled"):  # Phi-3's long RoPE unscaled, or its scale applied
+        if feature == "rotary_scalings":  # to the dims it does not turn as well
+            monkeypatch.setattr(native, feature, [1.0])
+        else:
+            monkeypatch.setattr(native, "_unturned", torch.zeros_like(native._unturned))
         monkeypatch.setattr(native, "cos_tables", [native.cos_tables[0][:0]])
         monkeypatch.setattr(native, "sin_tables", [native.sin_tables[0][:0]])
         native._cover_positions(len(TOKENS))
@@ -120,10 +123,10 @@ def gemma_without(model, monkeypatch, feature: str) -> None:
         "gelu", "embed_scale", "attention_scale", "windows", "norm offsets", "attention_output_norm",
         "mlp_output_norm")],
     ("gemma2", "attention_softcap"), ("gemma2", "final_softcap"), ("gemma3", "rope_tables"), ("mistral", "windows"),
-    ("smollm3", "rope_tables"), *[("phi3", feature) for feature in ("windows", "rotary_scalings", "turned_pairs",
-                                                                     "row order")]])
-def test_negative_control_gemma_without_each_of_its_features_fails_the_same_check(tiny_native, monkeypatch, arch,
-                                                                                 feature):
+    ("smollm3", "rope_tables"), *[("phi3", feature) for feature in ("windows", "rotary_scalings",
+                                                                     "unturned dims scaled", "row order")]])
+def test_negative_control_a_forward_without_each_feature_fails_the_same_check(tiny_native, monkeypatch, arch,
+                                                                            feature):
     """The check above sees every way Gemma's layers differ from Llama's (and Mistral's window, SmolLM3's layers
     without RoPE, Phi-3's partial long RoPE): a forward without any one of them is far off (the tiny models' windows
     of 6 positions are crossed by the 14 tokens)."""
@@ -132,7 +135,7 @@ def test_negative_control_gemma_without_each_of_its_features_fails_the_same_chec
     with torch.inference_mode():
         assert (layer_by_layer(model.native, TOKENS, model.native.new_cache(len(TOKENS))) - reference).abs().max() \
             < 1e-4  # the Python layers, as the controls run them
-        gemma_without(model, monkeypatch, feature)
+        without_feature(model, monkeypatch, feature)
         native = layer_by_layer(model.native, TOKENS, model.native.new_cache(len(TOKENS)))
     assert (native - reference).abs().max() > 1e-2
 
@@ -468,6 +471,21 @@ def test_auto_falls_back_to_transformers_and_says_why(tmp_path):
     assert native_unsupported_reason(model.model) == model.backend_note
     result = Engine(model, None, SpecConfig("ar")).generate([3, 4, 5], SamplingParams(max_new_tokens=3))
     assert result.stats.backend == "transformers"
+
+
+def test_a_long_rope_model_serves_its_original_context_and_a_draft_of_it_limits_the_request(tiny_native):
+    """Natively a long-RoPE model (the tiny Phi-3: long RoPE past 256 of its 512 positions) takes 256 positions, as
+    target or as draft model: a request past them is one clear error naming whose context, before any pass."""
+    phi3, qwen2 = tiny_native["phi3", "float32"], tiny_native["qwen2", "float32"]
+    assert phi3.max_positions == 256 and qwen2.max_positions == 512
+    params = SamplingParams(max_new_tokens=60)
+    prompt = [3, 4, 5] * 70  # 210 tokens: 270 positions with the new ones
+    with pytest.raises(SpecdraftError, match="the model's context of 256"):
+        Engine(phi3, None, SpecConfig("ar")).generate(prompt, params)
+    with pytest.raises(SpecdraftError, match="the draft model's context of 256"):
+        Engine(qwen2, ModelDrafter(phi3, qwen2), SpecConfig("draft", 4)).generate(prompt, params)
+    assert len(Engine(qwen2, ModelDrafter(phi3, qwen2), SpecConfig("draft", 4)).generate(
+        prompt, SamplingParams(max_new_tokens=40)).token_ids) <= 40
 
 
 def test_which_sliding_windows_run_natively():

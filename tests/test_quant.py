@@ -24,6 +24,7 @@ from specdraft.models import fetch
 from specdraft.models.native.gguf_weights import BLOCK_TYPES, HUGE_PAGE, QuantWeight, huge_page_buffer, read_gguf
 from specdraft.models.native import kernels
 from specdraft.models.native.kernels import load_kernels
+from specdraft.models.native.llama import native_positions, rotary_frequencies
 
 # name -> (ggml type, weights per block, bytes per block)
 TYPES = {"Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176),
@@ -512,7 +513,10 @@ def tiny_pair(tmp_path_factory):
     draft = write_gguf(draft_hf, cache, "tiny-draft", "Q5_0")
     hf = {"qwen2": target_hf, "llama": draft_hf, "qwen3": qwen3_hf, "llama3": llama3_hf,
           **{arch: build_model(root / f"hf-{arch}", seed=25, hidden=64, layers=2, arch=arch)
-             for arch in ("gemma2", "gemma3", "phi3")}}
+             for arch in ("gemma2", "gemma3", "phi3")},
+          # Phi-3-mini's RoPE: every dim turned, no scaling (q and k stay views of the file)
+          "phi3full": build_model(root / "hf-phi3full", seed=26, hidden=64, layers=2, arch="phi3",
+                                  rope_parameters={"rope_type": "default", "rope_theta": 10_000.0})}
     fine = {arch: write_gguf(folder, cache, f"tiny-{arch}-q8", "Q8_0") for arch, folder in hf.items()}
     return {"target": target, "draft": draft, "target_hf": target_hf, "draft_hf": draft_hf,
             **{f"{arch}_q8": folder for arch, folder in fine.items()},
@@ -557,12 +561,16 @@ def test_a_gemma_gguf_follows_the_float_model_it_came_from(tiny_pair, arch):
     assert logit_error(tiny_pair, arch, LONG_PROMPT) < LOGIT_TOLERANCE
 
 
-def test_a_phi3_gguf_follows_the_float_model_it_came_from(tiny_pair):
-    """Phi-3's fused q/k/v and gate/up matrices split by rows, its partial long RoPE, its window."""
-    assert logit_error(tiny_pair, "phi3", LONG_PROMPT) < LOGIT_TOLERANCE
+@pytest.mark.parametrize("arch", ["phi3", "phi3full"])
+def test_a_phi3_gguf_follows_the_float_model_it_came_from(tiny_pair, arch):
+    """Phi-3's fused q/k/v and gate/up matrices split by rows, its window; Phi-4-mini's partial long RoPE (phi3),
+    Phi-3-mini's plain one (phi3full)."""
+    assert logit_error(tiny_pair, arch, LONG_PROMPT) < LOGIT_TOLERANCE
 
 
 def test_negative_control_a_phi3_gguf_with_its_rotary_dims_in_transformers_order_fails(tiny_pair, monkeypatch):
+    """The check above sees the q and k rows' order of a partial rotary embedding: left in transformers' order, the
+    file's logits are far from the float model's."""
     import specdraft.models.native.llama as llama
 
     full = load_model(str(tiny_pair["phi3_hf"]), "float32", progress=False)
@@ -574,26 +582,38 @@ def test_negative_control_a_phi3_gguf_with_its_rotary_dims_in_transformers_order
     assert relative_error(got, full.new_state().forward(prompt, len(prompt)).double()) > LOGIT_TOLERANCE
 
 
-def test_phi3s_rope_comes_from_the_files_metadata_and_tensors(tiny_pair):
+def test_phi3s_rope_comes_from_the_files_metadata_and_tensors(tiny_pair, tmp_path):
     """transformers reads a Phi-3 GGUF's RoPE as the default over every dim: an import takes the dims it turns, its
-    long-RoPE factors (tensors of the file) and attention factor, as llama.cpp reads them; the config the tiny model
-    was written from comes back."""
+    long-RoPE factors (tensors of the file) and attention factor, as llama.cpp reads them, and no window (llama.cpp
+    runs Phi files without one); the config the tiny model was written from comes back, and survives a save and a
+    load (transformers validates it). The metadata copy alone (no tensor data) is refused, not read as factors."""
     from transformers import AutoConfig, Phi3Config
 
     written = AutoConfig.from_pretrained(tiny_pair["phi3_hf"])
     gguf_file = fetch.gguf_source(tiny_pair["phi3_q8"])
-    config = Phi3Config(**{key: getattr(written, key) for key in (
-        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-        "num_key_value_heads", "max_position_embeddings")}, rope_parameters={"rope_type": "default",
-                                                                            "rope_theta": 10_000.0})
+
+    def as_transformers_reads_it() -> Phi3Config:
+        return Phi3Config(**{key: getattr(written, key) for key in (
+            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "max_position_embeddings")}, rope_parameters={"rope_type": "default",
+                                                                                "rope_theta": 10_000.0})
+
+    config = as_transformers_reads_it()
     fetch._config_from_metadata(config, gguf_file)
     expected = dict(written.rope_parameters, attention_factor=pytest.approx(1.0606601717798212))
-    assert config.rope_parameters == expected
+    assert config.rope_parameters == expected and config.sliding_window is None
     assert config.original_max_position_embeddings == 256
-    from specdraft.models.native.llama import native_positions, rotary_frequencies
-
     assert native_positions(config) == 256
     torch.testing.assert_close(rotary_frequencies(config)[0], rotary_frequencies(written)[0], rtol=0, atol=0)
+    config.save_pretrained(tmp_path / "saved")
+    assert AutoConfig.from_pretrained(tmp_path / "saved").rope_parameters == expected
+    header = tmp_path / "header.gguf"
+    fetch.metadata_copy(gguf_file, header)
+    with pytest.raises(SpecdraftError, match="long-RoPE factors"):
+        fetch._config_from_metadata(as_transformers_reads_it(), header)
+    config = as_transformers_reads_it()
+    fetch._config_from_metadata(config, header, gguf_file)
+    assert config.rope_parameters == expected
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "gemma3"])

@@ -135,6 +135,7 @@ def write_gguf(hf_dir: Path, cache: Path, name: str, qtype: str = "Q8_0", mixed:
     if config.model_type == "phi3":  # as llama.cpp's converter writes Phi-3's RoPE (the folder's config holds it too)
         head_dim = config.hidden_size // config.num_attention_heads
         writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+        writer.add_sliding_window(config.sliding_window or 0)
         if rope.get("rope_type") == "longrope":
             original = config.original_max_position_embeddings
             scale = config.max_position_embeddings / original

@@ -542,10 +542,12 @@ class Engine:
         if stop_when is not None and not callable(stop_when):
             raise SpecdraftError(f"stop_when must be a function of the text so far, got {type(stop_when).__name__}")
         prompt_ids = self.check_prompt_ids(prompt_ids)
-        limit = self.target.max_positions
+        limits = {"the model's": self.target.max_positions, "the draft model's": self.drafter.max_positions}
+        whose, limit = min(((name, n) for name, n in limits.items() if n), key=lambda item: item[1],
+                           default=(None, None))
         if limit and len(prompt_ids) + params.max_new_tokens > limit:
             raise SpecdraftError(f"prompt ({len(prompt_ids)} tokens) plus max new tokens ({params.max_new_tokens}) "
-                                 f"exceeds the model's context of {limit} tokens; shorten one of them")
+                                 f"exceeds {whose} context of {limit} tokens; shorten one of them")
         return Generation(self, list(prompt_ids), params, stop_when)
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, stop_when: StopRule | None = None

@@ -28,6 +28,9 @@ class Drafter:
     # by its weight bytes alone: a small model's step carries more fixed work per byte than the target's (24 layers
     # of small matrices), 1.6x per byte for the 0.5B draft against the 1.5B target (Zen 3, 2026-12-03)
     timed_price: bool = False
+    # the most positions a sequence may reach for this drafter (its model's context, where shorter than the
+    # target's: a long-RoPE model's native context); None: no limit of its own
+    max_positions: int | None = None
     # the node budget of a tree drafter (its drafts are trees of at most this many nodes); None for a chain drafter
     budget: int | None = None
     # whether it keeps one sequence's state between calls (a draft model's cache, an EAGLE head's): requests

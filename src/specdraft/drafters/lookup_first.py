@@ -56,6 +56,10 @@ class LookupFirstDrafter(Drafter):
         return self.inner.timed_price
 
     @property
+    def max_positions(self) -> int | None:
+        return self.inner.max_positions
+
+    @property
     def source_bytes(self) -> dict[str, int]:
         """Per source: a copy reads no weights (the wrapped drafter, the default source, reads draft_bytes)."""
         return {LOOKUP_LABEL: 0}

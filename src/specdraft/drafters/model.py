@@ -35,6 +35,8 @@ class ModelDrafter(HasDraftVocab):
         self.backend = draft.backend
         self.state = draft.new_state()
         self.score_rows(draft, draft_vocab)  # sets draft_bytes, read by gamma auto every pass
+        # a draft reading the whole context needs room for all of it (one reading a window of it: no limit of its own)
+        self.max_positions = None if context_tokens else draft.max_positions
 
 
     def begin(self, prompt_ids: list[int], features=None) -> None:

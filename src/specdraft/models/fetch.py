@@ -318,7 +318,7 @@ def _config_from_metadata(config, header: Path, tensors: Path | None = None) -> 
     - Gemma's layer plan, as llama.cpp reads it (`_gemma_config_from_metadata`), and no Mistral window the file
       does not name;
     - Phi-3's RoPE (`_phi3_config_from_metadata`), whose long-RoPE factors are tensors of the file `tensors` (the
-      file `header` copies the metadata of; by default `header` itself).
+      file `header` copies the metadata of; by default `header` itself, which must then be the whole file).
     """
     metadata = read_header(header.read_bytes()).metadata
     arch = metadata.get("general.architecture")
@@ -360,27 +360,37 @@ def _config_from_metadata(config, header: Path, tensors: Path | None = None) -> 
 def _phi3_config_from_metadata(config, metadata: dict, tensors: Path) -> None:
     """Phi-3's RoPE as llama.cpp reads it, where transformers' reading keeps the default over every dim: the dims it
     turns (`rope.dimension_count`: Phi-4-mini's 96 of 128) and, where the file holds `rope_factors_short.weight` and
-    `rope_factors_long.weight`, the long RoPE of Phi-3.5 and Phi-4-mini (its factors, its original context and the
-    attention factor the converter wrote)."""
+    `rope_factors_long.weight`, the long RoPE of Phi-3.5 and Phi-4-mini (its factors, its original context, else the
+    file's context as llama.cpp takes it, and the attention factor the converter wrote). `tensors`: the file itself
+    (a `metadata_copy` holds no tensor data). Its sliding window is not read: llama.cpp runs Phi files without one."""
     rope = dict(getattr(config, "rope_parameters", None) or {})
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     dims = metadata.get("phi3.rope.dimension_count")
-    if isinstance(dims, int) and 0 < dims < head_dim:
+    dims = dims if isinstance(dims, int) and 0 < dims <= head_dim and dims % 2 == 0 else head_dim
+    if dims < head_dim:
         rope["partial_rotary_factor"] = dims / head_dim
+        if int(head_dim * rope["partial_rotary_factor"]) != dims:  # transformers' int() of the product
+            raise SpecdraftError(f"{tensors.name}: a rotary embedding over {dims} of {head_dim} dims, which "
+                                 f"transformers' partial_rotary_factor cannot say exactly")
+    names = {"rope_factors_short.weight": "short", "rope_factors_long.weight": "long"}
     with open(tensors, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
         header = read_header(mapped)
-        names = {"rope_factors_short.weight": "short", "rope_factors_long.weight": "long"}
-        factors = {names[entry.name]: list(struct.unpack_from(f"<{entry.dims[0]}f", mapped,
-                                                              header.data_start + entry.offset))
-                   for entry in header.tensors if entry.name in names and entry.qtype == 0 and len(entry.dims) == 1}
-    original = metadata.get("phi3.rope.scaling.original_context_length")
-    if set(factors) == {"short", "long"} and isinstance(original, int):
+        entries = {names[entry.name]: entry for entry in header.tensors if entry.name in names}
+        if entries and (set(entries) != {"short", "long"} or any(
+                entry.qtype != 0 or entry.dims != [dims // 2] for entry in entries.values())):  # 0: F32
+            raise SpecdraftError(f"{tensors.name}: its long-RoPE factors are not two F32 vectors of {dims // 2} "
+                                 f"(the pairs of the {dims} dims it turns): {sorted(names)}")
+        factors = {kind: list(struct.unpack_from(f"<{dims // 2}f", mapped, header.data_start + entry.offset))
+                   for kind, entry in entries.items()}
+    if factors:
+        original = metadata.get("phi3.rope.scaling.original_context_length",
+                                metadata.get("phi3.context_length", config.max_position_embeddings))
         rope.update(rope_type="longrope", short_factor=factors["short"], long_factor=factors["long"],
-                    original_max_position_embeddings=original)
+                    original_max_position_embeddings=int(original))
         attention = metadata.get("phi3.rope.scaling.attn_factor")
         if isinstance(attention, float):
             rope["attention_factor"] = attention
-        config.original_max_position_embeddings = original
+        config.original_max_position_embeddings = int(original)  # transformers' standardizing prefers this one
     config.rope_parameters = rope
 
 

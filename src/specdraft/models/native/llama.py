@@ -32,8 +32,8 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "smollm3", "phi3"
 # gate, embeddings scaled by sqrt(hidden), local layers with a sliding window (and in Gemma 3 their own RoPE)
 GEMMA_MODEL_TYPES = ("gemma2", "gemma3_text")
 # inverse frequencies fixed at load time; "longrope" (Phi-3.5, Phi-4-mini): its short factors, which transformers
-# uses up to `original_max_position_embeddings` positions (past them it recomputes the whole cache with the long
-# ones), so the native context stops there (`native_positions`)
+# uses up to `original_max_position_embeddings` positions (a forward past them turns every position by the long ones,
+# and its generate recomputes the cache there), so the native context stops there (`native_positions`)
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 # float32 passes longer than this (prompt prefill) use torch's matmul: faster for many rows, and batch
 # invariance matters only between verify passes and decode steps, which are all far shorter. bf16 weights
@@ -304,13 +304,13 @@ class NativeLlama:
         self.transformers_spent = False
 
         def matrices(linear: torch.nn.Linear, rows: list[int] | None = None,
-                     orders: tuple[torch.Tensor | None, ...] = ()) -> list[Weight]:
+                     orders: tuple[torch.Tensor | None, ...] = (None,)) -> list[Weight]:
             """The linear's weight, or its blocks of `rows` rows (Phi-3's fused q/k/v and gate/up), the i-th with
             each head's rows in orders[i] (`rotary_row_order`; a copy then)."""
             weight = linear.weight.detach()
             pieces = [weight] if rows is None else list(weight.split(rows))
-            pieces = [reorder_head_rows(piece, len(piece) // len(order), order) if order is not None else piece
-                      for piece, order in zip(pieces, list(orders) + [None] * (len(pieces) - len(orders)))]
+            pieces = [piece if order is None else reorder_head_rows(piece, len(piece) // len(order), order)
+                      for piece, order in zip(pieces, orders, strict=True)]
             if not panels or weight.dtype != torch.bfloat16:
                 return pieces
             repacked = [PanelWeight.pack(piece) for piece in pieces]
@@ -333,9 +333,9 @@ class NativeLlama:
             attn, mlp = layer.self_attn, layer.mlp
             if config.model_type == "phi3":  # q, k and v in one matrix, gate and up in another
                 q, k, v = matrices(attn.qkv_proj, [n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim],
-                                   (order, order))
+                                   (order, order, None))
                 q_bias = k_bias = v_bias = None
-                gate, up = matrices(mlp.gate_up_proj, [config.intermediate_size] * 2)
+                gate, up = matrices(mlp.gate_up_proj, [config.intermediate_size] * 2, (None, None))
             else:
                 q, k, v = matrix(attn.q_proj, order), matrix(attn.k_proj, order), matrix(attn.v_proj)
                 q_bias = reorder_head_rows(_bias(attn.q_proj), n_heads, order)
@@ -408,10 +408,19 @@ class NativeLlama:
                                      f"of {head_dim}: the config does not describe this file")
         order = rotary_row_order(head_dim, rotary_dim(config))
 
+        def reordered(weight: Weight | None, heads: int) -> Weight | None:
+            """q's or k's rows in the kernels' order: a copy, so the file's pages under them are let go."""
+            if weight is None or order is None:
+                return weight
+            copy = reorder_head_rows(weight, heads, order)
+            weights.release(weight)
+            return copy
+
         def attention_rows(prefix: str) -> tuple[Weight, ...]:
             """q, k, v and their biases (None where the file has none), q's and k's rows in the kernels' order."""
-            if fused:
-                q, k, v = (weights.need(prefix + "attn_qkv.weight")[start: start + rows] for start, rows in (
+            if fused:  # rows of one matrix, which the file's tensors let go of (the slices keep what they need)
+                qkv = weights.tensors.pop(prefix + "attn_qkv.weight")
+                q, k, v = (qkv[start: start + rows] for start, rows in (
                     (0, n_heads * head_dim), (n_heads * head_dim, n_kv_heads * head_dim),
                     ((n_heads + n_kv_heads) * head_dim, n_kv_heads * head_dim)))
                 biases = (None, None, None)
@@ -420,18 +429,18 @@ class NativeLlama:
                 v = weights.need(prefix + "attn_v.weight")
                 biases = (rows_of(prefix + "attn_q.bias", n_heads), rows_of(prefix + "attn_k.bias", n_kv_heads),
                           bias(prefix + "attn_v.bias"))
-            return (reorder_head_rows(q, n_heads, order), reorder_head_rows(biases[0], n_heads, order),
-                    reorder_head_rows(k, n_kv_heads, order), reorder_head_rows(biases[1], n_kv_heads, order),
-                    v, biases[2])
+            return (reordered(q, n_heads), reordered(biases[0], n_heads), reordered(k, n_kv_heads),
+                    reordered(biases[1], n_kv_heads), v, biases[2])
 
         def gate_and_up(prefix: str) -> tuple[Weight, Weight]:
-            up = weights.need(prefix + "ffn_up.weight")
             if weights.get(prefix + "ffn_gate.weight") is not None:
-                return weights.need(prefix + "ffn_gate.weight"), up
+                return weights.need(prefix + "ffn_gate.weight"), weights.need(prefix + "ffn_up.weight")
+            up = weights.need(prefix + "ffn_up.weight")
             if up.shape[0] != 2 * config.intermediate_size:  # Phi-3: gate and up in one matrix
                 raise SpecdraftError(f"{weights.path.name}: {prefix}ffn_up.weight has {up.shape[0]} rows and no "
                                      f"ffn_gate.weight beside it, not the 2 x {config.intermediate_size} of a fused "
                                      f"gate and up")
+            weights.tensors.pop(prefix + "ffn_up.weight")  # (as the fused q/k/v above)
             return up[: config.intermediate_size], up[config.intermediate_size:]
 
         layers = []
@@ -491,6 +500,8 @@ class NativeLlama:
         self.inv_freqs = [F.pad(inv_freq.detach().float(), (0, self.head_dim // 2 - inv_freq.numel()))
                           for inv_freq, _ in rotary]
         self.turned_pairs = rotary_dim(config) // 2  # columns i and i + Dh / 2 for i below it turn
+        unturned = torch.arange(self.head_dim // 2) >= self.turned_pairs
+        self._unturned = torch.cat([unturned, unturned])  # [Dh]: a partial rotary embedding's other dims
         self.rotary_scalings = [float(scaling) for _, scaling in rotary]
         self.cos_tables = self.sin_tables = [torch.empty(0, 2 * self.inv_freqs[0].numel())] * len(rotary)
         self._cover_positions(min(ROTARY_ROWS, self.max_positions))
@@ -528,10 +539,8 @@ class NativeLlama:
                 angles = positions[:, None] * inv_freq[None, :]  # [ROTARY_ROWS, Dh / 2]
                 table = torch.cat([angles, angles], dim=-1)  # [ROTARY_ROWS, Dh]
                 cos_rows, sin_rows = table.cos() * scaling, table.sin() * scaling
-                unturned = torch.ones(self.head_dim // 2, dtype=torch.bool)
-                unturned[: self.turned_pairs] = False
-                unturned = torch.cat([unturned, unturned])  # a partial rotary embedding's other dims stay as they
-                cos_rows[:, unturned], sin_rows[:, unturned] = 1.0, 0.0  # are (transformers scales only turned ones)
+                # a partial rotary embedding's other dims stay as they are (transformers scales only turned ones)
+                cos_rows[:, self._unturned], sin_rows[:, self._unturned] = 1.0, 0.0
                 cos.append(cos_rows)
                 sin.append(sin_rows)
             cos_tables.append(torch.cat(cos)[: self.max_positions])
@@ -579,7 +588,7 @@ class NativeLlama:
 
         rotary = (len(self.inv_freqs) == len(other.inv_freqs)
                   and all(torch.equal(mine, theirs) for mine, theirs in zip(self.inv_freqs, other.inv_freqs))
-                  and self.rotary_scalings == other.rotary_scalings)
+                  and self.rotary_scalings == other.rotary_scalings and self.turned_pairs == other.turned_pairs)
 
         def first_layers(variant: Variant) -> Variant:  # the model-wide settings and those of the shared layers
             return dataclasses.replace(variant, windows=variant.windows[:depth],
