@@ -22,7 +22,7 @@ from specdraft.models.native.llama import MAX_KERNEL_ROWS, native_unsupported_re
 from tiny import build_model
 
 TOKENS = [3, 4, 5, 6, 7, 8, 9, 10, 3, 4, 5, 11, 2, 6]
-ARCHS = ("qwen2", "llama", "qwen3", "mistral", "smollm3", "phi3", "gemma2", "gemma3")
+ARCHS = ("qwen2", "llama", "qwen3", "mistral", "qwen2-window", "smollm3", "phi3", "gemma2", "gemma3")
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def without_feature(model, monkeypatch, feature: str) -> None:
         "gelu", "embed_scale", "attention_scale", "windows", "norm offsets", "attention_output_norm",
         "mlp_output_norm")],
     ("gemma2", "attention_softcap"), ("gemma2", "final_softcap"), ("gemma3", "rope_tables"), ("mistral", "windows"),
-    ("smollm3", "rope_tables"), *[("phi3", feature) for feature in ("windows", "rotary_scalings",
+    ("smollm3", "rope_tables"), ("qwen2-window", "windows"), *[("phi3", feature) for feature in ("windows", "rotary_scalings",
                                                                      "unturned dims scaled", "row order")]])
 def test_negative_control_a_forward_without_each_feature_fails_the_same_check(tiny_native, monkeypatch, arch,
                                                                             feature):
@@ -140,7 +140,7 @@ def test_negative_control_a_forward_without_each_feature_fails_the_same_check(ti
     assert (native - reference).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "mistral", "phi3", "gemma2", "gemma3"])
+@pytest.mark.parametrize("arch", ["qwen2", "mistral", "qwen2-window", "phi3", "gemma2", "gemma3"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_verify_pass_equals_single_steps_bit_for_bit(tiny_native, dtype, arch):
     """Batch invariance: scoring k tokens in one pass gives exactly the logits of k one-token steps (Gemma's: passes
@@ -489,8 +489,8 @@ def test_a_long_rope_model_serves_its_original_context_and_a_draft_of_it_limits_
 
 
 def test_which_sliding_windows_run_natively():
-    """Mistral's window applies whenever its config names one (on every layer), Gemma's on its local layers: both
-    run natively; Qwen's window (only with `use_sliding_window`, on some layers) keeps a model off the backend."""
+    """Mistral's window applies whenever its config names one (on every layer), Gemma's on its local layers, Qwen's
+    only with `use_sliding_window` (on the layers from `max_window_layers` on): all run natively."""
     from transformers import Gemma3TextConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config, SmolLM3Config
 
     from specdraft.models.native.llama import config_unsupported_reason, model_variant
@@ -501,7 +501,9 @@ def test_which_sliding_windows_run_natively():
     assert model_variant(MistralConfig(sliding_window=4096, num_hidden_layers=2)).windows == (4096, 4096)
     assert model_variant(MistralConfig(sliding_window=None, num_hidden_layers=2)).windows == (0, 0)
     assert model_variant(Gemma3TextConfig(num_hidden_layers=6)).windows == (4096,) * 5 + (0,)
-    assert "sliding-window" in config_unsupported_reason(Qwen3Config(use_sliding_window=True, sliding_window=64))
+    qwen3 = Qwen3Config(use_sliding_window=True, sliding_window=64, max_window_layers=2, num_hidden_layers=4)
+    assert config_unsupported_reason(qwen3) is None and model_variant(qwen3).windows == (0, 0, 64, 64)
+    assert model_variant(Qwen3Config(sliding_window=64, num_hidden_layers=2)).windows == (0, 0)  # not turned on
     assert "bidirectional" in config_unsupported_reason(Gemma3TextConfig(use_bidirectional_attention=True))
     # SmolLM3: every 4th layer without RoPE (a table of no rotation), its window only where it is turned on
     smollm3 = SmolLM3Config(num_hidden_layers=8)

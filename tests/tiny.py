@@ -29,11 +29,12 @@ def build_model(path: Path, seed: int, vocab_size: int | None = None, layers: in
                 rope_parameters: dict | None = None, tied: bool = False) -> Path:
     """A random causal LM saved as a Hugging Face directory with the character tokenizer. arch: qwen2, llama,
     qwen3 (heads twice as wide as hidden / heads, as Qwen3's are wider than that, and random per-head q and k norms)
-    or mistral; smollm3 (every 2nd layer without RoPE); phi3 (fused q/k/v and gate/up, Phi-4-mini's partial rotary
-    embedding over half of each head and a long RoPE with random factors up to position 256);
-    gemma2 and gemma3 (Gemma 3's text model); sliding windows of 6 positions (so that a dozen tokens
-    cross them) on every layer of mistral and phi3 and on the local layers of gemma; for gemma a query scale other than
-    1 / sqrt(head size), random norm weights, and Gemma 2's soft caps made small enough to change the logits.
+    or mistral; qwen2-window (Qwen2 with `use_sliding_window`, from the 2nd layer on); smollm3 (every 2nd layer
+    without RoPE); phi3 (fused q/k/v and gate/up, Phi-4-mini's partial rotary embedding over half of each head and a
+    long RoPE with random factors up to position 256); gemma2 and gemma3 (Gemma 3's text model). Sliding windows of
+    6 positions (so that a dozen tokens cross them) on every layer of mistral and phi3, on qwen2-window's sliding
+    layers and on the local layers of gemma; for gemma a query scale other than 1 / sqrt(head size), random norm
+    weights, and Gemma 2's soft caps made small enough to change the logits.
     rope_parameters: the config's, where not the default RoPE. tied: the LM head is the embedding."""
     from transformers import (AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig,
                               Phi3Config, Qwen2Config, Qwen3Config, SmolLM3Config)
@@ -42,11 +43,13 @@ def build_model(path: Path, seed: int, vocab_size: int | None = None, layers: in
     vocab_size = vocab_size or len(tokenizer.get_vocab())
     config_class = {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen3": Qwen3Config, "mistral": MistralConfig,
                     "gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "smollm3": SmolLM3Config,
-                    "phi3": Phi3Config}[arch]
+                    "phi3": Phi3Config, "qwen2-window": Qwen2Config}[arch]
     gemma = {"sliding_window": 6, "query_pre_attn_scalar": 24, "head_dim": hidden // 4,
              "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]}
     extra = {"qwen3": {"head_dim": 2 * hidden // 4}, "mistral": {"sliding_window": 6},
              "smollm3": {"no_rope_layer_interval": 2},  # every 2nd layer without RoPE
+             # Qwen's window, turned on, on the layers from the 2nd on
+             "qwen2-window": {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1},
              "phi3": {"sliding_window": 6, "original_max_position_embeddings": 256, "rope_parameters": {
                  "rope_type": "longrope", "rope_theta": 10_000.0, "partial_rotary_factor": 0.5,
                  "short_factor": [1.0 + 0.5 * i for i in range(hidden // 4 // 4)],

@@ -76,9 +76,11 @@ def config_unsupported_reason(config) -> str | None:
         if "sliding_attention" in layer_types and not getattr(config, "sliding_window", None):
             return "sliding-window layers without a window"
     elif model_type not in ("mistral", "smollm3", "phi3"):  # their window (when set) is on every layer
-        # Qwen's configs name a window that only `use_sliding_window` turns on
-        if layer_types != {"full_attention"} or getattr(config, "use_sliding_window", False):
-            return "sliding-window attention layers"
+        # Qwen's window, where `use_sliding_window` turns it on, on the layers from `max_window_layers` on
+        if not layer_types <= {"full_attention", "sliding_attention"}:
+            return f"layer types {sorted(layer_types)}"
+        if "sliding_attention" in layer_types and not getattr(config, "sliding_window", None):
+            return "sliding-window layers without a window"
     if getattr(config, "mlp_bias", False) or getattr(config, "pretraining_tp", 1) != 1:
         return "MLP biases or tensor-parallel pretraining layout"
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -210,9 +212,14 @@ def model_variant(config, embed_dtype: torch.dtype = torch.float32) -> Variant:
         return Variant(windows=tuple(window if kind == "sliding_attention" else 0 for kind in config.layer_types),
                        rope_tables=tuple(0 if rope else _rotary_layer_types(config).index(NO_ROPE)
                                          for rope in config.no_rope_layers))
-    if config.model_type not in GEMMA_MODEL_TYPES:  # Mistral's and Phi-3's window, where set, on every layer
-        window = int(getattr(config, "sliding_window", None) or 0) if config.model_type in ("mistral", "phi3") else 0
-        return Variant(windows=(window,) * n_layers, rope_tables=(0,) * n_layers)
+    if config.model_type not in GEMMA_MODEL_TYPES:
+        window = int(getattr(config, "sliding_window", None) or 0)
+        if config.model_type in ("mistral", "phi3"):  # their window, where set, on every layer
+            return Variant(windows=(window,) * n_layers, rope_tables=(0,) * n_layers)
+        # Qwen's on its sliding layers (`use_sliding_window`: those from `max_window_layers` on); Llama's: none
+        kinds = getattr(config, "layer_types", None) or ["full_attention"] * n_layers
+        return Variant(windows=tuple(window if kind == "sliding_attention" else 0 for kind in kinds),
+                       rope_tables=(0,) * n_layers)
     layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * n_layers)
     table_types = _rotary_layer_types(config)
     return Variant(
