@@ -123,8 +123,8 @@ def without_feature(model, monkeypatch, feature: str) -> None:
         "gelu", "embed_scale", "attention_scale", "windows", "norm offsets", "attention_output_norm",
         "mlp_output_norm")],
     ("gemma2", "attention_softcap"), ("gemma2", "final_softcap"), ("gemma3", "rope_tables"), ("mistral", "windows"),
-    ("smollm3", "rope_tables"), ("qwen2-window", "windows"), *[("phi3", feature) for feature in ("windows", "rotary_scalings",
-                                                                     "unturned dims scaled", "row order")]])
+    ("smollm3", "rope_tables"), ("qwen2-window", "windows"),
+    *[("phi3", feature) for feature in ("windows", "rotary_scalings", "unturned dims scaled", "row order")]])
 def test_negative_control_a_forward_without_each_feature_fails_the_same_check(tiny_native, monkeypatch, arch,
                                                                             feature):
     """The check above sees every way Gemma's layers differ from Llama's (and Mistral's window, SmolLM3's layers
@@ -484,14 +484,16 @@ def test_a_long_rope_model_serves_its_original_context_and_a_draft_of_it_limits_
         Engine(phi3, None, SpecConfig("ar")).generate(prompt, params)
     with pytest.raises(SpecdraftError, match="the draft model's context of 256"):
         Engine(qwen2, ModelDrafter(phi3, qwen2), SpecConfig("draft", 4)).generate(prompt, params)
-    assert len(Engine(qwen2, ModelDrafter(phi3, qwen2), SpecConfig("draft", 4)).generate(
-        prompt, SamplingParams(max_new_tokens=40)).token_ids) <= 40
+    engine = Engine(qwen2, ModelDrafter(phi3, qwen2), SpecConfig("draft", 4))
+    assert engine.max_positions == 256  # (what the server's default max_tokens leaves room for)
+    engine.generate(prompt, SamplingParams(max_new_tokens=40))  # 250 positions: served
 
 
 def test_which_sliding_windows_run_natively():
     """Mistral's window applies whenever its config names one (on every layer), Gemma's on its local layers, Qwen's
     only with `use_sliding_window` (on the layers from `max_window_layers` on): all run natively."""
-    from transformers import Gemma3TextConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config, SmolLM3Config
+    from transformers import (Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config,
+                              SmolLM3Config)
 
     from specdraft.models.native.llama import config_unsupported_reason, model_variant
 
@@ -504,6 +506,9 @@ def test_which_sliding_windows_run_natively():
     qwen3 = Qwen3Config(use_sliding_window=True, sliding_window=64, max_window_layers=2, num_hidden_layers=4)
     assert config_unsupported_reason(qwen3) is None and model_variant(qwen3).windows == (0, 0, 64, 64)
     assert model_variant(Qwen3Config(sliding_window=64, num_hidden_layers=2)).windows == (0, 0)  # not turned on
+    # transformers' Llama has no window: a Llama config naming sliding layers stays off the backend
+    assert "sliding-window" in config_unsupported_reason(LlamaConfig(
+        num_hidden_layers=2, layer_types=["full_attention", "sliding_attention"], sliding_window=64))
     assert "bidirectional" in config_unsupported_reason(Gemma3TextConfig(use_bidirectional_attention=True))
     # SmolLM3: every 4th layer without RoPE (a table of no rotation), its window only where it is turned on
     smollm3 = SmolLM3Config(num_hidden_layers=8)

@@ -534,6 +534,13 @@ class Engine:
             raise SpecdraftError("the prompt is empty; give some text to continue")
         return ids
 
+    @property
+    def max_positions(self) -> int | None:
+        """The most positions a request may reach: the target's context, or its drafter's where shorter (a draft
+        model's); None: no limit known."""
+        limits = [limit for limit in (self.target.max_positions, self.drafter.max_positions) if limit]
+        return min(limits) if limits else None
+
     def stream(self, prompt_ids: list[int], params: SamplingParams, stop_when: StopRule | None = None
                ) -> "Generation":
         """An iterable of text chunks as they become final; `.result()` afterwards has tokens and statistics.
@@ -542,10 +549,9 @@ class Engine:
         if stop_when is not None and not callable(stop_when):
             raise SpecdraftError(f"stop_when must be a function of the text so far, got {type(stop_when).__name__}")
         prompt_ids = self.check_prompt_ids(prompt_ids)
-        limits = {"the model's": self.target.max_positions, "the draft model's": self.drafter.max_positions}
-        whose, limit = min(((name, n) for name, n in limits.items() if n), key=lambda item: item[1],
-                           default=(None, None))
+        limit = self.max_positions
         if limit and len(prompt_ids) + params.max_new_tokens > limit:
+            whose = "the model's" if limit == self.target.max_positions else "the draft model's"
             raise SpecdraftError(f"prompt ({len(prompt_ids)} tokens) plus max new tokens ({params.max_new_tokens}) "
                                  f"exceeds {whose} context of {limit} tokens; shorten one of them")
         return Generation(self, list(prompt_ids), params, stop_when)

@@ -219,6 +219,7 @@ class SortedDrafter(HasDraftVocab):
             raise SpecdraftError(f"exits must be increasing layer counts between 1 and {n_layers} "
                                  f"(the draft's depth), got {','.join(map(str, exits)) or 'none'}")
         self.native = native
+        self.max_positions = native.max_positions
         self.exits = tuple(exits)
         self.rule = rule
         self.exit_counts = [0] * len(exits)

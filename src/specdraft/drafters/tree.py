@@ -151,6 +151,7 @@ class TreeDrafter(HasDraftVocab):
         self.context_start = 0  # the draft's cache position 0 is this context index
         self.min_confidence = min_confidence
         self.score_rows(draft, draft_vocab)
+        self.max_positions = None if context_tokens else draft.max_positions  # (as ModelDrafter's)
 
     def begin(self, prompt_ids: list[int], features=None) -> None:
         self.state = self.draft.new_state()

@@ -298,8 +298,8 @@ def _config_read_from(gguf_path: Path, header: Path, vocabulary: int | None):
 
 
 # What an import writes: a folder made by an earlier format is made again (2: `_config_from_metadata`, 2026-12-07;
-# 3: its Gemma layer plan; 4: Phi-3's RoPE)
-IMPORT_FORMAT = 4
+# 3: its Gemma layer plan; 4 and 5: Phi-3's RoPE)
+IMPORT_FORMAT = 5
 
 
 def has_rope_factors(gguf_path: Path) -> bool:
@@ -378,8 +378,9 @@ def _phi3_config_from_metadata(config, metadata: dict, tensors: Path) -> None:
         entries = {names[entry.name]: entry for entry in header.tensors if entry.name in names}
         if entries and (set(entries) != {"short", "long"} or any(
                 entry.qtype != 0 or entry.dims != [dims // 2] for entry in entries.values())):  # 0: F32
+            found = {f"{entry.name} ({entry.qtype}, {entry.dims})" for entry in entries.values()}
             raise SpecdraftError(f"{tensors.name}: its long-RoPE factors are not two F32 vectors of {dims // 2} "
-                                 f"(the pairs of the {dims} dims it turns): {sorted(names)}")
+                                 f"(the pairs of the {dims} dims it turns): {', '.join(sorted(found))}")
         factors = {kind: list(struct.unpack_from(f"<{dims // 2}f", mapped, header.data_start + entry.offset))
                    for kind, entry in entries.items()}
     if factors:

@@ -65,10 +65,6 @@ class ServerState:
         # one for every engine of the target: methods share the prompts' K/V
         self.prefix_cache = PrefixCache(self.config.prefix_cache_mb << 20) if self.config.prefix_cache_mb else None
 
-    @property
-    def context_len(self) -> int | None:
-        return self.target.max_positions
-
     def engine(self, spec: SpecConfig) -> Engine:
         """An engine for `spec`, built once, on the worker thread once it runs (before, on the caller's:
         `create_app`'s callers that load their models themselves should start the scheduler and load through it,
@@ -311,7 +307,7 @@ def prepare(state: ServerState, request: CompletionRequest | ChatRequest, endpoi
                           f"{len(prompts)} prompt(s) on this server, got {request.n}", "n")
     generations, new_prompt = [], []
     for prompt_ids in prompts:
-        params = sampling_params(request, state.config, len(prompt_ids), state.context_len)
+        params = sampling_params(request, state.config, len(prompt_ids), engine.max_positions)
         for i in range(request.n):
             # choice i of a seeded request uses seed + i: choice 0 is what the engine gives for that seed
             choice_params = params if params.seed is None else replace(params, seed=params.seed + i)

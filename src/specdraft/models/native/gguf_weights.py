@@ -242,6 +242,12 @@ class GGUFTensors:
                                  f"file the native backend can read")
         return self.tensors[name]
 
+    def take(self, name: str) -> torch.Tensor | QuantWeight:
+        """`need`, and the file's tensors let go of it (a fused matrix whose row blocks are kept instead)."""
+        tensor = self.need(name)
+        del self.tensors[name]
+        return tensor
+
 
 Q6_K = 14
 IQ3_XXS, IQ3_S = 18, 21  # ggml's type numbers

@@ -75,12 +75,13 @@ def config_unsupported_reason(config) -> str | None:
             return "bidirectional attention (an embedding model)"
         if "sliding_attention" in layer_types and not getattr(config, "sliding_window", None):
             return "sliding-window layers without a window"
-    elif model_type not in ("mistral", "smollm3", "phi3"):  # their window (when set) is on every layer
-        # Qwen's window, where `use_sliding_window` turns it on, on the layers from `max_window_layers` on
+    elif model_type in ("qwen2", "qwen3"):  # Qwen's window where `use_sliding_window` turns it on
         if not layer_types <= {"full_attention", "sliding_attention"}:
             return f"layer types {sorted(layer_types)}"
         if "sliding_attention" in layer_types and not getattr(config, "sliding_window", None):
             return "sliding-window layers without a window"
+    elif model_type == "llama" and layer_types != {"full_attention"}:  # (transformers' Llama has no window)
+        return "sliding-window attention layers"
     if getattr(config, "mlp_bias", False) or getattr(config, "pretraining_tp", 1) != 1:
         return "MLP biases or tensor-parallel pretraining layout"
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -217,7 +218,8 @@ def model_variant(config, embed_dtype: torch.dtype = torch.float32) -> Variant:
         if config.model_type in ("mistral", "phi3"):  # their window, where set, on every layer
             return Variant(windows=(window,) * n_layers, rope_tables=(0,) * n_layers)
         # Qwen's on its sliding layers (`use_sliding_window`: those from `max_window_layers` on); Llama's: none
-        kinds = getattr(config, "layer_types", None) or ["full_attention"] * n_layers
+        qwen = config.model_type in ("qwen2", "qwen3")
+        kinds = (getattr(config, "layer_types", None) if qwen else None) or ["full_attention"] * n_layers
         return Variant(windows=tuple(window if kind == "sliding_attention" else 0 for kind in kinds),
                        rope_tables=(0,) * n_layers)
     layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * n_layers)
@@ -425,8 +427,8 @@ class NativeLlama:
 
         def attention_rows(prefix: str) -> tuple[Weight, ...]:
             """q, k, v and their biases (None where the file has none), q's and k's rows in the kernels' order."""
-            if fused:  # rows of one matrix, which the file's tensors let go of (the slices keep what they need)
-                qkv = weights.tensors.pop(prefix + "attn_qkv.weight")
+            if fused:  # row blocks of one matrix, which the file's tensors let go of (its storage lives while a
+                qkv = weights.take(prefix + "attn_qkv.weight")  # block does: all three once repacked)
                 q, k, v = (qkv[start: start + rows] for start, rows in (
                     (0, n_heads * head_dim), (n_heads * head_dim, n_kv_heads * head_dim),
                     ((n_heads + n_kv_heads) * head_dim, n_kv_heads * head_dim)))
@@ -442,12 +444,11 @@ class NativeLlama:
         def gate_and_up(prefix: str) -> tuple[Weight, Weight]:
             if weights.get(prefix + "ffn_gate.weight") is not None:
                 return weights.need(prefix + "ffn_gate.weight"), weights.need(prefix + "ffn_up.weight")
-            up = weights.need(prefix + "ffn_up.weight")
+            up = weights.take(prefix + "ffn_up.weight")  # (as the fused q/k/v above)
             if up.shape[0] != 2 * config.intermediate_size:  # Phi-3: gate and up in one matrix
                 raise SpecdraftError(f"{weights.path.name}: {prefix}ffn_up.weight has {up.shape[0]} rows and no "
                                      f"ffn_gate.weight beside it, not the 2 x {config.intermediate_size} of a fused "
                                      f"gate and up")
-            weights.tensors.pop(prefix + "ffn_up.weight")  # (as the fused q/k/v above)
             return up[: config.intermediate_size], up[config.intermediate_size:]
 
         layers = []
