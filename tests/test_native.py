@@ -489,6 +489,28 @@ def test_a_long_rope_model_serves_its_original_context_and_a_draft_of_it_limits_
     engine.generate(prompt, SamplingParams(max_new_tokens=40))  # 250 positions: served
 
 
+def test_a_target_token_the_draft_model_lacks_is_read_as_its_id_0_and_the_output_stays_exact(tmp_path, monkeypatch):
+    """A target whose vocabulary extends the draft's (here 20 ids against 14): a prompt or an output holding an id
+    past the draft's embedding reaches the draft model as its id 0 (HasDraftVocab.readable), and speculation gives
+    plain decoding's tokens, chain and tree alike. Without that mapping the draft model's lookup fails (control)."""
+    from specdraft.drafters import TreeDrafter
+    from specdraft.drafters.vocab import HasDraftVocab
+
+    target = load_model(str(build_model(tmp_path / "wide", seed=7, vocab_size=20, hidden=64)), "float32",
+                        backend="native")
+    draft = load_model(str(build_model(tmp_path / "narrow", seed=8, hidden=64, arch="llama")), "float32",
+                       backend="native")
+    assert (target.vocab_size, draft.vocab_size) == (20, 14)
+    prompt, params = [3, 17, 4, 5, 18, 6, 3, 17, 4], SamplingParams(max_new_tokens=24)
+    plain = Engine(target, None, SpecConfig("ar")).generate(prompt, params).token_ids
+    for drafter, spec in ((ModelDrafter(draft, target), SpecConfig("draft", 4)),
+                          (TreeDrafter(draft, target, budget=8, depth=3, branch=2), SpecConfig("draft-tree", 4))):
+        assert Engine(target, drafter, spec).generate(prompt, params).token_ids == plain
+    monkeypatch.setattr(HasDraftVocab, "readable", lambda self, ids: ids)
+    with pytest.raises((RuntimeError, IndexError)):
+        Engine(target, ModelDrafter(draft, target), SpecConfig("draft", 4)).generate(prompt, params)
+
+
 def test_which_sliding_windows_run_natively():
     """Mistral's window applies whenever its config names one (on every layer), Gemma's on its local layers, Qwen's
     only with `use_sliding_window` (on the layers from `max_window_layers` on): all run natively."""

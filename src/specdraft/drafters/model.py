@@ -51,7 +51,8 @@ class ModelDrafter(HasDraftVocab):
     def propose(self, context_ids, k, params: SamplingParams, generator) -> Draft:
         token_ids: list[int] = []
         rows: list[torch.Tensor] = []
-        logits = self.state.forward(self.state.sync_for_next(context_ids[self.context_start:]), 1)  # [1, V_draft]
+        logits = self.state.forward(self.state.sync_for_next(self.readable(context_ids[self.context_start:])),
+                                    1)  # [1, V_draft]
         for i in range(k):
             if not self._pick(logits, i, params, generator, token_ids, rows):
                 break
@@ -93,7 +94,8 @@ class ModelDrafter(HasDraftVocab):
         step), so each request gets the draft its `propose` would give. A catch-up longer than one kernel pass
         goes on its own first."""
         n = len(drafters)
-        feeds = [d.state.sync_for_next(c[d.context_start:]) if k else [] for d, c, k in zip(drafters, contexts, ks)]
+        feeds = [d.state.sync_for_next(d.readable(c[d.context_start:])) if k else []
+                 for d, c, k in zip(drafters, contexts, ks)]
         logits: list[torch.Tensor | None] = [None] * n  # [1, V_draft] each
         together = [i for i in range(n) if ks[i] and len(feeds[i]) <= MAX_KERNEL_ROWS]
         for i in range(n):
@@ -118,7 +120,8 @@ class ModelDrafter(HasDraftVocab):
         return [d._draft(ids, r) for d, ids, r in zip(drafters, token_ids, rows)]
 
     def on_accept(self, context_ids: list[int], features=None) -> None:
-        self.state.sync(context_ids[self.context_start:])  # drop rejected draft tokens; the new token is fed at the next propose
+        # drop rejected draft tokens; the new token is fed at the next propose
+        self.state.sync(self.readable(context_ids[self.context_start:]))
 
 
 def window_start(prompt_ids: list[int], context_tokens: int) -> int:

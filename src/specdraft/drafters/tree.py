@@ -162,7 +162,7 @@ class TreeDrafter(HasDraftVocab):
         depth = min(self.depth, k)
         if depth < 1:
             return Draft.empty()
-        context_ids = context_ids[self.context_start:]
+        context_ids = self.readable(context_ids[self.context_start:])
         keep_accepted_path(self.state, context_ids)
         to_feed = self.state.sync_for_next(context_ids)
         root_scores = draft_log_scores(self.state.forward(to_feed, 1), params, self.vocab)[0]  # [V]
@@ -174,7 +174,7 @@ class TreeDrafter(HasDraftVocab):
         return Draft(torch.tensor(tokens, dtype=torch.long), None, torch.tensor(parents, dtype=torch.long))
 
     def on_accept(self, context_ids: list[int], features=None) -> None:
-        keep_accepted_path(self.state, context_ids[self.context_start:])
+        keep_accepted_path(self.state, self.readable(context_ids[self.context_start:]))
 
 
 class PromptLookupTreeDrafter(Drafter):

@@ -97,6 +97,7 @@ class HasDraftVocab(Drafter):
     vocab: DraftVocab | None = None
 
     backend: str = ""  # the draft model's backend
+    draft_vocab_size: int = 0  # the draft model's token ids (`choose_rows`): ids from there on are the target's alone
 
     @property
     def vocab_rows(self) -> int:
@@ -109,6 +110,7 @@ class HasDraftVocab(Drafter):
     def choose_rows(self, draft, rows: int | None) -> None:
         """Score `rows` of the draft model's head (0: all, None: auto, resolve_rows): sets self.vocab, or refuses a
         draft on the transformers backend, which has no native head to take rows of."""
+        self.draft_vocab_size = draft.vocab_size
         rows = resolve_rows(rows, draft.native)
         if rows and draft.native is None:
             raise SpecdraftError(f"a reduced draft vocabulary scores rows of the native backend's LM head; "
@@ -129,9 +131,17 @@ class HasDraftVocab(Drafter):
             head = draft.native.lm_head  # [V, D]
             self.draft_bytes += self.scored_head_bytes(draft.native) - head.shape[0] * head[0].nbytes
 
+    def readable(self, ids: list[int]) -> list[int]:
+        """`ids` as the draft model can read them: a token of the target's that its vocabulary lacks (an id past
+        its embedding's rows: a larger vocabulary extending the draft's) becomes the draft's id 0. Only the draft's
+        view of the context changes there, so only how good its drafts are: the target verifies every one."""
+        if not self.draft_vocab_size or not ids or max(ids) < self.draft_vocab_size:
+            return ids
+        return [token if token < self.draft_vocab_size else 0 for token in ids]
+
     def rows_for_prompt(self, state, prompt_ids: list[int]) -> None:
         """A new request: the rows of its prompt join, and the draft model's state scores them (its logits are then
         [n, V_draft]). Nothing with all rows."""
         if self.vocab is not None:
-            self.vocab.for_prompt(prompt_ids)
+            self.vocab.for_prompt(self.readable(prompt_ids))
             state.lm_head = self.vocab.weight
