@@ -91,6 +91,16 @@ def test_gamma_auto_from_the_command_line_gives_the_autoregressive_tokens(tiny_d
     assert "γ=auto≤8, mean" in proc.stderr and "identical" in proc.stderr.lower()
 
 
+@pytest.mark.parametrize("tree_args", [["--method", "draft-tree"], ["--method", "draft", "--tree"]])
+def test_a_tree_method_by_its_name_or_by_tree_drafts_trees(tiny_dirs, tree_args):
+    """`--method draft-tree` alone (it had been refused: an unset --tree read as false) and `--tree` alike."""
+    proc = run_cli("generate", "abc ab", "--no-chat", "--target", str(tiny_dirs["target"]), "--draft",
+                   str(tiny_dirs["draft"]), *tree_args, "--dtype", "fp32", "--max-new-tokens", "8", "--json")
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads(proc.stdout)["stats"]
+    assert stats["method"] == "draft-tree" and stats["tree_passes"] > 0
+
+
 def test_streaming_text_goes_to_stdout_and_statistics_to_stderr(tiny_dirs):
     proc = run_cli("generate", "abc ab", "--no-chat", "--target", str(tiny_dirs["target"]), "--method",
                    "prompt-lookup", "--dtype", "fp32", "--max-new-tokens", "10", "--compare")

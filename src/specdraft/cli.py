@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--gamma", type=parse_gamma, default=SpecConfig.gamma, metavar="N|auto",
                      help=f"draft tokens per target pass (1..{MAX_GAMMA}; auto, the default: each pass chooses "
                      f"0..{AUTO_GAMMA_MAX} from the acceptance so far and this machine's measured verify cost)")
-    gen.add_argument("--tree", action="store_true", help=_tree_help())
+    gen.add_argument("--tree", action="store_true", default=None, help=_tree_help())
     add_drafter_knob_args(gen)
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--method", default="draft", help=f"default for requests: one of {', '.join(method_names())}")
     serve.add_argument("--gamma", type=parse_gamma, default=SpecConfig.gamma, metavar="N|auto",
                        help=f"default draft tokens per target pass (1..{MAX_GAMMA}, or auto: the default)")
-    serve.add_argument("--tree", action="store_true", help=_tree_help())
+    serve.add_argument("--tree", action="store_true", default=None, help=_tree_help())
     add_drafter_knob_args(serve)  # the defaults of requests that do not set them
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
