@@ -504,7 +504,7 @@ def test_a_target_token_the_draft_model_lacks_is_read_as_its_id_0_and_the_output
     prompt, params = [3, 17, 4, 5, 18, 6, 3, 17, 4], SamplingParams(max_new_tokens=24)
     plain = Engine(target, None, SpecConfig("ar")).generate(prompt, params).token_ids
     for drafter, spec in ((ModelDrafter(draft, target), SpecConfig("draft", 4)),
-                          (TreeDrafter(draft, target, budget=8, depth=3, branch=2), SpecConfig("draft-tree", 4))):
+                          (TreeDrafter(draft, target, budget=8, depth=3, branch=2), SpecConfig("draft-tree"))):
         assert Engine(target, drafter, spec).generate(prompt, params).token_ids == plain
     monkeypatch.setattr(HasDraftVocab, "readable", lambda self, ids: ids)
     with pytest.raises((RuntimeError, IndexError)):
