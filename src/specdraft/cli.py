@@ -246,7 +246,7 @@ def cmd_answers(args) -> int:
 def _configs(args) -> tuple[ModelConfig, SpecConfig, SamplingParams]:
     models = ModelConfig(target=args.target, draft=args.draft, dtype=args.dtype, cache_dir=args.cache_dir,
                          threads=args.threads, backend=args.backend)
-    spec = SpecConfig(method=args.method, gamma=args.gamma, tree=args.tree, **drafter_knobs(args))
+    spec = _spec(args)
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), seed=args.seed)
     check_names(models, spec)
@@ -263,6 +263,16 @@ def _parse_max_batch(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected a number of requests or auto, got {text!r}") from None
 
 
+def _spec(args) -> SpecConfig:
+    """The speculative configuration of `generate` and `serve`; a number for --gamma with a tree method is refused
+    (a tree's depth, --tree-depth, plays its part: the number would be ignored)."""
+    spec = SpecConfig(method=args.method, gamma=args.gamma, tree=args.tree, **drafter_knobs(args))
+    if spec.tree and args.gamma is not None:
+        raise SpecdraftError(f"--gamma sizes chains; method {spec.name!r} drafts trees, whose depth is --tree-depth "
+                             f"({spec.setting('tree_depth')}): drop --gamma")
+    return spec
+
+
 def check_names(models: ModelConfig, spec: SpecConfig, draft_always: bool = False) -> None:
     """The model names and paths, checked before torch is even imported (load_engine checks them again): a
     mistyped --draft fails at once. draft_always: the draft is loaded whatever the method (the server's)."""
@@ -277,7 +287,7 @@ def cmd_serve(args) -> int:
 
     models = ModelConfig(target=args.target, draft=None if args.no_draft else args.draft, dtype=args.dtype,
                          cache_dir=args.cache_dir, threads=args.threads, backend=args.backend)
-    spec = SpecConfig(method=args.method, gamma=args.gamma, tree=args.tree, **drafter_knobs(args))
+    spec = _spec(args)
     check_names(models, spec, draft_always=True)
     config = ServerConfig(host=args.host, port=args.port, model_name=args.model_name, max_queue=args.max_queue,
                           max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
