@@ -408,8 +408,6 @@ BAD_COMPLETIONS = {
     "prompt nested too deep": {"model": MODEL, "prompt": [[[2, 3]]]},
     "prompt mixing text and ids": {"model": MODEL, "prompt": ["abc", 3]},
     "speculative gamma with method ar": {"model": MODEL, "prompt": "abc", "speculative": {"method": "ar", "gamma": 4}},
-    "speculative gamma with a tree": {"model": MODEL, "prompt": "abc",
-                                      "speculative": {"method": "draft-tree", "gamma": 3}},
     "speculative lookup_max_ngram unbounded": {"model": MODEL, "prompt": "abc",
                                                "speculative": {"method": "prompt-lookup", "lookup_max_ngram": 10**6}},
 }

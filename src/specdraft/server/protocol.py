@@ -254,9 +254,6 @@ def spec_config(request: _CommonRequest, default: SpecConfig) -> SpecConfig:
     if spec.method == "ar" and request.speculative.gamma is not None:
         raise bad_request("speculative.gamma has no effect with method 'ar' (it drafts nothing); leave gamma out or "
                           "choose a speculative method", "speculative")
-    if spec.tree and request.speculative.gamma is not None:
-        raise bad_request(f"speculative.gamma sizes chains; method {spec.name!r} drafts trees, whose depth is "
-                          f"tree_depth ({spec.setting('tree_depth')}): leave gamma out", "speculative")
     return spec
 
 
