@@ -27,6 +27,7 @@ def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     (["generate", "hi", "--target", "/no/such/folder/model.gguf"], "no GGUF file at"),
     (["generate", "hi", "--method", "draft-tree", "--gamma", "3"], "--gamma sizes chains"),
     (["serve", "--tree", "--gamma", "3"], "--gamma sizes chains"),
+    (["serve", "--no-draft", "--method", "draft"], "--no-draft loads none"),
 ])
 def test_user_mistakes_print_one_line_and_exit_nonzero(args, message):
     proc = run_cli(*args)
