@@ -288,15 +288,15 @@ def cmd_serve(args) -> int:
     models = ModelConfig(target=args.target, draft=None if args.no_draft else args.draft, dtype=args.dtype,
                          cache_dir=args.cache_dir, threads=args.threads, backend=args.backend)
     spec = _spec(args)
-    if models.draft is None and DRAFTERS[spec.method].needs_draft_model:  # before loading and measuring anything
-        raise SpecdraftError(f"the default method {spec.method!r} needs a draft model, and --no-draft loads none: "
-                             f"choose another --method (e.g. prompt-lookup) or drop --no-draft")
     check_names(models, spec, draft_always=True)
     config = ServerConfig(host=args.host, port=args.port, model_name=args.model_name, max_queue=args.max_queue,
                           max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
                           prefix_cache_mb=args.prefix_cache_mb, max_tokens_limit=args.max_tokens_limit,
                           default_max_tokens=args.default_max_tokens,
                           shutdown_timeout_s=args.shutdown_timeout, log_level=args.log_level)
+    if models.draft is None and DRAFTERS[spec.method].needs_draft_model:  # before loading and measuring anything
+        raise SpecdraftError(f"the default method {spec.method!r} needs a draft model, and --no-draft loads none: "
+                             f"choose another --method (e.g. prompt-lookup) or drop --no-draft")
     serve(models, spec, config)
     return 0
 
