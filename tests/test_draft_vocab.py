@@ -15,7 +15,8 @@ from specdraft import Engine, SamplingParams, SpecConfig, load_model
 from specdraft.drafters import ModelDrafter, SortedDrafter, build_drafter
 from specdraft.drafters.sorted import ThresholdExit
 from specdraft.drafters.tree import TreeDrafter
-from specdraft.drafters.vocab import DraftVocab
+from specdraft.drafters.vocab import DraftVocab, SplitRows
+from specdraft.models.native.kernels import load_kernels
 from specdraft.errors import SpecdraftError
 from specdraft.models.verify_curve import verify_curve
 from specdraft.drafters.exit_adapters import (
@@ -27,6 +28,8 @@ from specdraft.drafters.exit_adapters import (
     save_adapters,
 )
 from test_exactness import N_SAMPLES, P_THRESHOLD, PROMPT, SETTINGS, engine_pvalue
+from test_quant import (RELATIVE_TOLERANCE, activation_block, gguf_dequantize, random_blocks, reference_product,
+                        relative_error)
 from tiny import build_model
 
 SMALL_VOCAB = 3  # rows <unk>, <eos>, a; the prompt "abc" adds b and c; d and e can never be drafted
@@ -78,6 +81,29 @@ def test_each_request_gets_its_own_rows_and_a_long_prompt_grows_the_room():
         vocab.for_prompt(list(range(10, 900)))
     vocab.for_prompt([5, 12])
     assert torch.equal(vocab.weight, head[vocab.ids])
+
+
+@pytest.mark.skipif(load_kernels() is None, reason="the native kernels cannot be built on this machine")
+def test_a_quantized_head_scores_its_fixed_rows_repacked_and_the_prompts_rows_after_them():
+    """A GGUF head's fixed rows are kept repacked in groups of 8 (a one-token product reads them at the kernels'
+    full speed), a request's extra rows beside them: scored as one matrix, the rows in the vocabulary's order, each
+    request with its own extra rows; a head that put the extra rows first must fail the same check."""
+    head = random_blocks("Q8_0", 96, 128, seed=5)  # [V, D] in the file's layout
+    vocab = DraftVocab(head, size=16, always=(95,))
+    vocab.for_prompt([3, 40, 70, 40])
+    assert vocab.ids.tolist() == list(range(16)) + [40, 70, 95]
+    assert isinstance(vocab.weight, SplitRows) and vocab.weight.fixed.interleaved and vocab.weight.shape == (19, 128)
+    assert torch.equal(vocab.weight.dequantize(), head.dequantize(vocab.ids))
+    x = torch.randn(3, 128)
+    reference = reference_product(x, gguf_dequantize(head)[vocab.ids], activation_block("Q8_0"))  # [3, 19]
+    assert relative_error(vocab.weight.linear(x, None), reference) < RELATIVE_TOLERANCE
+    swapped = SplitRows(vocab.weight.extra, vocab.weight.fixed)  # negative control: the parts in the wrong order
+    assert relative_error(swapped.linear(x, None), reference) > 100 * RELATIVE_TOLERANCE
+    alone = torch.cat([vocab.weight.linear(x[t: t + 1], None) for t in range(3)])
+    assert torch.equal(vocab.weight.linear(x, None), alone)  # batch-invariant, as a draft step must be
+    vocab.for_prompt([5, 60])  # the next request: its own extra rows, the fixed rows kept
+    assert vocab.ids.tolist() == list(range(16)) + [60, 95]
+    assert torch.equal(vocab.weight.dequantize(), head.dequantize(vocab.ids))
 
 
 def test_greedy_with_a_small_draft_vocabulary_is_token_identical(models):

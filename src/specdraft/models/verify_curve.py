@@ -40,6 +40,9 @@ LONG_PREFIX_TOKENS = 512  # the second curve's: a long prompt (summarization, ra
 ROUNDS = 9
 # stored beside the curve: files from another estimator are measured again
 ESTIMATOR = f"median of {ROUNDS} rounds' ratios"
+# stored beside a draft price: a price measured before a change to what a draft step runs is measured again
+# (2: a quantized draft head's fixed rows repacked, drafters/vocab.py `SplitRows`, 2026-12-07)
+DRAFT_STEP_FORMAT = 2
 
 
 def curves_root() -> Path:
@@ -153,7 +156,7 @@ def draft_price(target: LoadedModel, drafter) -> float:
     setup = drafter.statistics()
     key = {**curve_key(target, 1), "drafter": drafter.name, "draft_bytes": int(drafter.draft_bytes),
            "draft_backend": setup.get("draft_backend", ""), "draft_vocab": setup.get("draft_vocab", 0),
-           "estimator": ESTIMATOR}
+           "estimator": ESTIMATOR, "draft_step": DRAFT_STEP_FORMAT}
     path = _cache_path(key, "draft-prices")
     try:
         stored = json.loads(path.read_text())
