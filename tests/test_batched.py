@@ -203,15 +203,25 @@ def test_the_equality_check_catches_logits_handed_to_the_wrong_request(tiny_dirs
     assert [r.token_ids for r in engine.generate_many(prompts, params)] != alone
 
 
-def test_one_draft_model_drafts_for_several_requests_in_one_pass(tiny_dirs, monkeypatch):
+@pytest.mark.parametrize("draft_weights", ["float32", "gguf"])
+def test_one_draft_model_drafts_for_several_requests_in_one_pass(tiny_dirs, monkeypatch, tmp_path, draft_weights):
     """ModelDrafter.propose_batch: each request gets the draft its own `propose` gives (greedy, and sampled with its
     own generator), whatever its catch-up (one of over 32 tokens goes alone first), length or confidence cut, with
-    the draft model's steps shared (forward_many), each request scoring its own draft vocabulary."""
+    the draft model's steps shared (forward_many), each request scoring its own draft vocabulary (a GGUF draft's:
+    its fixed rows repacked, `SplitRows`)."""
     from specdraft import SamplingParams
     from specdraft.drafters import ModelDrafter
+    from specdraft.drafters.vocab import SplitRows
+    from tiny_gguf import write_gguf
 
     target = load_model(str(tiny_dirs["target"]), dtype="float32", backend="native")
-    draft = load_model(str(tiny_dirs["draft"]), dtype="float32", backend="native")
+    if draft_weights == "gguf":
+        draft = load_model(str(write_gguf(tiny_dirs["draft"], tmp_path / "cache", "tiny-draft-q8", "Q8_0")),
+                           dtype="gguf")
+        reduced = ModelDrafter(draft, target, draft_vocab=8).vocab.weight
+        assert isinstance(reduced, SplitRows) and reduced.fixed.interleaved
+    else:
+        draft = load_model(str(tiny_dirs["draft"]), dtype="float32", backend="native")
     contexts = [[5, 9, 13, 2, 7], [3, 3], [(i * 7) % 14 for i in range(40)], [2, 11, 4]]
     ks = [3, 1, 4, 2]
     passes = []

@@ -16,10 +16,12 @@ fixed rows miss). The fixed rows are copied once; a request gathers only its ext
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ..errors import SpecdraftError
-from ..models.native.gguf_weights import QuantWeight
+from ..models.native.gguf_weights import ROW_GROUP, QuantWeight
 from .base import Drafter
 
 AUTO_ROWS = 32768  # draft_vocab None (auto): this many rows where the native head has more
@@ -70,6 +72,31 @@ class SplitRows:
         return torch.cat([self.fixed.dequantize(), self.extra.dequantize()])
 
 
+class FixedRows:
+    """The first `size` rows of a quantized head as `SplitRows` scores them: repacked in groups of 8 where the format
+    and row count allow (a view of a head already repacked; else repacked from the file's view, no temporary beside
+    it), else the file's rows as they are. Kept with the head they came from, whose id keys `shared_fixed_rows`."""
+
+    def __init__(self, head: QuantWeight, size: int):
+        self.head = head
+        if head.interleaved and size % ROW_GROUP == 0:
+            self.rows = QuantWeight(head.blocks[: size // ROW_GROUP], head.qtype, head.cols, interleaved=True)
+        else:
+            self.rows = head[:size].interleave()  # [size, D]
+
+
+# (id of a head, rows) -> its FixedRows, while a draft vocabulary holds it: a server keeps a drafter per request in
+# flight, and each would otherwise hold its own copy (the 0.5B's 32,768 rows: 30 MB, 0.1 s to repack)
+_fixed_rows: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def shared_fixed_rows(head: QuantWeight, size: int) -> FixedRows:
+    found = _fixed_rows.get((id(head), size))
+    if found is None or found.head is not head:
+        found = _fixed_rows[(id(head), size)] = FixedRows(head, size)
+    return found
+
+
 class DraftVocab:
     """ids [V_draft] int64: the target ids the draft scores, ascending; weight [V_draft, D]: their head rows (for a
     quantized head, a `SplitRows`)."""
@@ -88,24 +115,18 @@ class DraftVocab:
         self.quantized = isinstance(lm_head, QuantWeight)
         self._start = 0 if self.quantized else self.size  # where a request's extra rows go in the buffer
         self._rows = lm_head.new_empty(self._start + len(self.always_extra) + ROOM, lm_head.shape[1])
-        self.fixed = None  # the quantized head's fixed rows, repacked
-        if self.quantized:
-            fixed = lm_head.new_empty(self.size, lm_head.shape[1])
-            self._copy_fixed(fixed)
-            self.fixed = fixed.interleave()
-        else:
-            self._copy_fixed(self._rows)
+        self._shared = shared_fixed_rows(lm_head, self.size) if self.quantized else None
+        self.fixed = self._shared.rows if self.quantized else None  # [size, D]: the quantized head's fixed rows
+        if not self.quantized:  # a slice at a time: no temporary of all the rows beside the buffer
+            for start in range(0, self.size, COPY_ROWS):
+                end = min(start + COPY_ROWS, self.size)
+                self._rows[start:end] = lm_head[start:end]
         self.ids = torch.empty(0, dtype=torch.long)
         self.weight = lm_head[:0]
         self.for_prompt([])
 
-    def _copy_fixed(self, out) -> None:
-        for start in range(0, self.size, COPY_ROWS):  # a slice at a time: rows of an interleaved head are unpacked
-            # into a temporary first, and the whole 32,768 at once would raise the process's peak memory
-            out[start: min(start + COPY_ROWS, self.size)] = self.lm_head[start: min(start + COPY_ROWS, self.size)]
-
     @classmethod
-    def for_model(cls, lm_head: torch.Tensor, tokenizer, size: int) -> DraftVocab:
+    def for_model(cls, lm_head: torch.Tensor | QuantWeight, tokenizer, size: int) -> DraftVocab:
         """The tokenizer's special and added tokens always stay in (an answer must be able to end)."""
         always = set(getattr(tokenizer, "all_special_ids", []) or [])
         always.update(getattr(tokenizer, "added_tokens_decoder", {}) or {})
