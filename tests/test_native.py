@@ -54,6 +54,11 @@ def transformers_logits(model, dtype) -> torch.Tensor:
         return reference_model(input_ids=torch.tensor([TOKENS])).logits[0]
 
 
+def share_within(got: torch.Tensor, reference: torch.Tensor, atol: float = 1e-4) -> float:
+    """The share of elements of `got` within `atol` of `reference`."""
+    return float(((got - reference).abs() <= atol).float().mean())
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_native_logits_match_transformers(tiny_native, arch, dtype):
@@ -63,8 +68,16 @@ def test_native_logits_match_transformers(tiny_native, arch, dtype):
     reference = transformers_logits(model, dtype)
     with torch.inference_mode():
         native = model.new_state().forward(TOKENS, len(TOKENS))
-    torch.testing.assert_close(native, reference, atol=1e-4, rtol=0)
-    assert torch.equal(native.argmax(-1), reference.argmax(-1))
+    if not rounds_activations(dtype):
+        torch.testing.assert_close(native, reference, atol=1e-4, rtol=0)
+        assert torch.equal(native.argmax(-1), reference.argmax(-1))
+        return
+    # Activations rounded to bf16 (the avx512bf16 build): an input within float32 noise of a rounding boundary (the
+    # two forwards sum in other orders) rounds one way here and the other in the reference, and moves the logits
+    # after it by up to 2^-8 of a product. On the Zen 4 (2026-12-07) such flips left 93-94 % of the logits within
+    # 1e-4 (the rest up to 0.031); a forward that does not round has 7-10 % there: the control below.
+    assert share_within(native, reference) >= 0.8 and float((native - reference).abs().max()) < 0.1
+    assert share_within(transformers_logits(model, "float32"), reference) < 0.8
 
 
 def test_negative_control_qwen3_without_its_head_norms_fails_the_same_check(tiny_native, monkeypatch):
