@@ -43,7 +43,7 @@ class SplitRows:
     """A quantized head's scored rows in two parts, scored as one matrix [fixed + extra, D]: the fixed rows
     repacked in groups of 8 (`QuantWeight.interleave`), then a request's extra rows in the file's layout. Row by
     row, a one-token product of the 0.5B's 32,768 Q8_0 rows streamed at 15 GB/s, half what the repacked kernels
-    read (Zen 4, 2026-12-07: 2.1 ms of a 14 ms draft step); the extra rows are few."""
+    read (Zen 4, 2026-12-07: 2.1 ms of a 12-14 ms draft step); the extra rows are few."""
 
     def __init__(self, fixed: QuantWeight, extra: QuantWeight):
         self.fixed = fixed  # [size, D]
@@ -86,7 +86,7 @@ class FixedRows:
 
 
 # (id of a head, rows) -> its FixedRows, while a draft vocabulary holds it: a server keeps a drafter per request in
-# flight, and each would otherwise hold its own copy (the 0.5B's 32,768 rows: 30 MB, 0.1 s to repack)
+# flight, and each would otherwise hold its own copy (the 0.5B's 32,768 rows: 30 MB)
 _fixed_rows: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
