@@ -66,6 +66,7 @@ def test_a_pass_of_several_sequences_on_gguf_blocks(tmp_path):
 
     hf = build_model(tmp_path / "hf", seed=21, hidden=64, layers=2)
     model = load_model(str(write_gguf(hf, tmp_path / "cache", "tiny-q8", "Q8_0")), dtype="gguf")
+    assert model.native.full_head().padding == 2  # 14 rows: repacked with 2 rows of zeros (`interleave(pad=True)`)
     check_passes_match_alone(model)
     check_passes_match_alone(model, reduced_heads=True)
 

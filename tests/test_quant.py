@@ -231,6 +231,29 @@ def test_interleaved_rows_keep_every_byte_and_value(name):
     assert random_blocks("Q4_1", 16, 256).interleave().interleaved is False
 
 
+@pytest.mark.parametrize("name", INTERLEAVED)
+def test_a_matrix_padded_to_whole_groups_keeps_its_own_rows_and_products(name):
+    """An LM head of any row count (a fine-tune's 32,002) is repacked with zero rows filling its last group
+    (`interleave(pad=True)`): its rows, values and products are the matrix's own, each row bit-identical alone and in
+    a pass; the same matrix with its last group's real rows zeroed must fail the same check."""
+    weight = random_blocks(name, 21, 768, seed=15)
+    assert weight.interleave() is weight  # without pad: as it was
+    packed = weight.interleave(pad=True)
+    assert packed.interleaved and packed.padding == 3 and packed.shape == (21, 768)
+    assert torch.equal(packed.rows_layout(), weight.blocks)
+    assert torch.equal(packed[torch.tensor([20, 3])].blocks, weight.blocks[[20, 3]])
+    assert torch.equal(packed.dequantize(torch.tensor([20, 0])), weight.dequantize(torch.tensor([20, 0])))
+    x = torch.randn(9, 768)
+    bias = torch.randn(21)
+    got = packed.linear(x, bias)  # [9, 21]
+    reference = reference_product(x, gguf_dequantize(weight), activation_block(name)) + bias.double()
+    assert got.shape == (9, 21) and relative_error(got, reference) < RELATIVE_TOLERANCE
+    assert torch.equal(got, torch.cat([packed.linear(x[t: t + 1].contiguous(), bias) for t in range(9)]))
+    zeroed = QuantWeight(packed.blocks.clone(), packed.qtype, packed.cols, interleaved=True, padding=3)
+    zeroed.blocks[-1] = 0
+    assert relative_error(zeroed.linear(x, bias), reference) > 100 * RELATIVE_TOLERANCE
+
+
 def test_interleaving_a_slice_at_a_time_gives_the_same_bytes(monkeypatch, tmp_path):
     """`interleave` from the mapped file (the loader's way: a slice of rows at a time, each slice's mapped pages
     released) equals `interleave` in one go; releasing pages of a mapped file loses nothing (read again)."""

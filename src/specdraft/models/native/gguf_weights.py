@@ -61,10 +61,11 @@ class QuantWeight:
     Rows can be selected, copied and assigned like a tensor's (a draft vocabulary takes some rows of a head);
     rows selected from an interleaved matrix come back in the file's layout."""
 
-    blocks: torch.Tensor  # uint8 [N, row_bytes], or [N / 8, K / 256 * group block bytes] interleaved
+    blocks: torch.Tensor  # uint8 [N, row_bytes], or [ceil(N / 8), K / 256 * group block bytes] interleaved
     qtype: int  # ggml type number, a key of BLOCK_TYPES
     cols: int  # K, the weights of one row
     interleaved: bool = False
+    padding: int = 0  # interleaved: rows of zeros that fill the last group past the N rows (`interleave(pad=True)`)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -79,7 +80,7 @@ class QuantWeight:
         return self.blocks.numel()
 
     def __len__(self) -> int:
-        return self.blocks.shape[0] * (ROW_GROUP if self.interleaved else 1)
+        return self.blocks.shape[0] * ROW_GROUP - self.padding if self.interleaved else self.blocks.shape[0]
 
     def rows_layout(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """uint8 [n, row_bytes]: rows `rows` [n] int64 (all by default) in the file's block layout."""
@@ -111,8 +112,8 @@ class QuantWeight:
         return QuantWeight(self.blocks.new_empty(rows, row_bytes), self.qtype, self.cols)
 
     def equal(self, other: QuantWeight) -> bool:
-        return ((self.qtype, self.cols, self.interleaved) == (other.qtype, other.cols, other.interleaved)
-                and torch.equal(self.blocks, other.blocks))
+        return ((self.qtype, self.cols, self.interleaved, self.padding)
+                == (other.qtype, other.cols, other.interleaved, other.padding) and torch.equal(self.blocks, other.blocks))
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """float32 [n, cols]: the rows `rows` [n] int64 (all by default), as the file's format defines them."""
@@ -124,28 +125,42 @@ class QuantWeight:
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [T, cols] float32 @ this^T (+ bias [rows]) -> [T, rows] float32 (batch-invariant kernels)."""
+        if self.interleaved and self.padding:  # the zero rows' outputs dropped: [T, N]
+            out = load_kernels().qlinear_x8(x, self.blocks, self.qtype, None)[:, : len(self)].contiguous()
+            return out if bias is None else out + bias
         if self.interleaved:
             return load_kernels().qlinear_x8(x, self.blocks, self.qtype, bias)
         return load_kernels().qlinear(x, self.blocks, self.qtype, bias)
 
-    def interleave(self, source: GGUFTensors | None = None) -> QuantWeight:
+    def interleave(self, source: GGUFTensors | None = None, pad: bool = False) -> QuantWeight:
         """This matrix repacked into groups of 8 rows for passes of several tokens (quant_kernels.cpp, "interleaved
         row groups"): a verify pass of 8 tokens then costs about half what it costs row by row. Q2_K to Q6_K, Q8_0,
-        Q5_0, Q4_0, IQ4_NL and IQ4_XS with a multiple of 8 rows; any other matrix is returned as it is. Repacked a
-        slice of rows at a time into the final buffer; with `source`, the file this matrix is a view of, each slice's
-        mapped pages are released once copied (a 150k-row LM head would otherwise be resident twice for a moment)."""
-        if self.interleaved or self.qtype not in INTERLEAVED_TYPES or len(self) % ROW_GROUP:
+        Q5_0, Q4_0, IQ4_NL and IQ4_XS with a multiple of 8 rows, or any number with `pad` (an LM head: a fine-tune's
+        32,002 rows), whose last group is filled with rows of zero blocks whose outputs `linear` drops; any other
+        matrix is returned as it is. Repacked a slice of rows at a time into the final buffer; with `source`, the
+        file this matrix is a view of, each slice's mapped pages are released once copied (a 150k-row LM head would
+        otherwise be resident twice for a moment)."""
+        padding = -len(self) % ROW_GROUP
+        if self.interleaved or self.qtype not in INTERLEAVED_TYPES or (padding and not pad) or not len(self):
             return self
         ops = load_kernels()
         group_bytes = self.cols // BLOCK_SHAPES[self.qtype][0] * INTERLEAVED_BLOCK_BYTES[self.qtype]
-        packed = huge_page_buffer(len(self) // ROW_GROUP * group_bytes).view(len(self) // ROW_GROUP, group_bytes)
-        for start in range(0, len(self), INTERLEAVE_ROWS):
-            part = self.blocks[start: start + INTERLEAVE_ROWS]
+        groups = (len(self) + padding) // ROW_GROUP
+        packed = huge_page_buffer(groups * group_bytes).view(groups, group_bytes)
+        whole = len(self) - len(self) % ROW_GROUP  # rows in whole groups
+        for start in range(0, whole, INTERLEAVE_ROWS):
+            part = self.blocks[start: min(start + INTERLEAVE_ROWS, whole)]
             ops.qinterleave_into(part.contiguous(), self.qtype, self.cols,
                                  packed[start // ROW_GROUP: (start + len(part)) // ROW_GROUP])
             if source is not None:
                 source.release(part)
-        return QuantWeight(packed, self.qtype, self.cols, interleaved=True)
+        if padding:  # the last rows and zero blocks (every value 0: a half-float scale of +0) as one more group
+            last = self.blocks.new_zeros(ROW_GROUP, self.blocks.shape[1])
+            last[: ROW_GROUP - padding] = self.blocks[whole:]
+            ops.qinterleave_into(last, self.qtype, self.cols, packed[-1:])
+            if source is not None:
+                source.release(self.blocks[whole:])
+        return QuantWeight(packed, self.qtype, self.cols, interleaved=True, padding=padding)
 
 
 @dataclass

@@ -742,7 +742,7 @@ class NativeLlama:
         so the file's copy is let go, not kept beside it."""
         if self._unpacked_head is not None:
             tied = self.embed is self.lm_head
-            self.lm_head = self.lm_head.interleave(self._unpacked_head)
+            self.lm_head = self.lm_head.interleave(self._unpacked_head, pad=True)  # any vocabulary size
             if tied:  # (`embed_as_filed` keeps the file's view, for `same_first_layers`)
                 self.embed = self.lm_head
             self._unpacked_head = None
