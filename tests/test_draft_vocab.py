@@ -107,14 +107,14 @@ def test_a_quantized_head_scores_its_fixed_rows_repacked_and_the_prompts_rows_af
     vocab.for_prompt(list(range(16, 95)))  # more extra rows than the room: the buffer grows
     assert len(vocab.weight) == 96 and torch.equal(vocab.weight.dequantize(), head.dequantize(torch.arange(96)))
     # drafters over one head share one copy of its fixed rows (a server has one per request in flight); a head
-    # already repacked lends a view of its first groups; 12 rows (no whole group) stay as the file has them
+    # already repacked lends a view of its first groups; 12 rows are repacked with 4 rows of zeros
     assert DraftVocab(head, size=16).fixed is vocab.fixed
     packed = head.interleave()
     viewed = DraftVocab(packed, size=16)
     assert viewed.fixed.blocks.data_ptr() == packed.blocks.data_ptr()
     assert torch.equal(viewed.weight.dequantize(), head.dequantize(torch.arange(16)))
     uneven = DraftVocab(packed, size=12)
-    assert not uneven.fixed.interleaved and len(uneven.weight.extra) == 0
+    assert uneven.fixed.padding == 4 and len(uneven.weight) == 12 and len(uneven.weight.extra) == 0
     reference = reference_product(x, gguf_dequantize(head)[:12], activation_block("Q8_0"))
     assert relative_error(uneven.weight.linear(x, None), reference) < RELATIVE_TOLERANCE
 

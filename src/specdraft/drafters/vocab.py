@@ -74,15 +74,16 @@ class SplitRows:
 
 class FixedRows:
     """The first `size` rows of a quantized head as `SplitRows` scores them: repacked in groups of 8 where the format
-    and row count allow (a view of a head already repacked; else repacked from the file's view, no temporary beside
-    it), else the file's rows as they are. Kept with the head they came from, whose id keys `shared_fixed_rows`."""
+    allows (a view of a head already repacked, for whole groups; else repacked from the file's view, no temporary
+    beside it, the last group padded), else the file's rows as they are. Kept with the head they came from, whose id
+    keys `shared_fixed_rows`."""
 
     def __init__(self, head: QuantWeight, size: int):
         self.head = head
         if head.interleaved and size % ROW_GROUP == 0:
             self.rows = QuantWeight(head.blocks[: size // ROW_GROUP], head.qtype, head.cols, interleaved=True)
         else:
-            self.rows = head[:size].interleave()  # [size, D]
+            self.rows = head[:size].interleave(pad=True)  # [size, D]
 
 
 # (id of a head, rows) -> its FixedRows, while a draft vocabulary holds it: a server keeps a drafter per request in

@@ -112,8 +112,9 @@ class QuantWeight:
         return QuantWeight(self.blocks.new_empty(rows, row_bytes), self.qtype, self.cols)
 
     def equal(self, other: QuantWeight) -> bool:
-        return ((self.qtype, self.cols, self.interleaved, self.padding)
-                == (other.qtype, other.cols, other.interleaved, other.padding) and torch.equal(self.blocks, other.blocks))
+        layout = (self.qtype, self.cols, self.interleaved, self.padding)
+        return layout == (other.qtype, other.cols, other.interleaved, other.padding) and torch.equal(self.blocks,
+                                                                                                     other.blocks)
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """float32 [n, cols]: the rows `rows` [n] int64 (all by default), as the file's format defines them."""
