@@ -113,18 +113,25 @@ class DraftVocab:
         # the fixed rows are copied once into a buffer with room after them; a request writes only its extra rows
         # there (gathering all rows again took 33 ms a request for the 0.5B's 32,768 rows). A quantized head keeps
         # its fixed rows apart, repacked (`SplitRows`), and the buffer holds the extra rows alone.
-        self.quantized = isinstance(lm_head, QuantWeight)
-        self._start = 0 if self.quantized else self.size  # where a request's extra rows go in the buffer
+        self._shared = shared_fixed_rows(lm_head, self.size) if isinstance(lm_head, QuantWeight) else None
         self._rows = lm_head.new_empty(self._start + len(self.always_extra) + ROOM, lm_head.shape[1])
-        self._shared = shared_fixed_rows(lm_head, self.size) if self.quantized else None
-        self.fixed = self._shared.rows if self.quantized else None  # [size, D]: the quantized head's fixed rows
-        if not self.quantized:  # a slice at a time: no temporary of all the rows beside the buffer
+        if self._shared is None:  # a slice at a time: no temporary of all the rows beside the buffer
             for start in range(0, self.size, COPY_ROWS):
                 end = min(start + COPY_ROWS, self.size)
                 self._rows[start:end] = lm_head[start:end]
         self.ids = torch.empty(0, dtype=torch.long)
         self.weight = lm_head[:0]
         self.for_prompt([])
+
+    @property
+    def fixed(self) -> QuantWeight | None:
+        """[size, D]: a quantized head's fixed rows (`FixedRows`); None for a float head, whose buffer holds them."""
+        return self._shared.rows if self._shared is not None else None
+
+    @property
+    def _start(self) -> int:
+        """Where a request's extra rows go in the buffer: after the fixed rows, unless they are kept apart."""
+        return 0 if self._shared is not None else self.size
 
     @classmethod
     def for_model(cls, lm_head: torch.Tensor | QuantWeight, tokenizer, size: int) -> DraftVocab:
@@ -148,7 +155,7 @@ class DraftVocab:
             self._rows[self._start: end] = self.lm_head[extra_ids]
         self.ids = torch.cat([torch.arange(self.size), extra_ids])
         # [V_draft, D]: valid until the next request's for_prompt rewrites the extra rows
-        self.weight = SplitRows(self.fixed, self._rows[:end]) if self.quantized else self._rows[:end]
+        self.weight = SplitRows(self.fixed, self._rows[:end]) if self._shared is not None else self._rows[:end]
 
     def target_id(self, draft_index: int) -> int:
         return int(self.ids[draft_index])
