@@ -2,11 +2,11 @@
 the passes would cost on this machine's measured costs, without running the target. A greedy answer does not
 depend on the drafts (every lossless method emits the `ar` answer), so a bench run's `ar` records say what each
 draft would have had accepted. Drafts: prompt lookup's copies from its n-gram index; a draft model's greedy chain
-from one teacher-forced pass of the draft over the prompt's window and the answer (its chain from a position
-agrees with the answer exactly as far as its next-token guesses do). Only the time is modelled: a pass over n
-tokens after c cached ones costs the verify curve's T(n) / T(1) at c (as gamma auto reads it), a plain pass 1, a
-copy nothing more, a draft model's proposal what it measures here by the tokens it first feeds (`feed_costs`: its
-catch-up after copies and plain passes included); prefill is left out. Timing noise does not enter, so policies can
+from the draft model itself, run as in a generation (its window of unseen tokens, its restarts after a rest), the
+target's answer fed to it as the target would have kept it. Only the time is modelled: a pass over n tokens after c
+cached ones costs the verify curve's T(n) / T(1) at c (as gamma auto reads it), a plain pass 1, a copy nothing
+more, a draft model's forward over n tokens what it measures here (`feed_costs`: a catch-up after copies and plain
+passes costs more than a step); prefill is left out. Timing noise does not enter the replay itself, so policies can
 be compared on a few prompts (tune on data/bench/prompts-03-04.jsonl and -11-20; keep -05-10 for verdicts).
 
     specdraft bench --prompts data/bench/prompts-11-20.jsonl --methods ar --max-new-tokens 64 --out out/tune-ar
@@ -23,7 +23,7 @@ import json
 import statistics
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,8 +43,6 @@ class Turn:
     category: str
     prompt_ids: list[int]
     answer: list[int]  # the ar answer, with the end-of-text token when it stopped (a pass emits it)
-    # by the draft's prompt window: the draft model's greedy next token before each answer position
-    draft_guesses: dict[int, list[int]] = field(default_factory=dict)
 
 
 def read_turns(engine: Engine, prompts_path: str, records_path: str) -> list[Turn]:
@@ -74,24 +72,16 @@ def read_turns(engine: Engine, prompts_path: str, records_path: str) -> list[Tur
     return found
 
 
-def draft_guesses(drafter, turn: Turn) -> list[int]:
-    """The draft model's greedy guess of each answer token, the answer before it given (teacher forcing)."""
-    drafter.begin(turn.prompt_ids)
-    window = (turn.prompt_ids + turn.answer)[drafter.context_start:-1]
-    with torch.inference_mode():
-        logits = drafter.state.forward(window, len(turn.answer))  # [len(answer), V_draft]
-    indices = logits.argmax(-1).tolist()
-    return [index if drafter.vocab is None else drafter.vocab.target_id(index) for index in indices]
-
-
 def feed_costs(engine: Engine, most: int = 24, rounds: int = 5) -> list[float]:
     """costs[n - 1]: a draft model's one-token proposal that first feeds n tokens (what it has not seen: a copy's
-    tokens, a plain pass's), relative to a one-token target pass; alternated, the median of `rounds`."""
+    tokens, a plain pass's), relative to a one-token target pass; alternated, the median of `rounds`. A proposal
+    is one forward over its feed and one per further draft token, so costs[0] prices those."""
     drafter, target = engine.drafter.inner, engine.target
     ids = torch.randint(0, 30000, (160,), generator=torch.Generator().manual_seed(0)).tolist()
     params = SamplingParams(temperature=0.0, max_new_tokens=8)
     state = target.new_state(capacity=200)
     draft_s: dict[int, list[float]] = defaultdict(list)
+    window, drafter.context_tokens = drafter.context_tokens, 0  # every feed in full, whatever the window
     target_s = []
     with torch.inference_mode():
         state.forward(ids[:99], 1)
@@ -109,6 +99,7 @@ def feed_costs(engine: Engine, most: int = 24, rounds: int = 5) -> list[float]:
                 state.verify(ids[99], Draft.empty())
                 target_s.append(time.perf_counter() - started)
                 state.truncate(99)
+    drafter.context_tokens = window
     step = statistics.median(target_s)
     return [statistics.median(draft_s[n]) / step for n in range(1, most + 1)]
 
@@ -135,47 +126,71 @@ class LagPriced(AdaptiveLength):
         return length
 
 
-def replay(turn: Turn, policy: AdaptiveLength, lookup: NgramIndex | None, model: bool, max_new_tokens: int,
-           feed: list[float] | None, window: int) -> tuple[float, int, int]:
+class FedCounter:
+    """Wraps a draft model state's `forward` to record how many tokens each call feeds."""
+
+    def __init__(self, state):
+        self.state, self.forward, self.calls = state, state.forward, []
+        state.forward = self
+
+    def __call__(self, new_ids, n_logits):
+        self.calls.append(len(new_ids))
+        return self.forward(new_ids, n_logits)
+
+    def release(self):
+        del self.state.forward
+
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=1)
+
+
+def replay(turn: Turn, policy: AdaptiveLength, lookup: NgramIndex | None, model, max_new_tokens: int,
+           feed: list[float] | None) -> tuple[float, int, int]:
     """(cost of the policy's passes in T(1)s, passes, tokens drafted) for one answer. lookup: prompt lookup's
-    index (alone, or first in front of the draft model); model: a draft model drafts where no copy exists. feed:
-    the draft's proposal cost by tokens fed (None: priced as gamma auto prices it); window: the prompt's tokens
-    the draft model reads."""
+    index (alone, or first in front of the draft model); model: the draft model's drafter (None: copies only),
+    drafting where no copy exists, begun at its first proposal; feed: its forwards' costs by tokens fed."""
     answer, context = turn.answer, list(turn.prompt_ids)
-    seen = len(context) - window if window else 0  # the draft model reads the window with its first proposal
-    cost, passes, drafted_total, emitted = 0.0, 0, 0, 0
+    cost, passes, drafted_total, emitted, counter = 0.0, 0, 0, 0, None
     while emitted < len(answer):
         copy = []
         if lookup is not None:
             lookup.update(context)
             copy = lookup.continuation(1)
-        source = LOOKUP_LABEL if copy and model else None
-        lag = max(len(context) - seen, 1) if model and source is None else 1
+        source = LOOKUP_LABEL if copy and model is not None else None
+        lag = (model.catch_up_tokens(len(turn.prompt_ids), len(context)) if counter is None
+               else len(model.to_feed(context))) if model is not None and source is None else 1
         k = min(policy.next(source, len(context), lag=lag) if isinstance(policy, LagPriced)
                 else policy.next(source, len(context)), max_new_tokens - emitted - 1)  # the engine's cap
         if k <= 0:
             draft = []
-        elif copy or not model:
+        elif copy or model is None:
             draft = lookup.continuation(k)
-        else:  # the draft's chain: its guesses as long as they agree with the answer, then whatever (all rejected)
-            draft = turn.draft_guesses[window][emitted:emitted + k]
+        else:  # the draft model's chain, as in a generation
+            if counter is None:
+                model.begin(turn.prompt_ids)
+                counter = FedCounter(model.state)
+            counter.calls.clear()
+            with torch.inference_mode():
+                draft = model.propose(context, k, GREEDY, None).token_ids.tolist()
+            cost += sum(feed[min(n, len(feed)) - 1] for n in counter.calls)
         accepted = 0
         while (accepted < len(draft) and emitted + accepted < len(answer)
                and draft[accepted] == answer[emitted + accepted]):
             accepted += 1
         policy.observe(len(draft), accepted, source)
         cost += policy.curve.at(len(context))[len(draft)]
-        if draft and model and source is None and feed is not None:
-            fed = max(len(context) - seen, 1)
-            cost += feed[min(fed, len(feed)) - 1] + (len(draft) - 1) * feed[0]
-            seen = len(context) + min(accepted, len(draft) - 1)  # it fed its drafts but the last; the rest dropped
-        else:
+        if source is not None or model is None:
             cost += len(draft) * policy.token_cost(source)
         passes += 1
         drafted_total += len(draft)
         step = accepted + 1
         context.extend(answer[emitted:emitted + step])
         emitted += step
+        if counter is not None:
+            with torch.inference_mode():
+                model.on_accept(context)
+    if counter is not None:
+        counter.release()
     return cost, passes, drafted_total
 
 
@@ -186,8 +201,9 @@ VARIANTS = {  # gamma auto's settings tried against its defaults (AdaptiveLength
     "price the catch-up": {"lag_priced": True},
     "lookup first 3": {"lookup_first": 3},
     "no lookup first": {"lookup_first": 0},
-    "draft context 4": {"draft_context": 4},
+    "draft context 2": {"draft_context": 2},
     "draft context 8": {"draft_context": 8},
+    "draft context 16": {"draft_context": 16},
     "draft context 32": {"draft_context": 32},
     "prior 0.4": {"prior_alpha": 0.4},
     "prior 0.8": {"prior_alpha": 0.8},
@@ -214,17 +230,8 @@ def main() -> int:
         if not (copies_only or isinstance(drafter, LookupFirstDrafter)):
             raise SystemExit(f"{method}: replays prompt lookup, or a model drafter with lookup first")
         turns = read_turns(engine, args.prompts, args.records)
-        feed = None
-        if not copies_only:
-            windows = {VARIANTS[name].get("draft_context", drafter.inner.context_tokens)
-                       for name in args.variants.split(",")}
-            default_window = drafter.inner.context_tokens
-            for window in sorted(windows):
-                drafter.inner.context_tokens = window
-                for turn in turns:
-                    turn.draft_guesses[window] = draft_guesses(drafter.inner, turn)
-            drafter.inner.context_tokens = default_window
-            feed = feed_costs(engine)
+        default_window = None if copies_only else drafter.inner.context_tokens
+        feed = None if copies_only else feed_costs(engine)
         categories = list(dict.fromkeys(turn.category for turn in turns))
         print(f"\n{method}: a draft token costs {engine.draft_cost():.3f} T(1) as gamma auto prices it"
               + ("" if feed is None else "; measured, a proposal that feeds 1 / 2 / 4 / 8 / 16 tokens: "
@@ -244,12 +251,13 @@ def main() -> int:
                 if settings.pop("lag_priced", False):
                     policy = LagPriced(policy.curve, policy.source_costs, policy.draft_cost)
                 least = settings.pop("lookup_first", drafter.min_ngram)
-                window = 0 if copies_only else settings.pop("draft_context", drafter.inner.context_tokens)
+                model = None if copies_only else drafter.inner
+                if model is not None:
+                    model.context_tokens = settings.pop("draft_context", default_window)
                 for attribute, value in settings.items():
                     setattr(policy, attribute, value)
                 lookup = NgramIndex(max(drafter.max_ngram, least), least) if least else None
-                cost, n_passes, n_drafted = replay(turn, policy, lookup, not copies_only, args.max_new_tokens,
-                                                   feed, window)
+                cost, n_passes, n_drafted = replay(turn, policy, lookup, model, args.max_new_tokens, feed)
                 plain[turn.category] += len(turn.answer)
                 spent[turn.category] += cost
                 passes, drafted, tokens = passes + n_passes, drafted + n_drafted, tokens + len(turn.answer)

@@ -75,8 +75,8 @@ def test_greedy_with_confidence_stopped_drafts_equals_autoregressive(tiny_models
 @pytest.mark.parametrize("context_tokens", [1, 3])
 def test_a_draft_model_reading_the_prompts_end_only_stays_greedy_exact(tiny_models, context_tokens):
     """draft_context: the draft model reads only the prompt's last tokens (with its first proposal) and follows the
-    context from there; the output is plain decoding's, and the draft's cache holds the window, not the whole
-    prompt."""
+    context from there (starting over on its last tokens whenever more went by unseen); the output is plain
+    decoding's, and the draft's cache never holds the whole prompt."""
     target = tiny_models["target"]
     drafter = ModelDrafter(tiny_models["draft"], target, context_tokens=context_tokens)
     engine = Engine(target, drafter, SpecConfig("draft", 3, draft_context=context_tokens, lookup_first=0))
@@ -86,9 +86,9 @@ def test_a_draft_model_reading_the_prompts_end_only_stays_greedy_exact(tiny_mode
         assert got.token_ids == ar_engine(tiny_models).generate(ids, GREEDY).token_ids, prompt
         assert got.stats.drafted > 0
         window = min(context_tokens, len(ids))
-        assert drafter.context_start == len(ids) - window
-        # the draft has seen the window and the tokens since (not the last one: it is fed at the next proposal)
-        assert len(drafter.state) <= window + len(got.token_ids)
+        assert drafter.context_start >= len(ids) - window
+        # the draft has seen a window and the tokens since (not the last one: it is fed at the next proposal)
+        assert len(drafter.state) <= len(ids) + len(got.token_ids) - drafter.context_start
     with torch.inference_mode():
         drafter.begin(list(range(2, 12)))
         assert (drafter.context_start, len(drafter.state)) == (10 - context_tokens, 0)  # nothing fed yet
@@ -407,9 +407,9 @@ def test_a_drafter_begun_late_reads_the_prompt_only_when_enough_tokens_are_left(
 
 @pytest.mark.parametrize("context_tokens, begun", [(0, False), (2, True)])
 def test_a_late_begin_counts_what_the_drafter_would_read(tiny_models, context_tokens, begun):
-    """A draft model reading only the prompt's last 2 tokens catches up cheaply: begun late with 6 tokens left
-    where one reading the whole 9-token prompt is not. Prompt lookup reads nothing to catch up. Output is plain
-    decoding's either way."""
+    """A draft model reading at most 2 unseen tokens catches up cheaply: begun late with 6 tokens left where one
+    reading the whole 9-token prompt is not. Prompt lookup reads nothing to catch up. Output is plain decoding's
+    either way."""
     from specdraft.engine import DecodeLoop
     from specdraft.types import SpecStats
 
@@ -417,7 +417,7 @@ def test_a_late_begin_counts_what_the_drafter_would_read(tiny_models, context_to
     prompt = [2, 3, 4, 5, 6, 7, 8, 9, 10]
     params = SamplingParams(max_new_tokens=7, temperature=0)
     drafter = ModelDrafter(tiny_models["draft"], target, context_tokens=context_tokens)
-    assert drafter.catch_up_tokens(9, 10) == (10 if context_tokens == 0 else 3)
+    assert drafter.catch_up_tokens(9, 10) == (10 if context_tokens == 0 else 2)
     assert PromptLookupDrafter().catch_up_tokens(9, 10) == 0
     loop = DecodeLoop(target, drafter, prompt, params, DraftFromSecondPass(), None, SpecStats())
     emitted = []
@@ -426,4 +426,44 @@ def test_a_late_begin_counts_what_the_drafter_would_read(tiny_models, context_to
             emitted += loop.accept(loop.state.verify(loop.pending, loop.propose()))
     assert loop.drafter_begun == begun and (loop.stats.drafted > 0) == begun
     expected = Engine(target).generate(prompt, params).token_ids  # it stops at an EOS; the loop goes on
+    assert emitted[:len(expected)] == expected
+
+
+class DraftEveryFifthPass(NeverDraft):
+    def __init__(self):
+        self.passes = 0
+
+    def next(self, source=None, context_tokens=0, load=None):
+        self.passes += 1
+        return 2 if self.passes % 5 == 1 else 0
+
+
+@pytest.mark.parametrize("context_tokens", [0, 3])
+def test_a_draft_model_that_rested_starts_over_on_the_contexts_last_tokens(tiny_models, context_tokens):
+    """Drafting every fifth pass, a draft reading at most 3 unseen tokens starts over on the context's last 3
+    (its cache holds those and its drafts, nothing before); one with no limit catches up on everything. The output
+    is plain decoding's either way."""
+    from specdraft.engine import DecodeLoop
+    from specdraft.types import SpecStats
+
+    target = tiny_models["target"]
+    prompt = [2, 3, 4, 5, 6, 7, 8, 9, 10]
+    params = SamplingParams(max_new_tokens=16, temperature=0)
+    drafter = ModelDrafter(tiny_models["draft"], target, context_tokens=context_tokens)
+    loop = DecodeLoop(target, drafter, prompt, params, DraftEveryFifthPass(), None, SpecStats())
+    emitted, starts = [], []
+    with torch.inference_mode():
+        while not loop.finished:
+            draft = loop.propose()
+            if draft.k:  # the draft's cache: the context from its start, then the drafts it fed (all but the last)
+                start = drafter.context_start
+                assert drafter.state.token_ids == loop.context[start:] + draft.token_ids.tolist()[:-1]
+                starts.append((start, len(loop.context)))
+            emitted += loop.accept(loop.state.verify(loop.pending, draft))
+    assert len(starts) >= 3
+    if context_tokens:  # each proposal after a rest of four passes starts over on the context's last 3 tokens
+        assert all(start == length - 3 for start, length in starts)
+    else:
+        assert all(start == 0 for start, _ in starts)
+    expected = Engine(target).generate(prompt, params).token_ids
     assert emitted[:len(expected)] == expected

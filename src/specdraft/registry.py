@@ -97,15 +97,17 @@ class DraftModelOptions:
 
     draft_confidence: stop drafting once the draft's top-1 probability falls below it (0: never; a tree gives
     such a node no children); lossless, the length depends only on the draft's own distribution. draft_context:
-    the draft model reads the prompt's last N tokens (0: all of it) and the tokens generated since. Its prefill
-    of the whole prompt cost more than its better guesses gained: on the quick benchmark (Zen 3, GGUF, 2026-12-03,
-    interleaved) 16 tokens ran 12.99 tok/s end to end, 32 12.76, 64 12.36; in a second run 64 ran 12.38, 128
-    11.98, the whole prompt 11.68 (acceptance rate 0.76 -> 0.70; docs/benchmarks.md)."""
+    the draft model reads at most the last N tokens it has not seen (0: no limit): the prompt's last N at its first
+    proposal, then the tokens generated since, and after a rest (plain passes, copies) in which more than N went by,
+    the context's last N again. Reading costs it a pass over them (the 0.5B's 16 tokens 1.0-1.2 one-token target
+    passes on the Zen 4, 4 tokens 0.4), and its guesses gain little from more context. Replayed on the tuning
+    prompts (Zen 4, 2026-12-07; docs/performance.md), 4 tokens lift translation from 0.96x to 1.00x our plain
+    decoding, the whole 1.13x as with 16; the whole prompt cost more than it gained (Zen 3, 2026-12-03)."""
 
     draft_confidence: float = setting(0.0, "draft model: stop drafting when the draft's top-1 probability is below "
                                       "this (0: always draft gamma)", server=True)
-    draft_context: int = setting(16, "draft model: read only the prompt's last N tokens (0: all of it): the draft's "
-                                 "prefill costs less, its guesses get a little worse, the output stays exact",
+    draft_context: int = setting(4, "draft model: read at most the last N tokens it has not seen (0: all): the "
+                                 "prompt's end, and the context's end after a rest; the output stays exact",
                                  metavar="N", server=True)
 
     def __post_init__(self) -> None:

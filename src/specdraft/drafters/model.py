@@ -28,7 +28,8 @@ class ModelDrafter(HasDraftVocab):
                  draft_vocab: int | None = None, context_tokens: int = 0):
         check_compatible_vocab(draft, target)
         self.min_confidence = min_confidence  # stop drafting when the draft's top-1 probability drops below
-        # the draft model reads the context from `context_start` on: the prompt's last `context_tokens` (0: all)
+        # the draft model reads the context from `context_start` on: the prompt's last `context_tokens` (0: all), and
+        # after a rest in which more than that went by unseen, the context's last `context_tokens` (`window_feed`)
         self.context_tokens = context_tokens
         self.context_start = 0
         self.draft = draft
@@ -45,20 +46,26 @@ class ModelDrafter(HasDraftVocab):
         self.context_start = window_start(prompt_ids, self.context_tokens)
 
     def catch_up_tokens(self, prompt_len: int, context_len: int) -> int:
-        window = min(prompt_len, self.context_tokens) if self.context_tokens else prompt_len
-        return window + context_len - prompt_len  # the prompt's window, then everything generated since
+        if self.context_tokens:
+            return min(self.context_tokens, context_len)  # the window of what it has not seen
+        return context_len  # the whole prompt, then everything generated since
 
     def propose(self, context_ids, k, params: SamplingParams, generator) -> Draft:
         token_ids: list[int] = []
         rows: list[torch.Tensor] = []
-        logits = self.state.forward(self.state.sync_for_next(self.readable(context_ids[self.context_start:])),
-                                    1)  # [1, V_draft]
+        logits = self.state.forward(self.to_feed(context_ids), 1)  # [1, V_draft]
         for i in range(k):
             if not self._pick(logits, i, params, generator, token_ids, rows):
                 break
             if i + 1 < k:
                 logits = self.state.forward(token_ids[-1:], 1)
         return self._draft(token_ids, rows)
+
+    def to_feed(self, context_ids: list[int]) -> list[int]:
+        """What the draft model reads before its next guess (`window_feed`)."""
+        feed, self.context_start = window_feed(self.state, self.readable(context_ids), self.context_start,
+                                               self.context_tokens)
+        return feed
 
     def _pick(self, logits: torch.Tensor, step: int, params: SamplingParams, generator, token_ids: list[int],
               rows: list[torch.Tensor]) -> bool:
@@ -94,7 +101,7 @@ class ModelDrafter(HasDraftVocab):
         step), so each request gets the draft its `propose` would give. A catch-up longer than one kernel pass
         goes on its own first."""
         n = len(drafters)
-        feeds = [d.state.sync_for_next(d.readable(c[d.context_start:])) if k else []
+        feeds = [d.to_feed(c) if k else []
                  for d, c, k in zip(drafters, contexts, ks)]
         logits: list[torch.Tensor | None] = [None] * n  # [1, V_draft] each
         together = [i for i in range(n) if ks[i] and len(feeds[i]) <= MAX_KERNEL_ROWS]
@@ -129,6 +136,22 @@ def window_start(prompt_ids: list[int], context_tokens: int) -> int:
     of it). Nothing is fed at `begin`: the first proposal feeds the window with the pending token in one pass (the
     0.5B's 16 tokens at once 47-54 ms against 68-76 as 15 then 1, Xeon with AMX, 2026-12-06)."""
     return max(0, len(prompt_ids) - context_tokens) if context_tokens else 0
+
+
+def window_feed(state, context_ids: list[int], context_start: int, most: int) -> tuple[list[int], int]:
+    """(the ids the draft model's `state` reads before its next guess, the context index its position 0 then holds).
+    It reads what it has not seen since `context_start`, its last token at least; past `most` tokens (0: no limit),
+    which happens after a rest while the target ran plain passes or copies, it starts over on the context's last
+    `most`. Its guesses draw on the last few tokens, and reading a few costs a fraction of catching up: the 0.5B's
+    16 tokens cost 1.0-1.2 one-token target passes, 4 tokens 0.40-0.45, 1 token 0.28-0.31 (Zen 4, 2026-12-07;
+    docs/performance.md)."""
+    unseen = context_ids[context_start:]
+    feed = state.sync_for_next(unseen) if unseen else []
+    if not feed or (most and len(feed) > most):  # (none: the context went back before the window's start)
+        state.truncate(0)
+        context_start = max(len(context_ids) - most, 0) if most else 0
+        feed = context_ids[context_start:]
+    return feed, context_start
 
 
 def check_compatible_vocab(draft: LoadedModel, target: LoadedModel) -> None:

@@ -29,7 +29,7 @@ from ..models.adapter import LoadedModel, SequenceState
 from ..sampling import processed_probs
 from ..types import Draft
 from .base import Drafter
-from .model import check_compatible_vocab, window_start
+from .model import check_compatible_vocab, window_feed, window_start
 from .vocab import DraftVocab, HasDraftVocab
 
 # (tokens [n], parents [n]) -> next-token log-scores [n, V]. parents index the nodes expanded by earlier calls
@@ -133,7 +133,7 @@ class TreeDrafter(HasDraftVocab):
     The draft's cache holds the context, then the expanded nodes of the current tree as a tree region; after the
     target's verdict the accepted nodes the draft already ran are kept (moved to consecutive positions) and the
     rest is dropped, so the next proposal feeds only what the draft has not seen. As ModelDrafter's: context_tokens,
-    the draft model reads the context from the prompt's last context_tokens on (0: all of it); min_confidence, a
+    the most tokens the draft model reads unseen (0: no limit; `window_feed`); min_confidence, a
     node where the draft's top-1 probability is lower gets no children; draft_vocab, the head rows scored (0: all,
     None: auto; drafters/vocab.py)."""
 
@@ -162,9 +162,9 @@ class TreeDrafter(HasDraftVocab):
         depth = min(self.depth, k)
         if depth < 1:
             return Draft.empty()
-        context_ids = self.readable(context_ids[self.context_start:])
-        keep_accepted_path(self.state, context_ids)
-        to_feed = self.state.sync_for_next(context_ids)
+        context_ids = self.readable(context_ids)
+        keep_accepted_path(self.state, context_ids[self.context_start:])
+        to_feed, self.context_start = window_feed(self.state, context_ids, self.context_start, self.context_tokens)
         root_scores = draft_log_scores(self.state.forward(to_feed, 1), params, self.vocab)[0]  # [V]
 
         def expand(tokens: list[int], parents: list[int]) -> torch.Tensor:  # one draft pass over the frontier
