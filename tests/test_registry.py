@@ -144,7 +144,7 @@ def test_every_setting_travels_in_options_whichever_way_it_was_given(echo_regist
     assert by_keyword == by_dict and hash(by_keyword) == hash(by_dict)
     assert {name for name, _ in by_keyword.options} == set(option_fields())
     assert by_keyword.setting("echo_span") == 3 and by_keyword.setting("tree_budget") == 5
-    assert SpecConfig() == SpecConfig(tree_budget=5, draft_context=4)  # the defaults, spelled out
+    assert SpecConfig() == SpecConfig(tree_budget=5, draft_context=16)  # the defaults, spelled out
     assert dataclasses.replace(by_keyword, gamma=4).options == by_keyword.options
     assert [f.name for f in dataclasses.fields(SpecConfig)] == ["method", "gamma", "lookup_first", "tree", "options"]
 

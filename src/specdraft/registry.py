@@ -99,14 +99,14 @@ class DraftModelOptions:
     such a node no children); lossless, the length depends only on the draft's own distribution. draft_context:
     the draft model reads at most the last N tokens it has not seen (0: no limit): the prompt's last N at its first
     proposal, then the tokens generated since, and after a rest (plain passes, copies) in which more than N went by,
-    the context's last N again. Reading costs it a pass over them (the 0.5B's 16 tokens 1.0-1.2 one-token target
-    passes on the Zen 4, 4 tokens 0.4), and its guesses gain little from more context. Replayed on the tuning
-    prompts (Zen 4, 2026-12-07; docs/performance.md), 4 tokens lift translation from 0.96x to 1.00x our plain
-    decoding, the whole 1.13x as with 16; the whole prompt cost more than it gained (Zen 3, 2026-12-03)."""
+    the context's last N again. The whole prompt cost more than its better guesses gained (Zen 3, 2026-12-03: 16
+    tokens 12.99 tok/s end to end, 64 12.36, the whole prompt 11.68). Fewer than 16 cost code its guesses: 4 tokens
+    (Zen 4, 2026-12-07) lifted translation by 0.02x but took the load benchmark's coding prompts from 1.18x to 1.05x
+    our plain decoding (replayed; at one client of `make bench-server` τ 1.86 -> 1.30); docs/performance.md."""
 
     draft_confidence: float = setting(0.0, "draft model: stop drafting when the draft's top-1 probability is below "
                                       "this (0: always draft gamma)", server=True)
-    draft_context: int = setting(4, "draft model: read at most the last N tokens it has not seen (0: all): the "
+    draft_context: int = setting(16, "draft model: read at most the last N tokens it has not seen (0: all): the "
                                  "prompt's end, and the context's end after a rest; the output stays exact",
                                  metavar="N", server=True)
 
