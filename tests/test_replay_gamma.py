@@ -27,6 +27,18 @@ def policy(token_cost: float = 0.3) -> AdaptiveLength:
     return AdaptiveLength(CURVE, {}, lambda: token_cost)
 
 
+def recording(length_policy: AdaptiveLength, lengths: list[int]) -> AdaptiveLength:
+    """The policy, each pass's draft length appended to `lengths` as it is observed."""
+    observe = length_policy.observe
+
+    def observed(drafted: int, accepted: int, source=None) -> None:
+        lengths.append(drafted)
+        observe(drafted, accepted, source)
+
+    length_policy.observe = observed
+    return length_policy
+
+
 @pytest.mark.parametrize("context_tokens", [0, 3])
 def test_a_draft_model_replay_counts_its_forwards_and_kept_tokens(tiny_models, context_tokens, monkeypatch):
     """The target as its own draft: every guess is kept, so passes emit several tokens each; the cost is each pass's
@@ -45,12 +57,8 @@ def test_a_draft_model_replay_counts_its_forwards_and_kept_tokens(tiny_models, c
             return super().__call__(new_ids, n_logits)
 
     monkeypatch.setattr(replay_gamma, "FedCounter", Recording)
-    lengths = []
-    lengths_policy = policy()
-    observe = lengths_policy.observe
-    lengths_policy.observe = lambda drafted, accepted, source=None: (lengths.append(drafted),
-                                                                     observe(drafted, accepted, source))
-    cost, passes, drafted = replay_gamma.replay(turn, lengths_policy, None, drafter, 64, FEED)
+    lengths: list[int] = []
+    cost, passes, drafted = replay_gamma.replay(turn, recording(policy(), lengths), None, drafter, 64, FEED)
     assert passes == len(lengths) < len(answer) and drafted == sum(lengths)
     assert cost == pytest.approx(sum(CURVE.short[k] for k in lengths) + sum(FEED[n - 1] for n in fed))
     assert max(fed) <= (context_tokens or len(prompt) + len(answer))  # a window bounds every read
@@ -64,10 +72,8 @@ def test_copies_only_cost_the_verify_passes():
     prompt = [2, 3, 4, 5, 2, 3, 4, 5, 2, 3]
     answer = [4, 5, 2, 3, 4, 5, 9]
     turn = replay_gamma.Turn("rag", prompt, answer)
-    copies = policy(token_cost=0.0)
-    lengths = []
-    observe = copies.observe
-    copies.observe = lambda drafted, accepted, source=None: (lengths.append(drafted), observe(drafted, accepted, source))
+    lengths: list[int] = []
+    copies = recording(policy(token_cost=0.0), lengths)
     cost, passes, drafted = replay_gamma.replay(turn, copies, NgramIndex(3, 1), None, 64, None)
     assert passes == len(lengths) < len(answer) and drafted == sum(lengths) > 0
     assert cost == pytest.approx(sum(CURVE.short[k] for k in lengths))
