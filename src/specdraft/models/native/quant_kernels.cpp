@@ -1238,29 +1238,43 @@ struct HalfAndColumnsx8 {
 
 // Q8_0, 8 rows x 32 weights in 272 bytes (8 x 34), HalfAndColumnsx8<8>: byte 16 + 32k + 4r + i is q[4k + i] of row r.
 // Signed weights: |q| as unsigned bytes against x carrying q's sign; a vpmaddubsw lane (2 products, at most 2 * 128 *
-// 127 = 32512) goes to int32 at once (with VNNI a vpdpbusd sums 4 in int32).
+// 127 = 32512) goes to int32 at once. With VNNI, q + 128 (0..255, the sign bit flipped) against x in `vpdpbusd`, then
+// - 128 * (sum of x): the same integers without a sign transfer per product (a lane's 4 products at most 4 * 255 *
+// 127, 8 of them 1,036,320).
 struct Q80x8 : HalfAndColumnsx8<8> {
   template <int G>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    if constexpr (kVnni) return vnni_dot<G>(block, x, acc);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i sums[G];
-    if constexpr (kVnni)
-      for (int g = 0; g < G; ++g) sums[g] = _mm256_setzero_si256();
     const auto products = [&](int k, bool start) __attribute__((always_inline)) {
       const __m256i w = load256(block + 16 + 32 * k);
       const __m256i magnitude = _mm256_sign_epi8(w, w);
-      for (int g = 0; g < G; ++g) {
+      for (int g = 0; g < G; ++g) {  // the first products start the sums (as in Q4Kx8::dot)
         const __m256i xs = _mm256_sign_epi8(broadcast4(x[g].q + 4 * k), w);
-        if constexpr (kVnni) {
-          sums[g] = dot_u8s8(sums[g], magnitude, xs);
-        } else {  // the first products start the sums (as in Q4Kx8::dot)
-          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xs), ones);
-          sums[g] = start ? p : add_i32_into(sums[g], p);
-        }
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xs), ones);
+        sums[g] = start ? p : add_i32_into(sums[g], p);
       }
     };
-    products(0, true);  // `start` matters only without VNNI: the VNNI sums start at zero
+    products(0, true);
     for (int k = 1; k < 8; ++k) products(k, false);
+    finish<G>(block, x, sums, acc);
+  }
+
+  template <int G>
+  static void vnni_dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    __m256i sums[G];
+    for (int g = 0; g < G; ++g) sums[g] = _mm256_set1_epi32(-128 * x[g].sums32[0]);
+    for (int k = 0; k < 8; ++k) {
+      const __m256i offset = _mm256_xor_si256(load256(block + 16 + 32 * k), flip);  // q + 128 as unsigned bytes
+      for (int g = 0; g < G; ++g) sums[g] = dot_u8s8(sums[g], offset, broadcast4(x[g].q + 4 * k));
+    }
+    finish<G>(block, x, sums, acc);
+  }
+
+  template <int G>
+  static void finish(const uint8_t* block, const TokenSuper* x, const __m256i* sums, __m256* acc) {
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
     for (int g = 0; g < G; ++g)
       acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[g]), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
