@@ -524,6 +524,11 @@ inline __m256i iq4_values(__m256i nibbles) {
   return _mm256_shuffle_epi8(values, nibbles);
 }
 
+// The same values plus 128 (1..241) as unsigned bytes: what the VNNI loops multiply, the sums then less 128 * (sum of x).
+inline __m256i iq4_values_plus_128(__m256i nibbles) {
+  return _mm256_xor_si256(iq4_values(nibbles), _mm256_set1_epi8(static_cast<char>(0x80)));
+}
+
 struct IQ4NL {
   static constexpr int64_t kWeights = 32, kBytes = 18, kActBlock = 32;
   template <int G>
@@ -1420,11 +1425,12 @@ struct Q40x8 : HalfAndColumnsx8<4> {
 };
 
 // IQ4_NL, 8 rows x 32 weights in 144 bytes, as Q4_0's. The looked-up values are signed: as Q80x8's, |value| against x
-// carrying its sign, each vpmaddubsw lane (at most 2 * 127 * 127) to int32 at once. One code for every build (no VNNI
-// or tile path of its own yet).
+// carrying its sign, each vpmaddubsw lane (at most 2 * 127 * 127) to int32 at once; with VNNI, value + 128 against x in
+// `vpdpbusd` and the sum started at -128 * (sum of x), as Q80x8's (no tile path of its own yet).
 struct IQ4NLx8 : HalfAndColumnsx8<4> {
   template <int G>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    if constexpr (kVnni) return vnni_dot<G>(block, x, acc);
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     __m256i sums[G];
     const auto products = [&](int k, bool start) __attribute__((always_inline)) {
@@ -1441,9 +1447,24 @@ struct IQ4NLx8 : HalfAndColumnsx8<4> {
     };
     products(0, true);
     for (int k = 1; k < 4; ++k) products(k, false);
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-    for (int g = 0; g < G; ++g)
-      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[g]), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
+    Q80x8::finish<G>(block, x, sums, acc);
+  }
+
+  template <int G>
+  static void vnni_dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256i sums[G];
+    for (int g = 0; g < G; ++g) sums[g] = _mm256_set1_epi32(-128 * x[g].sums32[0]);
+    for (int k = 0; k < 4; ++k) {
+      const __m256i bytes = load256(block + 16 + 32 * k);
+      const __m256i w0 = iq4_values_plus_128(_mm256_and_si256(bytes, low));
+      const __m256i w1 = iq4_values_plus_128(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low));
+      for (int g = 0; g < G; ++g) {
+        sums[g] = dot_u8s8(sums[g], w0, broadcast4(x[g].q + 4 * k));
+        sums[g] = dot_u8s8(sums[g], w1, broadcast4(x[g].q + 16 + 4 * k));
+      }
+    }
+    Q80x8::finish<G>(block, x, sums, acc);
   }
 };
 
@@ -1451,7 +1472,8 @@ struct IQ4NLx8 : HalfAndColumnsx8<4> {
 // of sub-block c of row r (ls - 32, int8), [80, 1104) byte 80 + 128c + 32k + 4r + i: qs[16c + 4k + i] of row r (low
 // nibble: weight 32c + 4k + i, high nibble: weight 32c + 16 + 4k + i). Per vector and token a vpmaddubsw of the
 // signed values (as IQ4NLx8's) and a vpmaddwd by the rows' sub-block scales (int16 pairs 2r, 2r + 1 both row r's):
-// row r's int32 lane sums 256 products times scales, at most 256 * 127 * 127 * 32. One code for every build.
+// row r's int32 lane sums 256 products times scales, at most 256 * 127 * 127 * 32. With VNNI, a sub-block's values +
+// 128 against x in `vpdpbusd` from -128 * (its sum of x), then times its scale (`vpmulld`): the same integers.
 struct IQ4XSx8 {
   static constexpr int64_t kWeights = 256, kBytes = 1104, kActBlock = 256;
   static constexpr int kGroupsTokens = kGroup;
@@ -1484,6 +1506,7 @@ struct IQ4XSx8 {
 
   template <int G>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    if constexpr (kVnni) return vnni_dot<G>(block, x, acc);
     const __m256i low = _mm256_set1_epi8(0x0F);
     __m256i sums[G];
     for (int c = 0; c < 8; ++c) {
@@ -1501,9 +1524,30 @@ struct IQ4XSx8 {
         }
       }
     }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-    for (int g = 0; g < G; ++g)
-      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[g]), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
+    Q80x8::finish<G>(block, x, sums, acc);
+  }
+
+  template <int G>
+  static void vnni_dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256i sums[G];
+    for (int g = 0; g < G; ++g) sums[g] = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+      __m256i part[G];  // sub-block c's sums, lane r row r
+      for (int g = 0; g < G; ++g) part[g] = _mm256_set1_epi32(-128 * x[g].sums32[c]);
+      for (int k = 0; k < 4; ++k) {
+        const __m256i bytes = load256(block + 80 + 128 * c + 32 * k);
+        const __m256i w0 = iq4_values_plus_128(_mm256_and_si256(bytes, low));
+        const __m256i w1 = iq4_values_plus_128(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low));
+        for (int g = 0; g < G; ++g) {
+          part[g] = dot_u8s8(part[g], w0, broadcast4(x[g].q + 32 * c + 4 * k));
+          part[g] = dot_u8s8(part[g], w1, broadcast4(x[g].q + 32 * c + 16 + 4 * k));
+        }
+      }
+      const __m256i scale = row_s8(block + 16 + 8 * c);
+      for (int g = 0; g < G; ++g) sums[g] = _mm256_add_epi32(sums[g], _mm256_mullo_epi32(part[g], scale));
+    }
+    Q80x8::finish<G>(block, x, sums, acc);
   }
 };
 
