@@ -908,10 +908,11 @@ struct Q5Kx8 {
   }
 
   // As Q4Kx8::dot with q in 0..31: a sub-block's int16 sums take 4 vpmaddubsw lanes of 2 products each (at most
-  // 4 * 2 * 31 * 128 = 31744) before a vpmaddwd with the scales, so each sub-block has two (k = 0-3, 4-7). One
-  // code for every build (VNNI's too: the same integers).
+  // 4 * 2 * 31 * 128 = 31744) before a vpmaddwd with the scales, so each sub-block has two (k = 0-3, 4-7). With
+  // VNNI, as Q4Kx8::vnni_dots: a sub-block's 32 products per row in one int32 lane, times its scale (`vpmulld`).
   template <int G>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    if constexpr (kVnni) return vnni_dot<G>(block, x, acc);
     __m256i dots[G];
     for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
     const uint8_t* qs = block + 160;
@@ -937,6 +938,43 @@ struct Q5Kx8 {
         for (int g = 0; g < G; ++g)
           dots[g] = add_i32_into(dots[g], _mm256_add_epi32(_mm256_madd_epi16(even[g], scale_even),
                                                            _mm256_madd_epi16(odd[g], scale_odd)));
+      }
+    });
+    Q4Kx8::finish<G>(block, x, dots, acc);
+  }
+
+  template <int G>
+  static void vnni_dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    __m256i dots[G];
+    for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
+    const uint8_t* qs = block + 160;
+    const uint8_t* qh = block + 1184;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    unrolled<4>([&](auto chunk) __attribute__((always_inline)) {
+      constexpr int j = chunk;  // sub-blocks 2j and 2j + 1
+      // few tokens: two sums per sub-block and token (k even, k odd), so that the chains of dependent vpdpbusd
+      // (4-5 cycles each) are half as long
+      constexpr int kChains = G <= 4 ? 2 : 1;
+      __m256i even[kChains][G], odd[kChains][G];
+      for (int c = 0; c < kChains; ++c)
+        for (int g = 0; g < G; ++g) even[c][g] = odd[c][g] = _mm256_setzero_si256();
+      unrolled<8>([&](auto step) __attribute__((always_inline)) {
+        constexpr int k = step, c = k % kChains;
+        const __m256i bytes = load256(qs + 256 * j + 32 * k), high = load256(qh + 32 * k);
+        const __m256i w_even = _mm256_or_si256(_mm256_and_si256(bytes, low), fifth_bits<2 * j>(high));
+        const __m256i w_odd = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low),
+                                              fifth_bits<2 * j + 1>(high));
+        for (int g = 0; g < G; ++g) {
+          even[c][g] = dot_u8s8(even[c][g], w_even, broadcast4(x[g].q + 64 * j + 4 * k));
+          odd[c][g] = dot_u8s8(odd[c][g], w_odd, broadcast4(x[g].q + 64 * j + 32 + 4 * k));
+        }
+      });
+      const __m256i scale_even = row_u8(block + 32 + 16 * j), scale_odd = row_u8(block + 40 + 16 * j);
+      for (int g = 0; g < G; ++g) {
+        __m256i e = even[0][g], o = odd[0][g];
+        if constexpr (kChains == 2) e = _mm256_add_epi32(e, even[1][g]), o = _mm256_add_epi32(o, odd[1][g]);
+        dots[g] = add_i32_into(dots[g], _mm256_add_epi32(_mm256_mullo_epi32(e, scale_even),
+                                                         _mm256_mullo_epi32(o, scale_odd)));
       }
     });
     Q4Kx8::finish<G>(block, x, dots, acc);
