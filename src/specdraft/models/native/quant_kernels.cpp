@@ -1228,10 +1228,12 @@ struct Q3Kx8 {
   }
 
   // sum_i w_ri x_i = d_r dx (sum_s scale_rs sum_{i in s} q_ri xq_i - 4 sum_s scale_rs sum_{i in s} xq_i), q in 0..7.
-  // int16: a lane adds the 4 vpmaddubsw lanes of a sub-block's 16 weights (2 products each): at most 7112. One code
-  // for every build (with VNNI too: the same integers).
+  // int16: a lane adds the 4 vpmaddubsw lanes of a sub-block's 16 weights (2 products each): at most 7112. With
+  // VNNI, a sub-block's 16 products per row in one int32 lane by `vpdpbusd`, times its scale (`vpmulld`): the same
+  // integers.
   template <int G>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    if constexpr (kVnni) return vnni_dot<G>(block, x, acc);
     const __m256i low = _mm256_set1_epi8(0x0F);
     __m256i dots[G];
     for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
@@ -1251,6 +1253,30 @@ struct Q3Kx8 {
       for (int g = 0; g < G; ++g)
         dots[g] = add_i32_into(dots[g], _mm256_add_epi32(_mm256_madd_epi16(even[g], scale_even),
                                                          _mm256_madd_epi16(odd[g], scale_odd)));
+    }
+    Q6Kx8::finish<G, 2>(block, x, dots, acc);
+  }
+
+  template <int G>
+  static void vnni_dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256i dots[G];
+    for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {  // sub-blocks 2c (low nibbles) and 2c + 1 (high)
+      __m256i even[G], odd[G];
+      for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm256_setzero_si256();
+      for (int k = 0; k < 4; ++k) {
+        const __m256i bytes = load256(block + 144 + 128 * c + 32 * k);
+        const __m256i w_even = _mm256_and_si256(bytes, low), w_odd = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+        for (int g = 0; g < G; ++g) {
+          even[g] = dot_u8s8(even[g], w_even, broadcast4(x[g].q + 32 * c + 4 * k));
+          odd[g] = dot_u8s8(odd[g], w_odd, broadcast4(x[g].q + 32 * c + 16 + 4 * k));
+        }
+      }
+      const __m256i scale_even = row_s8(block + 16 + 16 * c), scale_odd = row_s8(block + 24 + 16 * c);
+      for (int g = 0; g < G; ++g)
+        dots[g] = add_i32_into(dots[g], _mm256_add_epi32(_mm256_mullo_epi32(even[g], scale_even),
+                                                         _mm256_mullo_epi32(odd[g], scale_odd)));
     }
     Q6Kx8::finish<G, 2>(block, x, dots, acc);
   }
