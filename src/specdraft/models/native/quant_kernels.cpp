@@ -1257,6 +1257,8 @@ struct Q3Kx8 {
     Q6Kx8::finish<G, 2>(block, x, dots, acc);
   }
 
+  // Q4Kx8::vnni_dots's loop over 16-weight sub-blocks (one helper for both, inlined, ran passes of 4 tokens 5-6 %
+  // slower in both formats: Zen 4, 2026-12-07, builds alternated twice)
   template <int G>
   static void vnni_dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
     const __m256i low = _mm256_set1_epi8(0x0F);
