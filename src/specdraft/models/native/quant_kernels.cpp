@@ -909,10 +909,11 @@ struct Q5Kx8 {
 
   // As Q4Kx8::dot with q in 0..31: a sub-block's int16 sums take 4 vpmaddubsw lanes of 2 products each (at most
   // 4 * 2 * 31 * 128 = 31744) before a vpmaddwd with the scales, so each sub-block has two (k = 0-3, 4-7). With
-  // VNNI, as Q4Kx8::vnni_dots: a sub-block's 32 products per row in one int32 lane, times its scale (`vpmulld`).
+  // VNNI and two tokens or more, as Q4Kx8::vnni_dots: a sub-block's 32 products per row in one int32 lane, times its
+  // scale (`vpmulld`); a lone token keeps this loop (a step is bound by memory, and it measured no faster).
   template <int G>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
-    if constexpr (kVnni) return vnni_dot<G>(block, x, acc);
+    if constexpr (kVnni && G >= 2) return vnni_dot<G>(block, x, acc);
     __m256i dots[G];
     for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
     const uint8_t* qs = block + 160;
@@ -1229,11 +1230,11 @@ struct Q3Kx8 {
 
   // sum_i w_ri x_i = d_r dx (sum_s scale_rs sum_{i in s} q_ri xq_i - 4 sum_s scale_rs sum_{i in s} xq_i), q in 0..7.
   // int16: a lane adds the 4 vpmaddubsw lanes of a sub-block's 16 weights (2 products each): at most 7112. With
-  // VNNI, a sub-block's 16 products per row in one int32 lane by `vpdpbusd`, times its scale (`vpmulld`): the same
-  // integers.
+  // VNNI and two tokens or more, a sub-block's 16 products per row in one int32 lane by `vpdpbusd`, times its scale
+  // (`vpmulld`): the same integers (a lone token keeps this loop, as Q5Kx8's).
   template <int G>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
-    if constexpr (kVnni) return vnni_dot<G>(block, x, acc);
+    if constexpr (kVnni && G >= 2) return vnni_dot<G>(block, x, acc);
     const __m256i low = _mm256_set1_epi8(0x0F);
     __m256i dots[G];
     for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
