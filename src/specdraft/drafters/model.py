@@ -142,9 +142,8 @@ def window_feed(state, context_ids: list[int], context_start: int, most: int) ->
     """(the ids the draft model's `state` reads before its next guess, the context index its position 0 then holds).
     It reads what it has not seen since `context_start`, its last token at least; past `most` tokens (0: no limit),
     which happens after a rest while the target ran plain passes or copies, it starts over on the context's last
-    `most`. Its guesses draw on the last few tokens, and reading a few costs a fraction of catching up: the 0.5B's
-    16 tokens cost 1.0-1.2 one-token target passes, 4 tokens 0.40-0.45, 1 token 0.28-0.31 (Zen 4, 2026-12-07;
-    docs/performance.md)."""
+    `most`, which bounds the catch-up at the cost of the context before them (the 0.5B reading 16 tokens costs
+    1.0-1.2 one-token target passes, 4 tokens 0.40-0.45, 1 token 0.28-0.31: Zen 4, 2026-12-07; docs/performance.md)."""
     unseen = context_ids[context_start:]
     feed = state.sync_for_next(unseen) if unseen else []
     if not feed or (most and len(feed) > most):  # (none: the context went back before the window's start)
