@@ -23,6 +23,7 @@ from specdraft import Engine, SamplingParams, SpecConfig, load_model
 from specdraft.drafters import ModelDrafter
 from specdraft.sampling import processed_probs
 from test_acceptance import always_accept, resample_from_target
+from test_draft_length import Alternating
 
 N_SAMPLES, P_THRESHOLD = 1500, 1e-3
 PROMPT = [2, 3, 4]  # "abc"
@@ -150,25 +151,6 @@ def test_a_draft_reading_part_of_the_prompt_stays_exact(small_vocab):
     assert pvalue > P_THRESHOLD, f"p-value {pvalue:.2e} at N={N_SAMPLES}"
 
 
-class DraftFromTheSecondPass:
-    """A draft-length policy: a plain first pass, then 3 tokens a pass."""
-
-    most = 3
-
-    def __init__(self):
-        self.passes = 0
-
-    def next(self, source=None, context_tokens=0, load=None):
-        self.passes += 1
-        return 0 if self.passes == 1 else 3
-
-    def token_cost(self, source=None):
-        return 0.0
-
-    def observe(self, drafted, accepted, source=None):
-        pass
-
-
 def test_a_draft_that_starts_over_after_a_rest_stays_exact(small_vocab, monkeypatch):
     """draft_context 1 and a plain first pass: at its first proposal the draft finds 2 tokens unseen past its window
     and starts over on the last one (`window_feed`), then drafts the second token, which must still follow the
@@ -177,7 +159,7 @@ def test_a_draft_that_starts_over_after_a_rest_stays_exact(small_vocab, monkeypa
     params = SamplingParams(temperature=1.0, max_new_tokens=4)  # room to draft in the second pass
     drafter = ModelDrafter(draft, target, context_tokens=1)
     engine = Engine(target, drafter, SpecConfig("draft", 3, draft_context=1))
-    monkeypatch.setattr(engine, "new_draft_length", lambda drafter=None: DraftFromTheSecondPass())
+    monkeypatch.setattr(engine, "new_draft_length", lambda drafter=None: Alternating())
     restarted = 0
     with torch.inference_mode():
         for seed in range(20):
