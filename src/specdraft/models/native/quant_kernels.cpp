@@ -112,6 +112,14 @@ inline __m256i dot_s16(__m256i acc, __m256i a, __m256i b) { return add_i32_into(
 #define SPECDRAFT_AMX 0
 #endif
 constexpr bool kAmxBuild = SPECDRAFT_AMX;
+// AVX-512 VNNI builds without the tiles run Q4_K's passes on 512-bit vectors over a layout of their own (Q4Kx8);
+// the amx build keeps the 256-bit loop and layout that its tile unpacking reads.
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__) && !SPECDRAFT_AMX
+#define SPECDRAFT_WIDE_Q4K 1
+#else
+#define SPECDRAFT_WIDE_Q4K 0
+#endif
+constexpr bool kWideQ4K = SPECDRAFT_WIDE_Q4K;
 
 inline int32_t hsum_i32(__m256i v) {  // exact: integer addition in any order gives the same sum
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -702,6 +710,13 @@ inline __m256i broadcast4(const void* p) {  // 4 bytes into every 32-bit lane
   std::memcpy(&v, p, 4);
   return _mm256_set1_epi32(v);
 }
+#if SPECDRAFT_WIDE_Q4K
+inline __m512i broadcast8(const void* p) {  // 8 bytes into every 64-bit lane
+  int64_t v;
+  std::memcpy(&v, p, 8);
+  return _mm512_set1_epi64(v);
+}
+#endif
 
 // 8 bytes (one per row) as int16 lane pairs (2r, 2r + 1) both holding byte r: unsigned, or signed. The signed
 // ones (Q6_K's scales, 32 per block and token group) double each byte and widen it: two instructions, not four;
@@ -750,10 +765,14 @@ inline void scaled_dots_minus_mins(const uint8_t* block, const TokenSuper* x, co
 // Q4_K, 8 rows x 256 weights in 1184 bytes:
 //   [0, 16) d of rows 0-7 (halves), [16, 32) dmin, [32, 96) byte 8c + r: scale of sub-block c of row r (6 bits),
 //   [96, 160) byte 16p + 2r + e: min of sub-block 2p + e of row r,
-//   [160, 1184) byte 256j + 32k + 4r + i: qs[32j + 4k + i] of row r (its nibble s: weight 64j + 32s + 4k + i).
+//   [160, 1184) byte 256j + 32k + 4r + i: qs[32j + 4k + i] of row r (its nibble s: weight 64j + 32s + 4k + i);
+//   in kWideQ4K builds 8 bytes of a row side by side instead: byte 160 + 256j + 64m + 8r + i: qs[32j + 8m + i] of
+//   row r (i < 8; nibble s: weight 64j + 32s + 8m + i), so that a 512-bit vector holds 8 rows x 8 bytes.
 struct Q4Kx8 {
   static constexpr int64_t kWeights = 256, kBytes = 1184, kActBlock = 256;
-  static constexpr int kGroupsTokens = kGroup;  // tokens that share one unpacking of a block
+  static constexpr int kQsRun = kWideQ4K ? 8 : 4;  // bytes of a row side by side in qs
+  // tokens that share one unpacking of a block: 8 in the wide loop (32 registers hold the sums of 8 tokens)
+  static constexpr int kGroupsTokens = kWideQ4K ? 8 : kGroup;
   // A pass of 4n + 1 tokens unpacks its last 5 together (AVX2: one unpacking fewer for a lone token; Zen 3,
   // 2026-12-06, one process, 30 alternations, a cached 8960 x 1536 matrix, two threads: 5 tokens 0.92x, 9 0.99x;
   // the 1.5B's passes of 5 tokens 0.95x, twice; a tail of 2 joining, 6 tokens, 1.03x: not done). VNNI builds: not
@@ -768,6 +787,8 @@ struct Q4Kx8 {
     }
   }
 
+  // kRun: Q5Kx8 packs its low four bits with 4 in every build
+  template <int kRun = kQsRun>
   static void pack(const uint8_t* const rows[8], uint8_t* out) {
     for (int r = 0; r < 8; ++r) {
       std::memcpy(out + 2 * r, rows[r], 2);
@@ -779,10 +800,12 @@ struct Q4Kx8 {
         out[96 + 16 * (c / 2) + 2 * r + c % 2] = static_cast<uint8_t>(min[c]);
       }
       for (int j = 0; j < 4; ++j)
-        for (int k = 0; k < 8; ++k) std::memcpy(out + 160 + 256 * j + 32 * k + 4 * r, rows[r] + 16 + 32 * j + 4 * k, 4);
+        for (int k = 0; k < 32 / kRun; ++k)
+          std::memcpy(out + 160 + 256 * j + 8 * kRun * k + kRun * r, rows[r] + 16 + 32 * j + kRun * k, kRun);
     }
   }
 
+  template <int kRun = kQsRun>
   static void unpack(const uint8_t* in, uint8_t* const rows[8]) {
     for (int r = 0; r < 8; ++r) {
       uint8_t* b = rows[r];
@@ -796,7 +819,8 @@ struct Q4Kx8 {
         b[12 + c] = static_cast<uint8_t>((scale[c + 4] & 0x0F) | ((min[c + 4] & 0x0F) << 4));
       }
       for (int j = 0; j < 4; ++j)
-        for (int k = 0; k < 8; ++k) std::memcpy(b + 16 + 32 * j + 4 * k, in + 160 + 256 * j + 32 * k + 4 * r, 4);
+        for (int k = 0; k < 32 / kRun; ++k)
+          std::memcpy(b + 16 + 32 * j + kRun * k, in + 160 + 256 * j + 8 * kRun * k + kRun * r, kRun);
     }
   }
 
@@ -806,6 +830,10 @@ struct Q4Kx8 {
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
     __m256i dots[G];
     for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
+#if SPECDRAFT_WIDE_Q4K
+    wide_dots<G>(block, x, dots);
+    return finish<G>(block, x, dots, acc);
+#endif
     if constexpr (kVnni) {
       vnni_dots<G>(block, x, dots);
       return finish<G>(block, x, dots, acc);
@@ -861,6 +889,58 @@ struct Q4Kx8 {
     }
   }
 
+#if SPECDRAFT_WIDE_Q4K
+  // The 512-bit loop (kWideQ4K): a vpdpbusd meets 8 bytes of each of the 8 rows (int32 lanes 2r and 2r + 1: row r's
+  // two halves) with a token's 8 activations broadcast, so each vector instruction does twice the work of the 256-
+  // bit loop and one broadcast serves 64 products. A lane sums 16 products of a sub-block, |q x| <= 15 * 127: at
+  // most 30480, an int16. `vpackssdw` (exact: no value saturates) puts a 128-bit chunk's lanes of sub-blocks 2j and
+  // 2j + 1 side by side as int16, and one `vpdpwssd` against the rows' scales (each twice) adds both sub-blocks'
+  // scaled sums: int32 lanes (e(2c), e(2c + 1), o(2c), o(2c + 1)) in chunk c, rows 2c and 2c + 1. At the block's end
+  // the even and odd lanes of a row add up, in int32 lane r: the integers of the 256-bit loop, so the same bits.
+  // Zen 4 (2026-12-07, a neighbour on the host): the 256-bit loop issued about 4 instructions a cycle for 2
+  // `vpdpbusd` (a C copy in cache: 11.9 ns per (8 rows, 256 weights, token) at 4 tokens, the multiply unit's floor
+  // 8.7); this one 10.7 at 8 tokens. `scripts/format_speed.py --formats Q6_K,Q4_K --rows 4864 --cols 1536`, builds
+  // alternated twice, Q4_K's time over Q6_K's in the same rounds: 4 / 8 / 16 tokens 0.57-0.62 -> 0.56-0.57 /
+  // 0.74 -> 0.64-0.67 / 0.68-0.69 -> 0.60-0.62; one token level (0.71 and 0.74 at 8960 x 1536, both builds). The
+  // 1.5B's passes after 64 cached tokens (/tmp script, 2 threads, 6 alternations, medians): 4 tokens 43.7 -> 41.4 ms,
+  // 8 71.3 -> 69.6, 16 124.9 -> 117.3, one token level. Q6_K's 16-weight sub-blocks would need a scale per two such
+  // products (their sums do not fit int16 with q + 32): not done.
+  template <int G>
+  static void wide_dots(const uint8_t* block, const TokenSuper* x, __m256i* dots) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    // word w of chunk c: the scale of sub-block 2j (w < 4) or 2j + 1 of row 2c + (w % 4) / 2, from the 16 words of
+    // the block's bytes 32 + 16j .. (8 rows' even scales, then their odd ones)
+    const __m512i scale_words = _mm512_setr_epi64(0x0001000100000000, 0x0009000900080008, 0x0003000300020002,
+                                                  0x000B000B000A000A, 0x0005000500040004, 0x000D000D000C000C,
+                                                  0x0007000700060006, 0x000F000F000E000E);
+    __m512i sums[G];
+    for (int g = 0; g < G; ++g) sums[g] = _mm512_setzero_si512();
+    for (int j = 0; j < 4; ++j) {
+      __m512i even[G], odd[G];  // sub-blocks 2j and 2j + 1
+      for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm512_setzero_si512();
+      for (int m = 0; m < 4; ++m) {
+        const __m512i bytes = _mm512_loadu_si512(block + 160 + 256 * j + 64 * m);
+        const __m512i w_even = _mm512_and_si512(bytes, low);
+        const __m512i w_odd = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
+        for (int g = 0; g < G; ++g) {
+          even[g] = _mm512_dpbusd_epi32(even[g], w_even, broadcast8(x[g].q + 64 * j + 8 * m));
+          odd[g] = _mm512_dpbusd_epi32(odd[g], w_odd, broadcast8(x[g].q + 64 * j + 32 + 8 * m));
+        }
+      }
+      const __m128i scale_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 32 + 16 * j));
+      const __m512i scale_halves = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(scale_bytes));  // words 0-15
+      const __m512i scales = _mm512_permutexvar_epi16(scale_words, scale_halves);
+      for (int g = 0; g < G; ++g)
+        sums[g] = _mm512_dpwssd_epi32(sums[g], _mm512_packs_epi32(even[g], odd[g]), scales);
+    }
+    const __m512i low_qwords = _mm512_setr_epi64(0, 2, 4, 6, 0, 2, 4, 6);
+    for (int g = 0; g < G; ++g) {  // chunk c's lanes 0 and 1: e + o of rows 2c, 2c + 1; then chunk 0's to 3's in order
+      const __m512i rows = _mm512_add_epi32(sums[g], _mm512_shuffle_epi32(sums[g], _MM_PERM_BADC));
+      dots[g] = _mm512_castsi512_si256(_mm512_permutexvar_epi64(low_qwords, rows));
+    }
+  }
+#endif
+
   // the mins' part and the float part: acc += d dx dots - dmin dx mins
   template <int G>
   static void finish(const uint8_t* block, const TokenSuper* x, const __m256i* dots, __m256* acc) {
@@ -892,14 +972,14 @@ struct Q5Kx8 {
       q4k_rows[r] = as_q4k[r];
       for (int k = 0; k < 8; ++k) std::memcpy(out + 1184 + 32 * k + 4 * r, rows[r] + 16 + 4 * k, 4);
     }
-    Q4Kx8::pack(q4k_rows, out);
+    Q4Kx8::pack<4>(q4k_rows, out);
   }
 
   static void unpack(const uint8_t* in, uint8_t* const rows[8]) {
     uint8_t as_q4k[8][144];
     uint8_t* q4k_rows[8];
     for (int r = 0; r < 8; ++r) q4k_rows[r] = as_q4k[r];
-    Q4Kx8::unpack(in, q4k_rows);
+    Q4Kx8::unpack<4>(in, q4k_rows);
     for (int r = 0; r < 8; ++r) {
       std::memcpy(rows[r], as_q4k[r], 16);
       std::memcpy(rows[r] + 48, as_q4k[r] + 16, 128);
