@@ -692,16 +692,16 @@ void qlinear_impl(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRo
 }
 
 // ----------------------------------------- interleaved row groups (Q2_K .. Q6_K, Q8_0, Q5_0, Q4_0, IQ4_NL, IQ4_XS)
-// For passes of several tokens the k-quant matrices are repacked at load into groups of 8 rows whose blocks
-// interleave 4 bytes at a time: one 32-byte load holds 4 consecutive weights of each of the 8 rows, a broadcast
-// of a token's 4 activation bytes meets all of them in one `vpmaddubsw`, and int16 lanes 2r and 2r + 1 are row
-// r's. A sub-block's products add up in int16 (in range: shown per format), one `vpmaddwd` with the rows' sub-
-// block scales leaves row r in int32 lane r (with VNNI: `vpdpbusd` sums in int32 lane r, a `vpmulld` scales
-// them, the same integers), and the float part works on 8 lanes that are 8 rows: per (8 rows,
-// token, super-block) a few float instructions, and no horizontal sum at all. This is what makes a token of a
-// pass cheap: about 10 multiply instructions per (row, super-block) against 17 plus a float reduction in the
-// row-by-row layout. The arithmetic of a token is the same whatever the other tokens of the call (batch
-// invariance), and the same in every build (integer sums exact, one float sequence).
+// For passes of several tokens the k-quant matrices are repacked at load into groups of 8 rows whose blocks interleave
+// 4 bytes at a time (Q4_K's 512-bit loop: 8, see Q4Kx8): one 32-byte load holds 4 consecutive weights of each of the 8
+// rows, a broadcast of a token's 4 activation bytes meets all of them in one `vpmaddubsw`, and int16 lanes 2r and
+// 2r + 1 are row r's. A sub-block's products add up in int16 (in range: shown per format), one `vpmaddwd` with the rows'
+// sub-block scales leaves row r in int32 lane r (with VNNI: `vpdpbusd` sums in int32 lane r, a `vpmulld` scales them,
+// the same integers), and the float part works on 8 lanes that are 8 rows: per (8 rows, token, super-block) a few float
+// instructions, and no horizontal sum at all. This is what makes a token of a pass cheap: about 10 multiply
+// instructions per (row, super-block) against 17 plus a float reduction in the row-by-row layout. The arithmetic of a
+// token is the same whatever the other tokens of the call (batch invariance), and the same in every build (integer sums
+// exact, one float sequence).
 
 constexpr int64_t kRowGroup = 8;
 
@@ -900,11 +900,11 @@ struct Q4Kx8 {
   // Zen 4 (2026-12-07, a neighbour on the host): the 256-bit loop issued about 4 instructions a cycle for 2
   // `vpdpbusd` (a C copy in cache: 11.9 ns per (8 rows, 256 weights, token) at 4 tokens, the multiply unit's floor
   // 8.7); this one 10.7 at 8 tokens. `scripts/format_speed.py --formats Q6_K,Q4_K --rows 4864 --cols 1536`, builds
-  // alternated twice, Q4_K's time over Q6_K's in the same rounds: 4 / 8 / 16 tokens 0.57-0.62 -> 0.56-0.57 /
+  // alternated twice, Q4_K's time over Q6_K's in the same rounds: 4 / 8 / 16 tokens 0.62-0.67 -> 0.56-0.57 /
   // 0.74 -> 0.64-0.67 / 0.68-0.69 -> 0.60-0.62; one token level (0.71 and 0.74 at 8960 x 1536, both builds). The
   // 1.5B's passes after 64 cached tokens (/tmp script, 2 threads, 6 alternations, medians): 4 tokens 43.7 -> 41.4 ms,
-  // 8 71.3 -> 69.6, 16 124.9 -> 117.3, one token level. Q6_K's 16-weight sub-blocks would need a scale per two such
-  // products (their sums do not fit int16 with q + 32): not done.
+  // 8 71.3 -> 69.6, 16 124.9 -> 117.3, one token level. Q5_K and Q6_K the same way measured no faster (their lane
+  // sums fit int16 for fewer products, so they take more scale steps: docs/performance.md).
   template <int G>
   static void wide_dots(const uint8_t* block, const TokenSuper* x, __m256i* dots) {
     const __m512i low = _mm512_set1_epi8(0x0F);
