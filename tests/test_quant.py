@@ -298,10 +298,11 @@ def test_interleaved_sums_stay_in_range_at_the_extremes(name):
 @pytest.mark.parametrize("rows", [40, 48])
 @pytest.mark.parametrize("name", INTERLEAVED)
 def test_negative_control_an_interleaved_layout_read_wrong_fails_the_same_check(name, rows):
-    """Each row's 4 bytes read in reverse order within every interleaved vector: the check must catch it."""
+    """Every 4 bytes of a row read in reverse order within every interleaved vector (a row's run is 4 bytes, 8 in
+    Q4_K's 512-bit layout: reversing each half misreads it too): the check must catch it."""
     weight = random_blocks(name, rows, 768, seed=12)
     packed = weight.interleave()
-    # where the 4-byte-per-row vectors start
+    # where the vectors of rows' 4-byte (Q4_K's 512-bit layout: 8-byte) runs start
     payload = {"Q2_K": 160, "Q3_K": 144, "Q4_K": 160, "Q5_K": 160, "Q6_K": 144, "Q8_0": 16, "Q5_0": 48, "IQ4_NL": 16,
                "IQ4_XS": 80, "Q4_0": 16}[name]
     groups = packed.blocks.view(rows // 8, 768 // TYPES[name][1], -1).clone()  # [groups, blocks, group block bytes]

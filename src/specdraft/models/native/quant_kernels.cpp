@@ -695,13 +695,13 @@ void qlinear_impl(const uint8_t* weight, int64_t N, int64_t K, const QuantizedRo
 // For passes of several tokens the k-quant matrices are repacked at load into groups of 8 rows whose blocks interleave
 // 4 bytes at a time (Q4_K's 512-bit loop: 8, see Q4Kx8): one 32-byte load holds 4 consecutive weights of each of the 8
 // rows, a broadcast of a token's 4 activation bytes meets all of them in one `vpmaddubsw`, and int16 lanes 2r and
-// 2r + 1 are row r's. A sub-block's products add up in int16 (in range: shown per format), one `vpmaddwd` with the rows'
-// sub-block scales leaves row r in int32 lane r (with VNNI: `vpdpbusd` sums in int32 lane r, a `vpmulld` scales them,
-// the same integers), and the float part works on 8 lanes that are 8 rows: per (8 rows, token, super-block) a few float
-// instructions, and no horizontal sum at all. This is what makes a token of a pass cheap: about 10 multiply
-// instructions per (row, super-block) against 17 plus a float reduction in the row-by-row layout. The arithmetic of a
-// token is the same whatever the other tokens of the call (batch invariance), and the same in every build (integer sums
-// exact, one float sequence).
+// 2r + 1 are row r's. A sub-block's products add up in int16 (in range: shown per format), one `vpmaddwd` with the
+// rows' sub-block scales leaves row r in int32 lane r (with VNNI: `vpdpbusd` sums in int32 lane r, a `vpmulld` or a
+// `vpdpwssd` scales them, the same integers), and the float part works on 8 lanes that are 8 rows: per (8 rows, token,
+// super-block) a few float instructions, and no horizontal sum at all. This is what makes a token of a pass cheap:
+// about 10 multiply instructions per (row, super-block) against 17 plus a float reduction in the row-by-row layout. The
+// arithmetic of a token is the same whatever the other tokens of the call (batch invariance), and the same in every
+// build (integer sums exact, one float sequence).
 
 constexpr int64_t kRowGroup = 8;
 
