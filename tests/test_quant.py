@@ -133,13 +133,11 @@ torch.save([ops.qlinear_x8(x, QuantWeight(blocks, qtype, x.shape[1]).interleave(
 """
 
 
-@pytest.mark.parametrize("isa", kernels.runnable_isas())
-def test_every_kernel_build_gives_the_same_bits(isa, tmp_path):
-    """The integer sums are exact and the float part is the same 256-bit code in every build (AVX2, AVX-512 with or
-    without VNNI, AMX tiles): a child process running the `isa` build (built once into the cache) must reproduce
-    this process's products bit for bit, for every format and for 1, 2, 5, 16 and 20 tokens (32 rows: pairs of
-    row groups, as the AMX path takes them). Each build repacks the file's blocks itself: a build may lay out its
-    row groups in its own way (Q4_K's 512-bit loop)."""
+def builds_agree(isa: str, tmp_path: Path, child: str = CHILD) -> None:
+    """A child process running the `isa` build (built once into the cache) reproduces this process's products bit
+    for bit, for every format and for 1, 2, 5, 16 and 20 tokens (32 rows: pairs of row groups, as the AMX path takes
+    them). Each build repacks the file's blocks itself: a build may lay out its row groups in its own way (Q4_K's
+    512-bit loop)."""
     cases = []
     for name in TYPES:
         weight = random_blocks(name, 32, 512, seed=7)
@@ -147,7 +145,7 @@ def test_every_kernel_build_gives_the_same_bits(isa, tmp_path):
         if name in INTERLEAVED:
             cases += [(torch.randn(k, 512), weight.blocks, weight.qtype, True) for k in (1, 2, 5, 16, 20)]
     torch.save(cases, tmp_path / "cases.pt")
-    result = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "cases.pt"), str(tmp_path / "out.pt")],
+    result = subprocess.run([sys.executable, "-c", child, str(tmp_path / "cases.pt"), str(tmp_path / "out.pt")],
                             env=dict(os.environ, **{kernels.ISA_ENV: isa}), capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -158,6 +156,27 @@ def test_every_kernel_build_gives_the_same_bits(isa, tmp_path):
         else:
             mine = ops.qlinear(x, blocks, qtype, None)
         assert torch.equal(mine, other), (qtype, packed, x.shape)
+
+
+@pytest.mark.parametrize("isa", kernels.runnable_isas())
+def test_every_kernel_build_gives_the_same_bits(isa, tmp_path):
+    """The integer sums are exact and the float part is the same 256-bit code in every build (AVX2, AVX-512 with or
+    without VNNI, AMX tiles): `builds_agree`."""
+    builds_agree(isa, tmp_path)
+
+
+TILES = {"amx_tile", "amx_int8"}
+
+
+@pytest.mark.skipif("amx" in kernels.runnable_isas() or not kernels._missing("amx") <= TILES,
+                    reason="needs a CPU with what the amx build needs but the tiles (an AMX CPU runs the test above)")
+def test_the_amx_build_without_its_tiles_gives_the_same_bits(tmp_path):
+    """The amx build keeps the 256-bit VNNI loops and 4-byte layouts that its tiles read (Q4_K's among them), which
+    no other build runs; on a CPU with everything it needs but the tiles (the Zen 4) it runs them with the tiles
+    refused by the OS, and must give the bits of this process's build (there: Q4_K's 512-bit loop)."""
+    child = CHILD.replace("ops = load_kernels()\n", "kernels._missing = lambda isa, real=kernels._missing: real(isa) - "
+                          "TILES\nops = load_kernels()\nassert ops.isa() == 'amx' and not ops.quant_amx()\n")
+    builds_agree("amx", tmp_path, "TILES = {'amx_tile', 'amx_int8'}\n" + child)
 
 
 def test_more_tokens_than_a_tile_stay_bit_identical():
