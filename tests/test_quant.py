@@ -212,15 +212,16 @@ INTERLEAVED = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0", "IQ4_NL",
 
 def extreme_blocks(name: str, rows: int, cols: int) -> QuantWeight:
     """Every weight at its format's largest magnitude and every scale at its largest: the int16 sums of the
-    interleaved kernels reach their stated bounds (Q2_K 3048, Q3_K 7112, Q4_K 30480, Q5_K 31496, Q6_K 32004, Q8_0 32512,
-    Q5_0 31496, IQ4_NL and IQ4_XS 32258, Q4_0 15240) against activations of 127, IQ4_XS's int32 sums 256 * 127 * 127
-    * 32."""
+    interleaved kernels reach their stated bounds (Q2_K 3048, Q3_K 7112, Q4_K 30480, Q5_K 31496, Q6_K 32004 (q = 63) and
+    in its 512-bit loop 32512 (q = 0, every other row), Q8_0 32512, Q5_0 31496, IQ4_NL and IQ4_XS 32258, Q4_0 15240)
+    against activations of 127, IQ4_XS's int32 sums 256 * 127 * 127 * 32."""
     qtype, per_block, nbytes = TYPES[name]
     blocks = np.full((rows, cols // per_block, nbytes), 0xFF, dtype=np.uint8)
     half = np.array([0.001], dtype=np.float16).view(np.uint8)
     if name in ("Q4_K", "Q5_K"):
         blocks[:, :, 0:2], blocks[:, :, 2:4] = half, np.array([0.0], dtype=np.float16).view(np.uint8)
     elif name == "Q6_K":
+        blocks[1::2, :, :192] = 0  # q 0: weight -32
         blocks[:, :, 192:208] = 127  # int8 scales
         blocks[:, :, 208:210] = half
     elif name == "Q3_K":  # q 7 (value 3), scales 63 (31)
@@ -318,10 +319,10 @@ def test_interleaved_sums_stay_in_range_at_the_extremes(name):
 @pytest.mark.parametrize("name", INTERLEAVED)
 def test_negative_control_an_interleaved_layout_read_wrong_fails_the_same_check(name, rows):
     """Every 4 bytes of a row read in reverse order within every interleaved vector (a row's run is 4 bytes, 8 in
-    Q4_K's 512-bit layout: reversing each half misreads it too): the check must catch it."""
+    Q4_K's and Q6_K's 512-bit layouts: reversing each half misreads it too): the check must catch it."""
     weight = random_blocks(name, rows, 768, seed=12)
     packed = weight.interleave()
-    # where the vectors of rows' 4-byte (Q4_K's 512-bit layout: 8-byte) runs start
+    # where the vectors of rows' 4-byte (Q4_K's and Q6_K's 512-bit layouts: 8-byte) runs start
     payload = {"Q2_K": 160, "Q3_K": 144, "Q4_K": 160, "Q5_K": 160, "Q6_K": 144, "Q8_0": 16, "Q5_0": 48, "IQ4_NL": 16,
                "IQ4_XS": 80, "Q4_0": 16}[name]
     groups = packed.blocks.view(rows // 8, 768 // TYPES[name][1], -1).clone()  # [groups, blocks, group block bytes]

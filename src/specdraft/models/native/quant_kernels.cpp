@@ -112,14 +112,14 @@ inline __m256i dot_s16(__m256i acc, __m256i a, __m256i b) { return add_i32_into(
 #define SPECDRAFT_AMX 0
 #endif
 constexpr bool kAmxBuild = SPECDRAFT_AMX;
-// AVX-512 VNNI builds without the tiles run Q4_K's passes on 512-bit vectors over a layout of their own (Q4Kx8);
-// the amx build keeps the 256-bit loop and layout that its tile unpacking reads.
+// AVX-512 VNNI builds without the tiles run Q4_K's and Q6_K's passes on 512-bit vectors over layouts of their own
+// (Q4Kx8, Q6Kx8); the amx build keeps the 256-bit loops and layouts that its tile unpacking reads.
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__) && !SPECDRAFT_AMX
-#define SPECDRAFT_WIDE_Q4K 1
+#define SPECDRAFT_WIDE_K 1
 #else
-#define SPECDRAFT_WIDE_Q4K 0
+#define SPECDRAFT_WIDE_K 0
 #endif
-constexpr bool kWideQ4K = SPECDRAFT_WIDE_Q4K;
+constexpr bool kWideK = SPECDRAFT_WIDE_K;
 
 inline int32_t hsum_i32(__m256i v) {  // exact: integer addition in any order gives the same sum
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -150,10 +150,14 @@ struct QuantizedRows {
   std::vector<float> d;      // [T, K / block]
   std::vector<int16_t> s16;  // [T, K / 16]
   std::vector<int16_t> s32;  // [T, K / 32]: sums of 32 (pairs of s16)
+  // [T, K / 16, 2], only where Q6_K's 512-bit loop needs them (`add_offsets`): -32 times the sums of the values
+  // 0-3 and 8-11, and of 4-7 and 12-15, of each 16
+  std::vector<int32_t> offsets;
 
   const int8_t* row(int64_t t) const { return q.data() + t * K; }
   const int16_t* sums(int64_t t) const { return s16.data() + t * K / 16; }
   const int16_t* sums32(int64_t t) const { return s32.data() + t * K / 32; }
+  const int32_t* offsets_of(int64_t t) const { return offsets.empty() ? nullptr : offsets.data() + t * K / 8; }
 };
 
 // 32 floats times `inverse`, rounded to the nearest integer (ties to even, the default rounding mode), as int8 in
@@ -199,6 +203,22 @@ QuantizedRows quantize_rows(const float* x, int64_t T, int64_t K, int64_t block)
   for (int64_t i = 0; i < T * (K / 32); ++i) out.s32[i] = static_cast<int16_t>(out.s16[2 * i] + out.s16[2 * i + 1]);
   return out;
 }
+
+#if SPECDRAFT_WIDE_K
+// QuantizedRows::offsets from the int8 values, 64 at a time: a `vpdpbusd` against ones sums each 4, and the sums 2
+// apart within a 128-bit chunk (one 16) add up.
+void add_offsets(QuantizedRows& x) {
+  x.offsets.resize(x.T * x.K / 8);
+  const __m512i ones = _mm512_set1_epi8(1), low_qwords = _mm512_setr_epi64(0, 2, 4, 6, 0, 2, 4, 6);
+  for (int64_t i = 0; i < x.T * x.K; i += 64) {
+    const __m512i fours = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(x.q.data() + i));
+    const __m512i pairs = _mm512_add_epi32(fours, _mm512_shuffle_epi32(fours, _MM_PERM_BADC));  // lanes 0, 1 of 4
+    const __m512i scaled = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(pairs, 5));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(x.offsets.data() + i / 8),
+                        _mm512_castsi512_si256(_mm512_permutexvar_epi64(low_qwords, scaled)));
+  }
+}
+#endif
 
 // ------------------------------------------------------------------------------------------------- formats
 // Each format: kWeights per block, kBytes per block, kActBlock (the activation block it pairs with) and `dot<G>`:
@@ -637,6 +657,23 @@ inline void prefetch_block_ahead(const uint8_t* block) {
     _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes + at, _MM_HINT_T0);
 }
 
+// Part `part` of kParts of those cache lines: a format that spreads them over its loop (kSpreadsPrefetch) calls this
+// once per part. With all of a block's lines asked for at once, a pass of 8 tokens over Q6_K blocks streamed from
+// memory took about the time of a one-token pass plus that of the arithmetic (Zen 4, 2026-12-07: 263-335 ns per
+// block, 137-161 in cache, 78-94 for one token), and no longer with no prefetch at all; asked for a few at a time,
+// 164 (Q6Kx8::wide_dot).
+template <typename F, int kParts>
+inline void prefetch_part_ahead(const uint8_t* block, int part) {
+  constexpr int64_t lines = (F::kBytes + 63) / 64, per_part = (lines + kParts - 1) / kParts;
+  const int64_t end = std::min(lines, per_part * (part + 1));
+  for (int64_t line = per_part * part; line < end; ++line)
+    _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes + 64 * line, _MM_HINT_T0);
+}
+
+// whether a format's passes ask for the lines ahead themselves (`prefetch_part_ahead`)
+template <typename F>
+constexpr bool spreads_prefetch = requires { requires F::kSpreadsPrefetch; };
+
 // A token's activations from its first block on: int8 values, sums of 16, scales.
 struct TokenRow {
   const int8_t* q;
@@ -710,7 +747,7 @@ inline __m256i broadcast4(const void* p) {  // 4 bytes into every 32-bit lane
   std::memcpy(&v, p, 4);
   return _mm256_set1_epi32(v);
 }
-#if SPECDRAFT_WIDE_Q4K
+#if SPECDRAFT_WIDE_K
 inline __m512i broadcast8(const void* p) {  // 8 bytes into every 64-bit lane
   int64_t v;
   std::memcpy(&v, p, 8);
@@ -746,7 +783,12 @@ struct TokenSuper {
   const int16_t* sums16;
   const int16_t* sums32;
   const float* scales;
+  const int32_t* offsets = nullptr;  // QuantizedRows::offsets from this block on, for a format with kTokenOffsets
 };
+
+// whether a format's passes read TokenSuper::offsets
+template <typename F>
+constexpr bool token_offsets = requires { requires F::kTokenOffsets; };
 
 // The float part of a group whose d and dmin halves of rows 0-7 are its first 32 bytes (Q4Kx8, Q2Kx8):
 // acc += d dx dots - dmin dx mins, lane r row r.
@@ -766,13 +808,13 @@ inline void scaled_dots_minus_mins(const uint8_t* block, const TokenSuper* x, co
 //   [0, 16) d of rows 0-7 (halves), [16, 32) dmin, [32, 96) byte 8c + r: scale of sub-block c of row r (6 bits),
 //   [96, 160) byte 16p + 2r + e: min of sub-block 2p + e of row r,
 //   [160, 1184) byte 256j + 32k + 4r + i: qs[32j + 4k + i] of row r (its nibble s: weight 64j + 32s + 4k + i);
-//   in kWideQ4K builds 8 bytes of a row side by side instead: byte 160 + 256j + 64m + 8r + i: qs[32j + 8m + i] of
+//   in kWideK builds 8 bytes of a row side by side instead: byte 160 + 256j + 64m + 8r + i: qs[32j + 8m + i] of
 //   row r (i < 8; nibble s: weight 64j + 32s + 8m + i), so that a 512-bit vector holds 8 rows x 8 bytes.
 struct Q4Kx8 {
   static constexpr int64_t kWeights = 256, kBytes = 1184, kActBlock = 256;
-  static constexpr int kQsRun = kWideQ4K ? 8 : 4;  // bytes of a row side by side in qs
+  static constexpr int kQsRun = kWideK ? 8 : 4;  // bytes of a row side by side in qs
   // tokens that share one unpacking of a block: 8 in the wide loop (32 registers hold the sums of 8 tokens)
-  static constexpr int kGroupsTokens = kWideQ4K ? 8 : kGroup;
+  static constexpr int kGroupsTokens = kWideK ? 8 : kGroup;
   // A pass of 4n + 1 tokens unpacks its last 5 together (AVX2: one unpacking fewer for a lone token; Zen 3,
   // 2026-12-06, one process, 30 alternations, a cached 8960 x 1536 matrix, two threads: 5 tokens 0.92x, 9 0.99x;
   // the 1.5B's passes of 5 tokens 0.95x, twice; a tail of 2 joining, 6 tokens, 1.03x: not done). VNNI builds: not
@@ -830,7 +872,7 @@ struct Q4Kx8 {
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
     __m256i dots[G];
     for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
-#if SPECDRAFT_WIDE_Q4K
+#if SPECDRAFT_WIDE_K
     wide_dots<G>(block, x, dots);
     return finish<G>(block, x, dots, acc);
 #endif
@@ -889,8 +931,8 @@ struct Q4Kx8 {
     }
   }
 
-#if SPECDRAFT_WIDE_Q4K
-  // The 512-bit loop (kWideQ4K): a vpdpbusd meets 8 bytes of each of the 8 rows (int32 lanes 2r and 2r + 1: row r's
+#if SPECDRAFT_WIDE_K
+  // The 512-bit loop (kWideK): a vpdpbusd meets 8 bytes of each of the 8 rows (int32 lanes 2r and 2r + 1: row r's
   // two halves) with a token's 8 activations broadcast, so each vector instruction does twice the work of the 256-
   // bit loop and one broadcast serves 64 products. A lane sums 16 products of a sub-block, |q x| <= 15 * 127: at
   // most 30480, an int16. `vpackssdw` (exact: no value saturates) puts a 128-bit chunk's lanes of sub-blocks 2j and
@@ -903,8 +945,9 @@ struct Q4Kx8 {
   // alternated twice, Q4_K's time over Q6_K's in the same rounds: 4 / 8 / 16 tokens 0.62-0.67 -> 0.56-0.57 /
   // 0.74 -> 0.64-0.67 / 0.68-0.69 -> 0.60-0.62; one token level (0.71 and 0.74 at 8960 x 1536, both builds). The
   // 1.5B's passes after 64 cached tokens (/tmp script, 2 threads, 6 alternations, medians): 4 tokens 43.7 -> 41.4 ms,
-  // 8 71.3 -> 69.6, 16 124.9 -> 117.3, one token level. Q5_K and Q6_K the same way measured no faster (their lane
-  // sums fit int16 for fewer products, so they take more scale steps: docs/performance.md).
+  // 8 71.3 -> 69.6, 16 124.9 -> 117.3, one token level. Q5_K the same way measured no faster (its lane sums fit
+  // int16 for 8 products, so it takes twice the scale steps: docs/performance.md); Q6_K's sums start from an offset
+  // that keeps 8 products in int16 (Q6Kx8::wide_dot).
   template <int G>
   static void wide_dots(const uint8_t* block, const TokenSuper* x, __m256i* dots) {
     const __m512i low = _mm512_set1_epi8(0x0F);
@@ -1063,16 +1106,29 @@ struct Q5Kx8 {
 };
 
 // Q6_K, 8 rows x 256 weights in 1680 bytes (8 x 210):
-//   [0, 16) d of rows 0-7 (halves), [16, 144) byte 8s + r: scale of sub-block s (16 weights) of row r (int8),
+//   [0, 16) d of rows 0-7 (halves), [16, 144) byte 16 + 8s + r: scale of sub-block s (16 weights) of row r (int8),
 //   [144, 1680) for half h and m = 0..7, 96 bytes at 144 + 96 (8h + m): three vectors whose byte 4r + i is, for
-//   row r, ql[64h + 4m + i], ql[64h + 32 + 4m + i] and qh[32h + 4m + i] (the weights 128h + 32k + 4m + i, k = 0..3).
+//   row r, ql[64h + 4m + i], ql[64h + 32 + 4m + i] and qh[32h + 4m + i] (the weights 128h + 32k + 4m + i, k = 0..3);
+//   in kWideK builds runs of 8 bytes instead, in the order the 512-bit loop reads them: for half h and m = 0..3,
+//   64-byte vectors at 144 + 768h + 64m, + 256 and + 512 whose byte 8r + i is ql[64h + 8m + i], qh[32h + 8m + i] and
+//   ql[64h + 32 + 8m + i] of row r (the weights 128h + 32k + 8m + i, k = 0..3, of sub-block 8h + 2k + m / 2).
 struct Q6Kx8 {
   static constexpr int64_t kWeights = 256, kBytes = 1680, kActBlock = 256;
+  static constexpr int kQsRun = kWideK ? 8 : 4;  // bytes of a row side by side
+  static constexpr bool kTokenOffsets = kWideK;   // the 512-bit loop starts its sums from QuantizedRows::offsets
+  static constexpr bool kSpreadsPrefetch = kWideK;  // and asks for the lines ahead a few at a time
   // 8 tokens per unpacking in every build: with 16 registers (AVX2) GCC keeps 3 of the 8 sums in memory, yet the
   // six-bit unpacking costs more. Zen 3, 2026-12-06, one process, against 4 per unpacking alternated 30 times, a
   // cached 1536 x 8960 matrix, two threads: 5 / 6 / 7 / 8 / 16 tokens 0.78 / 0.85 / 0.89 / 0.93-0.94 / 0.95-0.97x;
   // the 1.5B's passes of 5, 6 and 8 tokens 0.93, 0.93 and 0.98x, one token 1.00x.
   static constexpr int kGroupsTokens = 8;
+
+  // where vector v (0, 1: ql's first and second 32 bytes of a half, 2: qh's) of half h and run m starts, and where
+  // in a row's block its bytes come from (plus the half's 64 or 32 bytes and the run's)
+  static constexpr int64_t vector_at(int h, int m, int v) {
+    return kWideK ? 144 + 768 * h + 256 * (v == 0 ? 0 : v == 2 ? 1 : 2) + 64 * m : 144 + 96 * (8 * h + m) + 32 * v;
+  }
+  static constexpr int kSource[3] = {0, 32, 128};
 
   static void pack(const uint8_t* const rows[8], uint8_t* out) {
     for (int r = 0; r < 8; ++r) {
@@ -1080,12 +1136,10 @@ struct Q6Kx8 {
       std::memcpy(out + 2 * r, b + 208, 2);
       for (int s = 0; s < 16; ++s) out[16 + 8 * s + r] = b[192 + s];
       for (int h = 0; h < 2; ++h)
-        for (int m = 0; m < 8; ++m) {
-          uint8_t* v = out + 144 + 96 * (8 * h + m) + 4 * r;
-          std::memcpy(v, b + 64 * h + 4 * m, 4);
-          std::memcpy(v + 32, b + 64 * h + 32 + 4 * m, 4);
-          std::memcpy(v + 64, b + 128 + 32 * h + 4 * m, 4);
-        }
+        for (int m = 0; m < 32 / kQsRun; ++m)
+          for (int v = 0; v < 3; ++v)  // ql's first and second 32 bytes of the half, its qh
+            std::memcpy(out + vector_at(h, m, v) + kQsRun * r, b + kSource[v] + (64 - 32 * (v == 2)) * h + kQsRun * m,
+                        kQsRun);
     }
   }
 
@@ -1095,12 +1149,10 @@ struct Q6Kx8 {
       std::memcpy(b + 208, in + 2 * r, 2);
       for (int s = 0; s < 16; ++s) b[192 + s] = in[16 + 8 * s + r];
       for (int h = 0; h < 2; ++h)
-        for (int m = 0; m < 8; ++m) {
-          const uint8_t* v = in + 144 + 96 * (8 * h + m) + 4 * r;
-          std::memcpy(b + 64 * h + 4 * m, v, 4);
-          std::memcpy(b + 64 * h + 32 + 4 * m, v + 32, 4);
-          std::memcpy(b + 128 + 32 * h + 4 * m, v + 64, 4);
-        }
+        for (int m = 0; m < 32 / kQsRun; ++m)
+          for (int v = 0; v < 3; ++v)
+            std::memcpy(b + kSource[v] + (64 - 32 * (v == 2)) * h + kQsRun * m, in + vector_at(h, m, v) + kQsRun * r,
+                        kQsRun);
     }
   }
 
@@ -1109,6 +1161,9 @@ struct Q6Kx8 {
   // 32004 (a sub-block's 4 weights per row and m, 2 values of m per vpmaddwd).
   template <int G>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+#if SPECDRAFT_WIDE_K
+    return wide_dot<G>(block, x, acc);
+#endif
     const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
     __m256i dots[G];
     for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
@@ -1163,6 +1218,72 @@ struct Q6Kx8 {
     }
     finish<G>(block, x, dots, acc);
   }
+
+#if SPECDRAFT_WIDE_K
+  // The 512-bit loop (kWideK), as Q4Kx8's: a vpdpbusd meets 8 bytes of each of the 8 rows (int32 lanes 2r and 2r +
+  // 1) with a token's 8 activations broadcast. A lane's sum of q x over its 8 products of a sub-block reaches 64008
+  // (q in 0..63), no int16; but it starts from the token's -32 times the sum of the same 8 activations
+  // (QuantizedRows::offsets), so it ends as the sum of (q - 32) x: |(q - 32) x| <= 32 * 127, at most 32512 over 8
+  // products (the activations are at most 127 in size), an int16. `vpackssdw` (exact) then puts a 128-bit chunk's
+  // lanes of sub-blocks 2k and 2k + 1 of a half side by side, and one `vpdpwssd` against the rows' scales (each
+  // twice) adds both scaled: lanes (s(2c), s(2c + 1), s'(2c), s'(2c + 1)) in chunk c, rows 2c and 2c + 1, as in
+  // Q4Kx8::wide_dots, whose reduction follows. The offsets' products of `finish` are in the sums already: the row's
+  // integer total is the 256-bit loop's, the float part the same, so the same bits. It asks for the lines ahead a
+  // few per step (`prefetch_part_ahead`), and reads the block's bytes in order (k = 0, 2, 1, 3: the low nibbles'
+  // vectors serve k and k + 2).
+  // Zen 4, 2026-12-07, a neighbour on the host; one thread, ns per (8 rows, 256 weights) block, 4096 x 1536 random
+  // blocks, the 256-bit loop -> this one: in cache, 1 / 8 / 16 tokens 51-63 / 164-174 / 327-344 -> 50-53 / 140-148
+  // / 272; streamed from memory (40 such matrices) 75-76 / 200-219 / 366-384 -> 78-84 / 164 / 274-276. Before the
+  // prefetch was spread and the bytes read in order, 8 tokens from memory took 263-335 (in cache 137-161): the same
+  // as with no prefetch at all. The 1.5B's Q6_K matrices, 2 threads, each product alternated with the 256-bit
+  // build's in a second process: the head 151,936 x 1536 at 8 and 16 tokens 0.65-0.82x and 0.69x the time, the
+  // down projections (Q4_K's among them) at 8 tokens 0.80x; one token 1.03-1.06x, as the unchanged Q4_K matrices
+  // measured in that setup (1.03-1.04x).
+  template <int G>
+  static void wide_dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+    const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
+    const __m512i scale_words = _mm512_setr_epi64(0x0001000100000000, 0x0009000900080008, 0x0003000300020002,
+                                                  0x000B000B000A000A, 0x0005000500040004, 0x000D000D000C000C,
+                                                  0x0007000700060006, 0x000F000F000E000E);
+    __m512i sums[G];
+    for (int g = 0; g < G; ++g) sums[g] = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h)
+      unrolled<4>([&](auto step) __attribute__((always_inline)) {
+        constexpr int k = (step % 2) * 2 + step / 2;  // 0, 2, 1, 3: the block's bytes in order
+        // weights 128h + 32k .. + 31: sub-blocks 8h + 2k and 8h + 2k + 1
+        __m512i w[4];  // q of the weights 128h + 32k + 8m .. + 7 of each row
+        for (int m = 0; m < 4; ++m) {
+          const __m512i l = _mm512_loadu_si512(block + vector_at(h, m, k % 2));
+          const __m512i hi = _mm512_loadu_si512(block + vector_at(h, m, 2));
+          const __m512i nibble = k < 2 ? _mm512_and_si512(l, low) : _mm512_and_si512(_mm512_srli_epi16(l, 4), low);
+          const __m512i top = k == 0 ? _mm512_slli_epi16(hi, 4) : k == 1 ? _mm512_slli_epi16(hi, 2)
+                              : k == 2 ? hi : _mm512_srli_epi16(hi, 2);
+          w[m] = _mm512_or_si512(nibble, _mm512_and_si512(top, high));
+        }
+        prefetch_part_ahead<Q6Kx8, 8>(block, 4 * h + step);
+        const int s = 8 * h + 2 * k;
+        const __m128i scale_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16 + 8 * s));
+        const __m512i scale_halves = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(scale_bytes));  // words 0-15
+        const __m512i scales = _mm512_permutexvar_epi16(scale_words, scale_halves);
+        const int64_t at = 16 * s;
+        for (int g = 0; g < G; ++g) {
+          __m512i first = broadcast8(x[g].offsets + 2 * s), second = broadcast8(x[g].offsets + 2 * s + 2);
+          first = _mm512_dpbusd_epi32(first, w[0], broadcast8(x[g].q + at));
+          first = _mm512_dpbusd_epi32(first, w[1], broadcast8(x[g].q + at + 8));
+          second = _mm512_dpbusd_epi32(second, w[2], broadcast8(x[g].q + at + 16));
+          second = _mm512_dpbusd_epi32(second, w[3], broadcast8(x[g].q + at + 24));
+          sums[g] = _mm512_dpwssd_epi32(sums[g], _mm512_packs_epi32(first, second), scales);
+        }
+      });
+    const __m512i low_qwords = _mm512_setr_epi64(0, 2, 4, 6, 0, 2, 4, 6);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
+    for (int g = 0; g < G; ++g) {  // chunk c's lanes 0 and 1: rows 2c, 2c + 1; then chunk 0's to 3's in order
+      const __m512i rows = _mm512_add_epi32(sums[g], _mm512_shuffle_epi32(sums[g], _MM_PERM_BADC));
+      const __m256i total = _mm512_castsi512_si256(_mm512_permutexvar_epi64(low_qwords, rows));
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
+    }
+  }
+#endif
 
   // the offsets' part and the float part: acc += d dx (dots - 2^shift offsets): Q6_K's offset 32, Q3_K's 4
   template <int G, int shift = 5>
@@ -1818,7 +1939,7 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
           for (int64_t t = 0; t < tile; ++t) {
             acc[t] = _mm256_setzero_ps();
             const int64_t row = t0 + t;
-            tokens[t] = {x.row(row), x.sums(row), x.sums32(row), x.d.data() + row * x.blocks};
+            tokens[t] = {x.row(row), x.sums(row), x.sums32(row), x.d.data() + row * x.blocks, x.offsets_of(row)};
           }
           // the tokens' views step from block to block: recomputed per block (a multiply-add per field and token,
           // which GCC vectorizes into 512-bit vpmullq), they took 5-9 % of a pass of 8 tokens (Zen 4, one thread, a
@@ -1826,11 +1947,12 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
           // Q6_K 22.3-22.7 -> 20.3-20.6)
           for (int64_t b = 0; b < blocks; ++b) {
             const uint8_t* block = columns + b * F::kBytes;
-            prefetch_block_ahead<F>(block);
+            if (!spreads_prefetch<F>) prefetch_block_ahead<F>(block);
             if (b)
               for (int64_t t = 0; t < tile; ++t) {
                 tokens[t].q += F::kWeights, tokens[t].sums16 += F::kWeights / 16;
                 tokens[t].sums32 += F::kWeights / 32, tokens[t].scales += F::kWeights / F::kActBlock;
+                if constexpr (token_offsets<F>) tokens[t].offsets += F::kWeights / 8;
               }
             constexpr int G = F::kGroupsTokens;
             int64_t t = 0;
@@ -2796,7 +2918,10 @@ torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c1
     TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->numel() == N && bias->is_contiguous(), "bad bias");
     bias_ptr = bias->data_ptr<float>();
   }
-  const QuantizedRows rows = quantize_rows(x.data_ptr<float>(), T, K, block_weights(type));
+  QuantizedRows rows = quantize_rows(x.data_ptr<float>(), T, K, block_weights(type));
+#if SPECDRAFT_WIDE_K
+  if (type == kQ6_K) add_offsets(rows);
+#endif
   auto out = torch::empty({T, N}, x.options());
   const uint8_t* w = packed.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
