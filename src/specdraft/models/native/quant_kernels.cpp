@@ -661,7 +661,10 @@ inline void prefetch_block_ahead(const uint8_t* block) {
 // once per part. With all of a block's lines asked for at once, a pass of 8 tokens over Q6_K blocks streamed from
 // memory took about the time of a one-token pass plus that of the arithmetic (Zen 4, 2026-12-07: 263-335 ns per
 // block, 137-161 in cache, 78-94 for one token), and no longer with no prefetch at all; asked for a few at a time,
-// 164 (Q6Kx8::wide_dot).
+// 164 (Q6Kx8::wide_dot). Q4_K's 512-bit loop, 5 lines per quarter of a block: 4096 x 1536 random blocks streamed, 2
+// threads, one process switching per call, 10 rounds: 8 and 16 tokens 0.94x and 0.95x the time, one token 0.98-1.05x,
+// in cache 0.97x; the 1.5B's products at 8 and 16 tokens 0.97x and 0.99x, its passes 0.98x and 0.94x. (Its 19 lines
+// in 16 parts: 0.96-0.97x from memory but one token 1.17x in cache.)
 template <typename F, int kParts>
 inline void prefetch_part_ahead(const uint8_t* block, int part) {
   constexpr int64_t lines = (F::kBytes + 63) / 64, per_part = (lines + kParts - 1) / kParts;
@@ -670,7 +673,8 @@ inline void prefetch_part_ahead(const uint8_t* block, int part) {
     _mm_prefetch(reinterpret_cast<const char*>(block) + kPrefetchBytes + 64 * line, _MM_HINT_T0);
 }
 
-// whether a format's passes ask for the lines ahead themselves (`prefetch_part_ahead`)
+// whether a format's passes of several tokens ask for the lines ahead themselves (`prefetch_part_ahead`); one-token
+// steps keep the block's lines at once (Q6_K's both ways measured level)
 template <typename F>
 constexpr bool spreads_prefetch = requires { requires F::kSpreadsPrefetch; };
 
@@ -813,6 +817,7 @@ inline void scaled_dots_minus_mins(const uint8_t* block, const TokenSuper* x, co
 struct Q4Kx8 {
   static constexpr int64_t kWeights = 256, kBytes = 1184, kActBlock = 256;
   static constexpr int kQsRun = kWideK ? 8 : 4;  // bytes of a row side by side in qs
+  static constexpr bool kSpreadsPrefetch = kWideK;  // the 512-bit loop's passes ask for the lines ahead a few at a time
   // tokens that share one unpacking of a block: 8 in the wide loop (32 registers hold the sums of 8 tokens)
   static constexpr int kGroupsTokens = kWideK ? 8 : kGroup;
   // A pass of 4n + 1 tokens unpacks its last 5 together (AVX2: one unpacking fewer for a lone token; Zen 3,
@@ -959,6 +964,7 @@ struct Q4Kx8 {
     __m512i sums[G];
     for (int g = 0; g < G; ++g) sums[g] = _mm512_setzero_si512();
     for (int j = 0; j < 4; ++j) {
+      if constexpr (G > 1) prefetch_part_ahead<Q4Kx8, 4>(block, j);
       __m512i even[G], odd[G];  // sub-blocks 2j and 2j + 1
       for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm512_setzero_si512();
       for (int m = 0; m < 4; ++m) {
@@ -1116,7 +1122,7 @@ struct Q6Kx8 {
   static constexpr int64_t kWeights = 256, kBytes = 1680, kActBlock = 256;
   static constexpr int kQsRun = kWideK ? 8 : 4;  // bytes of a row side by side
   static constexpr bool kTokenOffsets = kWideK;   // the 512-bit loop starts its sums from QuantizedRows::offsets
-  static constexpr bool kSpreadsPrefetch = kWideK;  // and asks for the lines ahead a few at a time
+  static constexpr bool kSpreadsPrefetch = kWideK;  // and its passes ask for the lines ahead a few at a time
   // 8 tokens per unpacking in every build: with 16 registers (AVX2) GCC keeps 3 of the 8 sums in memory, yet the
   // six-bit unpacking costs more. Zen 3, 2026-12-06, one process, against 4 per unpacking alternated 30 times, a
   // cached 1536 x 8960 matrix, two threads: 5 / 6 / 7 / 8 / 16 tokens 0.78 / 0.85 / 0.89 / 0.93-0.94 / 0.95-0.97x;
@@ -1228,9 +1234,9 @@ struct Q6Kx8 {
   // lanes of sub-blocks 2k and 2k + 1 of a half side by side, and one `vpdpwssd` against the rows' scales (each
   // twice) adds both scaled: lanes (s(2c), s(2c + 1), s'(2c), s'(2c + 1)) in chunk c, rows 2c and 2c + 1, as in
   // Q4Kx8::wide_dots, whose reduction follows. The offsets' products of `finish` are in the sums already: the row's
-  // integer total is the 256-bit loop's, the float part the same, so the same bits. It asks for the lines ahead a
-  // few per step (`prefetch_part_ahead`), and reads the block's bytes in order (k = 0, 2, 1, 3: the low nibbles'
-  // vectors serve k and k + 2).
+  // integer total is the 256-bit loop's, the float part the same, so the same bits. Its passes ask for the lines
+  // ahead a few per step (`prefetch_part_ahead`), and it reads the block's bytes in order (k = 0, 2, 1, 3: the low
+  // nibbles' vectors serve k and k + 2).
   // Zen 4, 2026-12-07, a neighbour on the host; one thread, ns per (8 rows, 256 weights) block, 4096 x 1536 random
   // blocks, the 256-bit loop -> this one: in cache, 1 / 8 / 16 tokens 51-63 / 164-174 / 327-344 -> 50-53 / 140-148
   // / 272; streamed from memory (40 such matrices) 75-76 / 200-219 / 366-384 -> 78-84 / 164 / 274-276. Before the
@@ -1260,7 +1266,7 @@ struct Q6Kx8 {
                               : k == 2 ? hi : _mm512_srli_epi16(hi, 2);
           w[m] = _mm512_or_si512(nibble, _mm512_and_si512(top, high));
         }
-        prefetch_part_ahead<Q6Kx8, 8>(block, 4 * h + step);
+        if constexpr (G > 1) prefetch_part_ahead<Q6Kx8, 8>(block, 4 * h + step);
         const int s = 8 * h + 2 * k;
         const __m128i scale_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16 + 8 * s));
         const __m512i scale_halves = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(scale_bytes));  // words 0-15
@@ -1947,7 +1953,7 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
           // Q6_K 22.3-22.7 -> 20.3-20.6)
           for (int64_t b = 0; b < blocks; ++b) {
             const uint8_t* block = columns + b * F::kBytes;
-            if (!spreads_prefetch<F>) prefetch_block_ahead<F>(block);
+            if (!spreads_prefetch<F> || tile == 1) prefetch_block_ahead<F>(block);
             if (b)
               for (int64_t t = 0; t < tile; ++t) {
                 tokens[t].q += F::kWeights, tokens[t].sums16 += F::kWeights / 16;
