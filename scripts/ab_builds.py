@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -82,9 +83,9 @@ def main() -> None:
     parser.add_argument("--base", help="commit to compare against (checked out into a temporary worktree)")
     parser.add_argument("--base-tree", help="or a checkout of it already on disk")
     parser.add_argument("--same", action="store_true", help="compare this tree with itself")
-    parser.add_argument("--passes", default="", help="pass lengths, comma-separated")
+    parser.add_argument("--passes", default="", help="pass lengths (1 to 64), comma-separated")
     parser.add_argument("--products", default="", help="NAME:k items, comma-separated")
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=20, help="at least 1")
     parser.add_argument("--prefix", type=int, default=64, help="cached tokens before each pass")
     parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     parser.add_argument("--threads", type=int, default=2)
@@ -99,27 +100,34 @@ def main() -> None:
     if not work:
         parser.error("nothing to time: give --passes and/or --products")
     for item in work:
-        if item[0] == "product" and (len(item) != 3 or not item[2].isdigit()):
-            parser.error(f"--products wants NAME:k items, not {':'.join(item[1:])}")
+        if item[0] == "product" and (len(item) != 3 or not item[2].isdigit() or int(item[2]) < 1):
+            parser.error(f"--products wants NAME:k items with k >= 1, not {':'.join(item[1:])}")
+        if item[0] == "pass" and not (item[1].isdigit() and 1 <= int(item[1]) <= 64):
+            parser.error(f"--passes wants lengths from 1 to 64, not {item[1]}")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
 
     temporary = None
-    if args.base:
-        temporary = tempfile.mkdtemp(prefix="specdraft-ab-")
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", temporary, args.base], check=True,
-                       capture_output=True)
-        base_tree = Path(temporary)
-    else:
-        base_tree = Path(args.base_tree) if args.base_tree else ROOT
     command = [sys.executable, __file__, "--child", "--model", args.model, "--prefix", str(args.prefix),
                "--threads", str(args.threads)]
     sides = []
     try:
+        if args.base:
+            temporary = tempfile.mkdtemp(prefix="specdraft-ab-")
+            added = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", temporary, args.base],
+                                   capture_output=True, text=True)
+            if added.returncode:
+                raise SystemExit(f"git worktree add {args.base}: {added.stderr.strip()}")
+            base_tree = Path(temporary)
+        else:
+            base_tree = Path(args.base_tree) if args.base_tree else ROOT
         for tree in (ROOT, base_tree):
+            # PYTHONPATH replaced, not extended: each side imports its own tree's specdraft and nothing else's
             env = dict(os.environ, PYTHONPATH=str(tree / "src"))
             process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-            if process.stdout.readline().strip() != "ready":
-                raise SystemExit(f"the side in {tree} did not start")
             sides.append(process)
+            if process.stdout.readline().strip() != "ready":
+                raise SystemExit(f"the side in {tree} did not start (its error is above)")
         times = {item: ([], []) for item in work}
         for round_index in range(args.rounds):
             for item in work:
@@ -127,7 +135,10 @@ def main() -> None:
                 for side in order:
                     sides[side].stdin.write(" ".join(item) + "\n")
                     sides[side].stdin.flush()
-                    times[item][side].append(float(sides[side].stdout.readline()))
+                    answer = sides[side].stdout.readline()
+                    if not answer:
+                        raise SystemExit(f"the side in {(ROOT, base_tree)[side]} stopped (its error is above)")
+                    times[item][side].append(float(answer))
         print(f"this tree over {args.base or base_tree}, {args.rounds} rounds, {args.threads} threads, ms:")
         for item, (mine, theirs) in times.items():
             ratios = sorted(a / b for a, b in zip(mine, theirs))
@@ -137,11 +148,15 @@ def main() -> None:
                   f"{ratios[3 * len(ratios) // 4]:.3f})")
     finally:
         for process in sides:
-            process.stdin.close()
+            try:
+                process.stdin.close()
+            except BrokenPipeError:
+                pass
             process.wait()
         if temporary:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", temporary], check=False,
                            capture_output=True)
+            shutil.rmtree(temporary, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -661,10 +661,11 @@ inline void prefetch_block_ahead(const uint8_t* block) {
 // once per part. With all of a block's lines asked for at once, a pass of 8 tokens over Q6_K blocks streamed from
 // memory took about the time of a one-token pass plus that of the arithmetic (Zen 4, 2026-12-07: 263-335 ns per
 // block, 137-161 in cache, 78-94 for one token), and no longer with no prefetch at all; asked for a few at a time,
-// 164 (Q6Kx8::wide_dot). Q4_K's 512-bit loop, 5 lines per quarter of a block: 4096 x 1536 random blocks streamed, 2
-// threads, one process switching per call, 10 rounds: 8 and 16 tokens 0.94x and 0.95x the time, one token 0.98-1.05x,
-// in cache 0.97x; the 1.5B's products at 8 and 16 tokens 0.97x and 0.99x, its passes 0.98x and 0.94x. (Its 19 lines
-// in 16 parts: 0.96-0.97x from memory but one token 1.17x in cache.)
+// 164-191 (Q6Kx8::wide_dot). Only the first group of a tile's tokens asks (`dot<G, true>`): the others meet the
+// block in cache. Q4_K's 512-bit loop, 5 lines per quarter of a block: 4096 x 1536 random blocks streamed, 2
+// threads, one process switching per call, 10 rounds: 8 and 16 tokens 0.94x and 0.95x the time, in cache 0.97x (one
+// token 0.98-1.05x: steps keep the burst); the 1.5B's products at 8 and 16 tokens 0.97x and 0.99x, its passes 0.98x
+// and 0.94x. (Its 19 lines in 16 parts: 0.96-0.97x from memory but one token 1.17x in cache.)
 template <typename F, int kParts>
 inline void prefetch_part_ahead(const uint8_t* block, int part) {
   constexpr int64_t lines = (F::kBytes + 63) / 64, per_part = (lines + kParts - 1) / kParts;
@@ -873,12 +874,13 @@ struct Q4Kx8 {
 
   // sum_i w_ri x_i = d_r dx sum_c scale_rc (sum_{i in c} q_ri xq_i) - dmin_r dx sum_c min_rc (sum_{i in c} xq_i).
   // int16: a lane adds 8 vpmaddubsw lanes of 2 products each, |q x| <= 15 * 127: at most 30480.
-  template <int G>
+  // kPrefetch: whether this call asks for the lines ahead (the first group of a tile's tokens; kSpreadsPrefetch)
+  template <int G, bool kPrefetch = true>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
     __m256i dots[G];
     for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
 #if SPECDRAFT_WIDE_K
-    wide_dots<G>(block, x, dots);
+    wide_dots<G, kPrefetch>(block, x, dots);
     return finish<G>(block, x, dots, acc);
 #endif
     if constexpr (kVnni) {
@@ -951,9 +953,10 @@ struct Q4Kx8 {
   // 0.74 -> 0.64-0.67 / 0.68-0.69 -> 0.60-0.62; one token level (0.71 and 0.74 at 8960 x 1536, both builds). The
   // 1.5B's passes after 64 cached tokens (/tmp script, 2 threads, 6 alternations, medians): 4 tokens 43.7 -> 41.4 ms,
   // 8 71.3 -> 69.6, 16 124.9 -> 117.3, one token level. Q5_K the same way measured no faster (its lane sums fit
-  // int16 for 8 products, so it takes twice the scale steps: docs/performance.md); Q6_K's sums start from an offset
-  // that keeps 8 products in int16 (Q6Kx8::wide_dot).
-  template <int G>
+  // int16 for 8 products, so it takes twice the scale steps; with its sums started from an offset as Q6_K's, no
+  // clear gain either: docs/performance.md); Q6_K's sums start from an offset that keeps 8 products in int16
+  // (Q6Kx8::wide_dot).
+  template <int G, bool kPrefetch>
   static void wide_dots(const uint8_t* block, const TokenSuper* x, __m256i* dots) {
     const __m512i low = _mm512_set1_epi8(0x0F);
     // word w of chunk c: the scale of sub-block 2j (w < 4) or 2j + 1 of row 2c + (w % 4) / 2, from the 16 words of
@@ -964,7 +967,7 @@ struct Q4Kx8 {
     __m512i sums[G];
     for (int g = 0; g < G; ++g) sums[g] = _mm512_setzero_si512();
     for (int j = 0; j < 4; ++j) {
-      if constexpr (G > 1) prefetch_part_ahead<Q4Kx8, 4>(block, j);
+      if constexpr (G > 1 && kPrefetch) prefetch_part_ahead<Q4Kx8, 4>(block, j);
       __m512i even[G], odd[G];  // sub-blocks 2j and 2j + 1
       for (int g = 0; g < G; ++g) even[g] = odd[g] = _mm512_setzero_si512();
       for (int m = 0; m < 4; ++m) {
@@ -1165,10 +1168,10 @@ struct Q6Kx8 {
   // sum_i w_ri x_i = d_r dx (sum_s scale_rs sum_{i in s} (q_ri + 32) xq_i - 32 sum_s scale_rs sum_{i in s} xq_i), with
   // q + 32 in 0..63. int16: a lane adds 2 vpmaddubsw lanes of 2 products each, |(q + 32) x| <= 63 * 127: at most
   // 32004 (a sub-block's 4 weights per row and m, 2 values of m per vpmaddwd).
-  template <int G>
+  template <int G, bool kPrefetch = true>  // kPrefetch: as Q4Kx8::dot's
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
 #if SPECDRAFT_WIDE_K
-    return wide_dot<G>(block, x, acc);
+    return wide_dot<G, kPrefetch>(block, x, acc);
 #endif
     const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
     __m256i dots[G];
@@ -1238,14 +1241,14 @@ struct Q6Kx8 {
   // ahead a few per step (`prefetch_part_ahead`), and it reads the block's bytes in order (k = 0, 2, 1, 3: the low
   // nibbles' vectors serve k and k + 2).
   // Zen 4, 2026-12-07, a neighbour on the host; one thread, ns per (8 rows, 256 weights) block, 4096 x 1536 random
-  // blocks, the 256-bit loop -> this one: in cache, 1 / 8 / 16 tokens 51-63 / 164-174 / 327-344 -> 50-53 / 140-148
-  // / 272; streamed from memory (40 such matrices) 75-76 / 200-219 / 366-384 -> 78-84 / 164 / 274-276. Before the
-  // prefetch was spread and the bytes read in order, 8 tokens from memory took 263-335 (in cache 137-161): the same
-  // as with no prefetch at all. The 1.5B's Q6_K matrices, 2 threads, each product alternated with the 256-bit
-  // build's in a second process: the head 151,936 x 1536 at 8 and 16 tokens 0.65-0.82x and 0.69x the time, the
-  // down projections (Q4_K's among them) at 8 tokens 0.80x; one token 1.03-1.06x, as the unchanged Q4_K matrices
-  // measured in that setup (1.03-1.04x).
-  template <int G>
+  // blocks, the 256-bit loop -> this one: in cache, 1 / 8 / 16 tokens 51-63 / 164-174 / 327-344 -> 50-56 / 140-156
+  // / 272-299; streamed from memory (40 such matrices) 75-80 / 200-219 / 366-387 -> 78-84 / 164-191 / 274-276.
+  // Before the prefetch was spread and the bytes read in order, 8 tokens from memory took 263-335 (in cache
+  // 137-161): the same as with no prefetch at all. The 1.5B's Q6_K matrices, 2 threads, each product alternated with
+  // the 256-bit build's in a second process (docs/performance.md): the head 151,936 x 1536 at 8 and 16 tokens
+  // 0.65-0.82x and 0.69x the time, the down projections (Q4_K's among them) at 8 tokens 0.80x; one token 1.03-1.06x,
+  // as the unchanged Q4_K matrices measured in that setup (1.03-1.04x).
+  template <int G, bool kPrefetch>
   static void wide_dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
     const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
     const __m512i scale_words = _mm512_setr_epi64(0x0001000100000000, 0x0009000900080008, 0x0003000300020002,
@@ -1266,7 +1269,7 @@ struct Q6Kx8 {
                               : k == 2 ? hi : _mm512_srli_epi16(hi, 2);
           w[m] = _mm512_or_si512(nibble, _mm512_and_si512(top, high));
         }
-        if constexpr (G > 1) prefetch_part_ahead<Q6Kx8, 8>(block, 4 * h + step);
+        if constexpr (G > 1 && kPrefetch) prefetch_part_ahead<Q6Kx8, 8>(block, 4 * h + step);
         const int s = 8 * h + 2 * k;
         const __m128i scale_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16 + 8 * s));
         const __m512i scale_halves = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(scale_bytes));  // words 0-15
@@ -1961,16 +1964,23 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
                 if constexpr (token_offsets<F>) tokens[t].offsets += F::kWeights / 8;
               }
             constexpr int G = F::kGroupsTokens;
+            // the last group takes a tail of up to kTailJoins tokens (where a format sets it)
+            constexpr int kJoins = [] {
+              if constexpr (requires { F::kTailJoins; }) return F::kTailJoins;
+              return 0;
+            }();
+            const int64_t tail = tile % G;
+            const int64_t grouped = tile > G && tail && tail <= kJoins ? tile - G - tail : tile - tail;
             int64_t t = 0;
-            if constexpr (requires { F::kTailJoins; }) {  // the last group takes a tail of up to kTailJoins tokens
-              const int64_t tail = tile % G;
-              const int64_t grouped = tile > G && tail && tail <= F::kTailJoins ? tile - G - tail : tile - tail;
-              for (; t < grouped; t += G) dot_super<F, G>(block, tokens + t, acc + t);
-              dot_fewer<F, G + F::kTailJoins>(tile - t, block, tokens + t, acc + t);
-            } else {
-              for (; t + G <= tile; t += G) dot_super<F, G>(block, tokens + t, acc + t);
-              dot_fewer<F, G - 1>(tile - t, block, tokens + t, acc + t);
+            for (; t < grouped; t += G) {
+              if constexpr (spreads_prefetch<F>) {  // the first group asks for the lines ahead, the others not
+                if (t == 0) F::template dot<G, true>(block, tokens, acc);
+                else F::template dot<G, false>(block, tokens + t, acc + t);
+              } else {
+                dot_super<F, G>(block, tokens + t, acc + t);
+              }
             }
+            dot_fewer<F, kJoins ? G + kJoins : G - 1>(tile - t, block, tokens + t, acc + t);
           }
           const __m256 bias8 = bias ? _mm256_loadu_ps(bias + group * kRowGroup) : _mm256_setzero_ps();
           for (int64_t t = 0; t < tile; ++t)
