@@ -758,6 +758,22 @@ inline __m512i broadcast8(const void* p) {  // 8 bytes into every 64-bit lane
   std::memcpy(&v, p, 8);
   return _mm512_set1_epi64(v);
 }
+
+// The 512-bit loops' scale step (Q4Kx8::wide_dots, Q6Kx8::wide_dot): `vpackssdw` of two sub-blocks' sums (int32
+// lanes 2r and 2r + 1: row r) puts, in 128-bit chunk c, the first sub-block's lanes of rows 2c and 2c + 1, then the
+// second's. `scale_words(halves)` lays 16 int16 scales (the first sub-block's 8 rows, then the second's) out to
+// match, each twice, for the `vpdpwssd` that scales both; `row_sums(sums)` then adds each row's lanes: int32 lane r
+// = row r.
+inline __m512i scale_words(__m512i halves) {
+  const __m512i words = _mm512_setr_epi64(0x0001000100000000, 0x0009000900080008, 0x0003000300020002,
+                                          0x000B000B000A000A, 0x0005000500040004, 0x000D000D000C000C,
+                                          0x0007000700060006, 0x000F000F000E000E);
+  return _mm512_permutexvar_epi16(words, halves);
+}
+inline __m256i row_sums(__m512i sums) {  // chunk c's lanes 0 and 1: rows 2c, 2c + 1; then chunk 0's to 3's in order
+  const __m512i rows = _mm512_add_epi32(sums, _mm512_shuffle_epi32(sums, _MM_PERM_BADC));
+  return _mm512_castsi512_si256(_mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 0, 2, 4, 6), rows));
+}
 #endif
 
 // 8 bytes (one per row) as int16 lane pairs (2r, 2r + 1) both holding byte r: unsigned, or signed. The signed
@@ -959,11 +975,6 @@ struct Q4Kx8 {
   template <int G, bool kPrefetch>
   static void wide_dots(const uint8_t* block, const TokenSuper* x, __m256i* dots) {
     const __m512i low = _mm512_set1_epi8(0x0F);
-    // word w of chunk c: the scale of sub-block 2j (w < 4) or 2j + 1 of row 2c + (w % 4) / 2, from the 16 words of
-    // the block's bytes 32 + 16j .. (8 rows' even scales, then their odd ones)
-    const __m512i scale_words = _mm512_setr_epi64(0x0001000100000000, 0x0009000900080008, 0x0003000300020002,
-                                                  0x000B000B000A000A, 0x0005000500040004, 0x000D000D000C000C,
-                                                  0x0007000700060006, 0x000F000F000E000E);
     __m512i sums[G];
     for (int g = 0; g < G; ++g) sums[g] = _mm512_setzero_si512();
     for (int j = 0; j < 4; ++j) {
@@ -979,17 +990,13 @@ struct Q4Kx8 {
           odd[g] = _mm512_dpbusd_epi32(odd[g], w_odd, broadcast8(x[g].q + 64 * j + 32 + 8 * m));
         }
       }
+      // the block's bytes 32 + 16j ..: 8 rows' scales of sub-block 2j, then of 2j + 1
       const __m128i scale_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 32 + 16 * j));
-      const __m512i scale_halves = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(scale_bytes));  // words 0-15
-      const __m512i scales = _mm512_permutexvar_epi16(scale_words, scale_halves);
+      const __m512i scales = scale_words(_mm512_castsi256_si512(_mm256_cvtepu8_epi16(scale_bytes)));
       for (int g = 0; g < G; ++g)
         sums[g] = _mm512_dpwssd_epi32(sums[g], _mm512_packs_epi32(even[g], odd[g]), scales);
     }
-    const __m512i low_qwords = _mm512_setr_epi64(0, 2, 4, 6, 0, 2, 4, 6);
-    for (int g = 0; g < G; ++g) {  // chunk c's lanes 0 and 1: e + o of rows 2c, 2c + 1; then chunk 0's to 3's in order
-      const __m512i rows = _mm512_add_epi32(sums[g], _mm512_shuffle_epi32(sums[g], _MM_PERM_BADC));
-      dots[g] = _mm512_castsi512_si256(_mm512_permutexvar_epi64(low_qwords, rows));
-    }
+    for (int g = 0; g < G; ++g) dots[g] = row_sums(sums[g]);
   }
 #endif
 
@@ -1251,9 +1258,6 @@ struct Q6Kx8 {
   template <int G, bool kPrefetch>
   static void wide_dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
     const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
-    const __m512i scale_words = _mm512_setr_epi64(0x0001000100000000, 0x0009000900080008, 0x0003000300020002,
-                                                  0x000B000B000A000A, 0x0005000500040004, 0x000D000D000C000C,
-                                                  0x0007000700060006, 0x000F000F000E000E);
     __m512i sums[G];
     for (int g = 0; g < G; ++g) sums[g] = _mm512_setzero_si512();
     for (int h = 0; h < 2; ++h)
@@ -1272,8 +1276,7 @@ struct Q6Kx8 {
         if constexpr (G > 1 && kPrefetch) prefetch_part_ahead<Q6Kx8, 8>(block, 4 * h + step);
         const int s = 8 * h + 2 * k;
         const __m128i scale_bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16 + 8 * s));
-        const __m512i scale_halves = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(scale_bytes));  // words 0-15
-        const __m512i scales = _mm512_permutexvar_epi16(scale_words, scale_halves);
+        const __m512i scales = scale_words(_mm512_castsi256_si512(_mm256_cvtepi8_epi16(scale_bytes)));
         const int64_t at = 16 * s;
         for (int g = 0; g < G; ++g) {
           __m512i first = broadcast8(x[g].offsets + 2 * s), second = broadcast8(x[g].offsets + 2 * s + 2);
@@ -1284,13 +1287,10 @@ struct Q6Kx8 {
           sums[g] = _mm512_dpwssd_epi32(sums[g], _mm512_packs_epi32(first, second), scales);
         }
       });
-    const __m512i low_qwords = _mm512_setr_epi64(0, 2, 4, 6, 0, 2, 4, 6);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
-    for (int g = 0; g < G; ++g) {  // chunk c's lanes 0 and 1: rows 2c, 2c + 1; then chunk 0's to 3's in order
-      const __m512i rows = _mm512_add_epi32(sums[g], _mm512_shuffle_epi32(sums[g], _MM_PERM_BADC));
-      const __m256i total = _mm512_castsi512_si256(_mm512_permutexvar_epi64(low_qwords, rows));
-      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])), acc[g]);
-    }
+    for (int g = 0; g < G; ++g)
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_sums(sums[g])), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])),
+                               acc[g]);
   }
 #endif
 
