@@ -1140,11 +1140,13 @@ struct Q6Kx8 {
   static constexpr int kGroupsTokens = 8;
 
   // where vector v (0, 1: ql's first and second 32 bytes of a half, 2: qh's) of half h and run m starts, and where
-  // in a row's block its bytes come from (plus the half's 64 or 32 bytes and the run's)
+  // in a row's block its bytes come from
   static constexpr int64_t vector_at(int h, int m, int v) {
     return kWideK ? 144 + 768 * h + 256 * (v == 0 ? 0 : v == 2 ? 1 : 2) + 64 * m : 144 + 96 * (8 * h + m) + 32 * v;
   }
-  static constexpr int kSource[3] = {0, 32, 128};
+  static constexpr int64_t source_at(int h, int m, int v) {  // in a row's block: ql[64h + 32v + ..] or qh[32h + ..]
+    return (v == 2 ? 128 + 32 * h : 64 * h + 32 * v) + kQsRun * m;
+  }
 
   static void pack(const uint8_t* const rows[8], uint8_t* out) {
     for (int r = 0; r < 8; ++r) {
@@ -1154,8 +1156,7 @@ struct Q6Kx8 {
       for (int h = 0; h < 2; ++h)
         for (int m = 0; m < 32 / kQsRun; ++m)
           for (int v = 0; v < 3; ++v)  // ql's first and second 32 bytes of the half, its qh
-            std::memcpy(out + vector_at(h, m, v) + kQsRun * r, b + kSource[v] + (64 - 32 * (v == 2)) * h + kQsRun * m,
-                        kQsRun);
+            std::memcpy(out + vector_at(h, m, v) + kQsRun * r, b + source_at(h, m, v), kQsRun);
     }
   }
 
@@ -1167,8 +1168,7 @@ struct Q6Kx8 {
       for (int h = 0; h < 2; ++h)
         for (int m = 0; m < 32 / kQsRun; ++m)
           for (int v = 0; v < 3; ++v)
-            std::memcpy(b + kSource[v] + (64 - 32 * (v == 2)) * h + kQsRun * m, in + vector_at(h, m, v) + kQsRun * r,
-                        kQsRun);
+            std::memcpy(b + source_at(h, m, v), in + vector_at(h, m, v) + kQsRun * r, kQsRun);
     }
   }
 
