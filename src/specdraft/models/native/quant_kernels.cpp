@@ -661,7 +661,7 @@ inline void prefetch_block_ahead(const uint8_t* block) {
 // once per part. With all of a block's lines asked for at once, a pass of 8 tokens over Q6_K blocks streamed from
 // memory took about the time of a one-token pass plus that of the arithmetic (Zen 4, 2026-12-07: 263-335 ns per
 // block, 137-161 in cache, 78-94 for one token), and no longer with no prefetch at all; asked for a few at a time,
-// 164-191 (Q6Kx8::wide_dot). Only the first group of a tile's tokens asks (`dot<G, true>`): the others meet the
+// 164-191 (Q6Kx8's 512-bit dot). Only the first group of a tile's tokens asks (`dot<G, true>`): the others meet the
 // block in cache. Q4_K's 512-bit loop, 5 lines per quarter of a block: 4096 x 1536 random blocks streamed, 2
 // threads, one process switching per call, 10 rounds: 8 and 16 tokens 0.94x and 0.95x the time, in cache 0.97x (one
 // token 0.98-1.05x: steps keep the burst); the 1.5B's products at 8 and 16 tokens 0.97x and 0.99x, its passes 0.98x
@@ -759,7 +759,7 @@ inline __m512i broadcast8(const void* p) {  // 8 bytes into every 64-bit lane
   return _mm512_set1_epi64(v);
 }
 
-// The 512-bit loops' scale step (Q4Kx8::wide_dots, Q6Kx8::wide_dot): `vpackssdw` of two sub-blocks' sums (int32
+// The 512-bit loops' scale step (Q4Kx8::wide_dots, Q6Kx8's 512-bit dot): `vpackssdw` of two sub-blocks' sums (int32
 // lanes 2r and 2r + 1: row r) puts, in 128-bit chunk c, the first sub-block's lanes of rows 2c and 2c + 1, then the
 // second's. `scale_words(halves)` lays 16 int16 scales (the first sub-block's 8 rows, then the second's) out to
 // match, each twice, for the `vpdpwssd` that scales both; `row_sums(sums)` then adds each row's lanes: int32 lane r
@@ -811,15 +811,80 @@ struct TokenSuper {
 template <typename F>
 constexpr bool token_offsets = requires { requires F::kTokenOffsets; };
 
+// A group of consecutive tokens at one block of BlockMajorRows (the 512-bit loops of Q4_K and Q6_K): token g's
+// values at fixed strides from the first's, so that a loop over the blocks steps one pointer per array and the
+// loop's addresses are that pointer plus constants.
+struct TokenGroup {
+  const int8_t* q;         // token g: q + 256 g
+  const int16_t* sums32;   // + 8 g
+  const float* scales;     // + g: the block's scale of each token
+  const int32_t* offsets;  // + 32 g (QuantizedRows::offsets, where the rows have them)
+  const int8_t* q_of(int g) const { return q + 256 * g; }
+  const int32_t* offsets_of(int g) const { return offsets + 32 * g; }
+};
+
+// Token g's sums of 32 and scale at the block, from either view (a format's float part reads both)
+inline const int16_t* token_sums32(const TokenSuper* x, int g) { return x[g].sums32; }
+inline float token_scale(const TokenSuper* x, int g) { return x[g].scales[0]; }
+inline const int16_t* token_sums32(const TokenGroup& x, int g) { return x.sums32 + 8 * g; }
+inline float token_scale(const TokenGroup& x, int g) { return x.scales[g]; }
+
+// A pass's activations (256-weight blocks) block by block, for the formats whose loops take TokenGroups
+// (kBlockMajor): the values of token t at block b at index b T + t of each array. Stepping a TokenSuper per token
+// from block to block instead (stored in the tile's array, loaded back by the loop with the other tokens' pointers)
+// cost Q4_K's 512-bit loop 10-15 % of a pass of 8 tokens (Zen 4, 2026-12-07, one thread, 128 x 1536 random blocks
+// in cache, a C++ harness timing the pass loop alone: 55.3-55.8 -> 48.8-49.7 cycles per (8 rows, 256 weights,
+// token); Q6_K 60.0 -> 53.9). The copy costs T K bytes per call, a few microseconds against the product's
+// hundreds. Which tokens share a group changes no token's arithmetic.
+struct BlockMajorRows {
+  int64_t T = 0;
+  const int8_t* q;         // [blocks, T, 256]
+  const int16_t* s32;      // [blocks, T, 8]
+  const float* d;          // [blocks, T]
+  const int32_t* offsets;  // [blocks, T, 32], where the rows have them (else null)
+  // the reordered copy (a single token's rows are in this order already), made where `reorder` asks
+  std::vector<int8_t> q_copy;
+  std::vector<int16_t> s32_copy;
+  std::vector<float> d_copy;
+  std::vector<int32_t> offsets_copy;
+
+  BlockMajorRows(const QuantizedRows& x, bool reorder)
+      : T(x.T), q(x.q.data()), s32(x.s32.data()), d(x.d.data()), offsets(x.offsets_of(0)) {
+    if (!reorder || x.T <= 1) return;
+    const int64_t blocks = x.K / 256;
+    q_copy.resize(x.T * x.K), s32_copy.resize(x.T * x.K / 32), d_copy.resize(x.T * blocks);
+    if (offsets) offsets_copy.resize(x.T * x.K / 8);
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int64_t t = 0; t < x.T; ++t) {
+        const int64_t i = b * x.T + t;
+        std::memcpy(q_copy.data() + 256 * i, x.row(t) + 256 * b, 256);
+        std::memcpy(s32_copy.data() + 8 * i, x.sums32(t) + 8 * b, 8 * sizeof(int16_t));
+        d_copy[i] = x.d[t * x.blocks + b];
+        if (offsets) std::memcpy(offsets_copy.data() + 32 * i, x.offsets_of(t) + 32 * b, 32 * sizeof(int32_t));
+      }
+    q = q_copy.data(), s32 = s32_copy.data(), d = d_copy.data(), offsets = offsets ? offsets_copy.data() : nullptr;
+  }
+  BlockMajorRows(const BlockMajorRows&) = delete;  // the pointers may point into this object's copies
+
+  TokenGroup group(int64_t b, int64_t t) const {  // tokens t, t + 1, .. at block b
+    const int64_t i = b * T + t;
+    return {q + 256 * i, s32 + 8 * i, d + i, offsets ? offsets + 32 * i : nullptr};
+  }
+};
+
+// whether a format's loops take TokenGroups of BlockMajorRows
+template <typename F>
+constexpr bool block_major = requires { requires F::kBlockMajor; };
+
 // The float part of a group whose d and dmin halves of rows 0-7 are its first 32 bytes (Q4Kx8, Q2Kx8):
 // acc += d dx dots - dmin dx mins, lane r row r.
-template <int G>
-inline void scaled_dots_minus_mins(const uint8_t* block, const TokenSuper* x, const __m256i* dots,
-                                   const __m256i* mins, __m256* acc) {
+template <int G, typename Tokens>
+inline void scaled_dots_minus_mins(const uint8_t* block, const Tokens& x, const __m256i* dots, const __m256i* mins,
+                                   __m256* acc) {
   const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
   const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)));
   for (int g = 0; g < G; ++g) {
-    const __m256 dx = _mm256_set1_ps(x[g].scales[0]);
+    const __m256 dx = _mm256_set1_ps(token_scale(x, g));
     acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[g]), _mm256_mul_ps(d, dx), acc[g]);
     acc[g] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins[g]), _mm256_mul_ps(dmin, dx), acc[g]);
   }
@@ -835,6 +900,7 @@ struct Q4Kx8 {
   static constexpr int64_t kWeights = 256, kBytes = 1184, kActBlock = 256;
   static constexpr int kQsRun = kWideK ? 8 : 4;  // bytes of a row side by side in qs
   static constexpr bool kSpreadsPrefetch = kWideK;  // the 512-bit loop's passes ask for the lines ahead a few at a time
+  static constexpr bool kBlockMajor = kWideK;  // and it reads the activations as TokenGroups (BlockMajorRows)
   // tokens that share one unpacking of a block: 8 in the wide loop (32 registers hold the sums of 8 tokens)
   static constexpr int kGroupsTokens = kWideK ? 8 : kGroup;
   // A pass of 4n + 1 tokens unpacks its last 5 together (AVX2: one unpacking fewer for a lone token; Zen 3,
@@ -890,15 +956,10 @@ struct Q4Kx8 {
 
   // sum_i w_ri x_i = d_r dx sum_c scale_rc (sum_{i in c} q_ri xq_i) - dmin_r dx sum_c min_rc (sum_{i in c} xq_i).
   // int16: a lane adds 8 vpmaddubsw lanes of 2 products each, |q x| <= 15 * 127: at most 30480.
-  // kPrefetch: whether this call asks for the lines ahead (the first group of a tile's tokens; kSpreadsPrefetch)
-  template <int G, bool kPrefetch = true>
+  template <int G>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
     __m256i dots[G];
     for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
-#if SPECDRAFT_WIDE_K
-    wide_dots<G, kPrefetch>(block, x, dots);
-    return finish<G>(block, x, dots, acc);
-#endif
     if constexpr (kVnni) {
       vnni_dots<G>(block, x, dots);
       return finish<G>(block, x, dots, acc);
@@ -971,9 +1032,17 @@ struct Q4Kx8 {
   // 8 71.3 -> 69.6, 16 124.9 -> 117.3, one token level. Q5_K the same way measured no faster (its lane sums fit
   // int16 for 8 products, so it takes twice the scale steps; with its sums started from an offset as Q6_K's, no
   // clear gain either: docs/performance.md); Q6_K's sums start from an offset that keeps 8 products in int16
-  // (Q6Kx8::wide_dot).
+  // (Q6Kx8's 512-bit dot).
+  // kPrefetch: whether this call asks for the lines ahead (the first group of a tile's tokens; kSpreadsPrefetch)
+  template <int G, bool kPrefetch = true>
+  static void dot(const uint8_t* block, const TokenGroup& x, __m256* acc) {
+    __m256i dots[G];
+    wide_dots<G, kPrefetch>(block, x, dots);
+    finish<G>(block, x, dots, acc);
+  }
+
   template <int G, bool kPrefetch>
-  static void wide_dots(const uint8_t* block, const TokenSuper* x, __m256i* dots) {
+  static void wide_dots(const uint8_t* block, const TokenGroup& x, __m256i* dots) {
     const __m512i low = _mm512_set1_epi8(0x0F);
     __m512i sums[G];
     for (int g = 0; g < G; ++g) sums[g] = _mm512_setzero_si512();
@@ -986,8 +1055,8 @@ struct Q4Kx8 {
         const __m512i w_even = _mm512_and_si512(bytes, low);
         const __m512i w_odd = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
         for (int g = 0; g < G; ++g) {
-          even[g] = _mm512_dpbusd_epi32(even[g], w_even, broadcast8(x[g].q + 64 * j + 8 * m));
-          odd[g] = _mm512_dpbusd_epi32(odd[g], w_odd, broadcast8(x[g].q + 64 * j + 32 + 8 * m));
+          even[g] = _mm512_dpbusd_epi32(even[g], w_even, broadcast8(x.q_of(g) + 64 * j + 8 * m));
+          odd[g] = _mm512_dpbusd_epi32(odd[g], w_odd, broadcast8(x.q_of(g) + 64 * j + 32 + 8 * m));
         }
       }
       // the block's bytes 32 + 16j ..: 8 rows' scales of sub-block 2j, then of 2j + 1
@@ -1001,14 +1070,14 @@ struct Q4Kx8 {
 #endif
 
   // the mins' part and the float part: acc += d dx dots - dmin dx mins
-  template <int G>
-  static void finish(const uint8_t* block, const TokenSuper* x, const __m256i* dots, __m256* acc) {
+  template <int G, typename Tokens>
+  static void finish(const uint8_t* block, const Tokens& x, const __m256i* dots, __m256* acc) {
     __m256i mins[G];
     for (int g = 0; g < G; ++g) mins[g] = _mm256_setzero_si256();
     for (int p = 0; p < 4; ++p) {
       const __m256i min_pairs = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 96 + 16 * p)));
       for (int g = 0; g < G; ++g)
-        mins[g] = dot_s16(mins[g], min_pairs, broadcast4(x[g].sums32 + 2 * p));
+        mins[g] = dot_s16(mins[g], min_pairs, broadcast4(token_sums32(x, g) + 2 * p));
     }
     scaled_dots_minus_mins<G>(block, x, dots, mins, acc);
   }
@@ -1133,6 +1202,7 @@ struct Q6Kx8 {
   static constexpr int kQsRun = kWideK ? 8 : 4;  // bytes of a row side by side
   static constexpr bool kTokenOffsets = kWideK;   // the 512-bit loop starts its sums from QuantizedRows::offsets
   static constexpr bool kSpreadsPrefetch = kWideK;  // and its passes ask for the lines ahead a few at a time
+  static constexpr bool kBlockMajor = kWideK;  // and it reads the activations as TokenGroups (BlockMajorRows)
   // 8 tokens per unpacking in every build: with 16 registers (AVX2) GCC keeps 3 of the 8 sums in memory, yet the
   // six-bit unpacking costs more. Zen 3, 2026-12-06, one process, against 4 per unpacking alternated 30 times, a
   // cached 1536 x 8960 matrix, two threads: 5 / 6 / 7 / 8 / 16 tokens 0.78 / 0.85 / 0.89 / 0.93-0.94 / 0.95-0.97x;
@@ -1175,11 +1245,8 @@ struct Q6Kx8 {
   // sum_i w_ri x_i = d_r dx (sum_s scale_rs sum_{i in s} (q_ri + 32) xq_i - 32 sum_s scale_rs sum_{i in s} xq_i), with
   // q + 32 in 0..63. int16: a lane adds 2 vpmaddubsw lanes of 2 products each, |(q + 32) x| <= 63 * 127: at most
   // 32004 (a sub-block's 4 weights per row and m, 2 values of m per vpmaddwd).
-  template <int G, bool kPrefetch = true>  // kPrefetch: as Q4Kx8::dot's
+  template <int G>
   static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
-#if SPECDRAFT_WIDE_K
-    return wide_dot<G, kPrefetch>(block, x, acc);
-#endif
     const __m256i low = _mm256_set1_epi8(0x0F), high = _mm256_set1_epi8(0x30);
     __m256i dots[G];
     for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
@@ -1255,8 +1322,8 @@ struct Q6Kx8 {
   // the 256-bit build's in a second process (docs/performance.md): the head 151,936 x 1536 at 8 and 16 tokens
   // 0.65-0.82x and 0.69x the time, the down projections (Q4_K's among them) at 8 tokens 0.80x; one token 1.03-1.06x,
   // as the unchanged Q4_K matrices measured in that setup (1.03-1.04x).
-  template <int G, bool kPrefetch>
-  static void wide_dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+  template <int G, bool kPrefetch = true>  // kPrefetch: as Q4Kx8's
+  static void dot(const uint8_t* block, const TokenGroup& x, __m256* acc) {
     const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
     __m512i sums[G];
     for (int g = 0; g < G; ++g) sums[g] = _mm512_setzero_si512();
@@ -1279,17 +1346,18 @@ struct Q6Kx8 {
         const __m512i scales = scale_words(_mm512_castsi256_si512(_mm256_cvtepi8_epi16(scale_bytes)));
         const int64_t at = 16 * s;
         for (int g = 0; g < G; ++g) {
-          __m512i first = broadcast8(x[g].offsets + 2 * s), second = broadcast8(x[g].offsets + 2 * s + 2);
-          first = _mm512_dpbusd_epi32(first, w[0], broadcast8(x[g].q + at));
-          first = _mm512_dpbusd_epi32(first, w[1], broadcast8(x[g].q + at + 8));
-          second = _mm512_dpbusd_epi32(second, w[2], broadcast8(x[g].q + at + 16));
-          second = _mm512_dpbusd_epi32(second, w[3], broadcast8(x[g].q + at + 24));
+          const int8_t* q = x.q_of(g) + at;
+          __m512i first = broadcast8(x.offsets_of(g) + 2 * s), second = broadcast8(x.offsets_of(g) + 2 * s + 2);
+          first = _mm512_dpbusd_epi32(first, w[0], broadcast8(q));
+          first = _mm512_dpbusd_epi32(first, w[1], broadcast8(q + 8));
+          second = _mm512_dpbusd_epi32(second, w[2], broadcast8(q + 16));
+          second = _mm512_dpbusd_epi32(second, w[3], broadcast8(q + 24));
           sums[g] = _mm512_dpwssd_epi32(sums[g], _mm512_packs_epi32(first, second), scales);
         }
       });
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block)));
     for (int g = 0; g < G; ++g)
-      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_sums(sums[g])), _mm256_mul_ps(d, _mm256_set1_ps(x[g].scales[0])),
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_sums(sums[g])), _mm256_mul_ps(d, _mm256_set1_ps(x.scales[g])),
                                acc[g]);
   }
 #endif
@@ -1843,14 +1911,14 @@ struct IQ4XSx8 {
   }
 };
 
-template <typename F, int G>
-inline void dot_super(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+template <typename F, int G, typename Tokens>
+inline void dot_super(const uint8_t* block, const Tokens& x, __m256* acc) {
   F::template dot<G>(block, x, acc);
 }
 
-// n (at most G) tokens in one call
-template <typename F, int G>
-inline void dot_fewer(int64_t n, const uint8_t* block, const TokenSuper* x, __m256* acc) {
+// n (at most G) tokens in one call; Tokens: a TokenSuper array or a TokenGroup
+template <typename F, int G, typename Tokens>
+inline void dot_fewer(int64_t n, const uint8_t* block, const Tokens& x, __m256* acc) {
   if constexpr (G > 0) {
     if (n == G) return dot_super<F, G>(block, x, acc);
     dot_fewer<F, G - 1>(n, block, x, acc);
@@ -1935,6 +2003,8 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
   if constexpr (F::kWeights == 32) {
     if (T == 1) return one_token_small_blocks<F>(weight, groups, blocks, x, bias, out);
   }
+  static_assert(!spreads_prefetch<F> || block_major<F>, "the loops that spread their prefetch take TokenGroups");
+  const BlockMajorRows by_block(x, block_major<F>);  // the activations block by block, for a format that reads them so
   parallel_chunks(spans * groups, group_bytes, [&](ChunkQueue& queue) {
     __m256 acc[kTokenTile];
     TokenSuper tokens[kTokenTile];
@@ -1948,21 +2018,24 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
           for (int64_t t = 0; t < tile; ++t) {
             acc[t] = _mm256_setzero_ps();
             const int64_t row = t0 + t;
-            tokens[t] = {x.row(row), x.sums(row), x.sums32(row), x.d.data() + row * x.blocks, x.offsets_of(row)};
+            if constexpr (!block_major<F>)
+              tokens[t] = {x.row(row), x.sums(row), x.sums32(row), x.d.data() + row * x.blocks, x.offsets_of(row)};
           }
           // the tokens' views step from block to block: recomputed per block (a multiply-add per field and token,
           // which GCC vectorizes into 512-bit vpmullq), they took 5-9 % of a pass of 8 tokens (Zen 4, one thread, a
           // cached 1536 x 1536 matrix, 2026-12-07: Q4_K 15.0-15.7 -> 14.5-14.7 ns per (8 rows, 256 weights, token),
-          // Q6_K 22.3-22.7 -> 20.3-20.6)
+          // Q6_K 22.3-22.7 -> 20.3-20.6); BlockMajorRows took more off
           for (int64_t b = 0; b < blocks; ++b) {
             const uint8_t* block = columns + b * F::kBytes;
             if (!spreads_prefetch<F> || tile == 1) prefetch_block_ahead<F>(block);
-            if (b)
-              for (int64_t t = 0; t < tile; ++t) {
-                tokens[t].q += F::kWeights, tokens[t].sums16 += F::kWeights / 16;
-                tokens[t].sums32 += F::kWeights / 32, tokens[t].scales += F::kWeights / F::kActBlock;
-                if constexpr (token_offsets<F>) tokens[t].offsets += F::kWeights / 8;
-              }
+            if constexpr (!block_major<F>) {
+              if (b)
+                for (int64_t t = 0; t < tile; ++t) {
+                  tokens[t].q += F::kWeights, tokens[t].sums16 += F::kWeights / 16;
+                  tokens[t].sums32 += F::kWeights / 32, tokens[t].scales += F::kWeights / F::kActBlock;
+                  if constexpr (token_offsets<F>) tokens[t].offsets += F::kWeights / 8;
+                }
+            }
             constexpr int G = F::kGroupsTokens;
             // the last group takes a tail of up to kTailJoins tokens (where a format sets it)
             constexpr int kJoins = [] {
@@ -1972,15 +2045,16 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
             const int64_t tail = tile % G;
             const int64_t grouped = tile > G && tail && tail <= kJoins ? tile - G - tail : tile - tail;
             int64_t t = 0;
-            for (; t < grouped; t += G) {
-              if constexpr (spreads_prefetch<F>) {  // the first group asks for the lines ahead, the others not
-                if (t == 0) F::template dot<G, true>(block, tokens, acc);
-                else F::template dot<G, false>(block, tokens + t, acc + t);
-              } else {
-                dot_super<F, G>(block, tokens + t, acc + t);
+            if constexpr (block_major<F>) {
+              for (; t < grouped; t += G) {  // the first group asks for the lines ahead, the others not
+                if (t == 0) F::template dot<G, true>(block, by_block.group(b, t0), acc);
+                else F::template dot<G, false>(block, by_block.group(b, t0 + t), acc + t);
               }
+              dot_fewer<F, kJoins ? G + kJoins : G - 1>(tile - t, block, by_block.group(b, t0 + t), acc + t);
+            } else {
+              for (; t < grouped; t += G) dot_super<F, G>(block, tokens + t, acc + t);
+              dot_fewer<F, kJoins ? G + kJoins : G - 1>(tile - t, block, tokens + t, acc + t);
             }
-            dot_fewer<F, kJoins ? G + kJoins : G - 1>(tile - t, block, tokens + t, acc + t);
           }
           const __m256 bias8 = bias ? _mm256_loadu_ps(bias + group * kRowGroup) : _mm256_setzero_ps();
           for (int64_t t = 0; t < tile; ++t)
