@@ -146,6 +146,9 @@ inline __m256 scaled_add(__m256 acc, __m256i lanes, float scale) {
 // consecutive int8 values (the k-quants' mins and offsets, Q4_1's min, need them).
 struct QuantizedRows {
   int64_t T = 0, K = 0, blocks = 0;  // blocks: activation blocks per row (K / 256 or K / 32)
+  // by_block: the arrays hold block b of every token, then block b + 1 ([K / block, T, ...] instead of [T, ...]:
+  // BlockMajorRows reads them so); row(t) and the like are for the row-by-row order
+  bool by_block = false;
   std::vector<int8_t> q;     // [T, K]
   std::vector<float> d;      // [T, K / block]
   std::vector<int16_t> s16;  // [T, K / 16]
@@ -175,9 +178,9 @@ inline void quantize32(const float* v, __m256 inverse, int8_t* q, int16_t* sums)
                       _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
-QuantizedRows quantize_rows(const float* x, int64_t T, int64_t K, int64_t block) {
+QuantizedRows quantize_rows(const float* x, int64_t T, int64_t K, int64_t block, bool by_block = false) {
   QuantizedRows out;
-  out.T = T, out.K = K, out.blocks = K / block;
+  out.T = T, out.K = K, out.blocks = K / block, out.by_block = by_block;
   out.q.resize(T * K);
   out.d.resize(T * (K / block));
   out.s16.resize(T * (K / 16));
@@ -194,9 +197,10 @@ QuantizedRows quantize_rows(const float* x, int64_t T, int64_t K, int64_t block)
       // below 127 * FLT_MIN the inverse would overflow to inf (and -inf * 0 quantize to -128): such a block is zero
       const float d = amax >= 127.f * FLT_MIN ? amax / 127.f : 0.f;
       const __m256 inverse = _mm256_set1_ps(d > 0.f ? 127.f / amax : 0.f);
+      const int64_t at = by_block ? b * T + t : t * (K / block) + b;  // the block's index in the arrays' order
       for (int64_t i = 0; i < block; i += 32)
-        quantize32(v + i, inverse, out.q.data() + t * K + b * block + i, out.s16.data() + (t * K + b * block + i) / 16);
-      out.d[t * (K / block) + b] = d;
+        quantize32(v + i, inverse, out.q.data() + at * block + i, out.s16.data() + (at * block + i) / 16);
+      out.d[at] = d;
     }
   }
   out.s32.resize(T * (K / 32));
@@ -830,42 +834,20 @@ inline const int16_t* token_sums32(const TokenGroup& x, int g) { return x.sums32
 inline float token_scale(const TokenGroup& x, int g) { return x.scales[g]; }
 
 // A pass's activations (256-weight blocks) block by block, for the formats whose loops take TokenGroups
-// (kBlockMajor): the values of token t at block b at index b T + t of each array. Stepping a TokenSuper per token
-// from block to block instead (stored in the tile's array, loaded back by the loop with the other tokens' pointers)
-// cost Q4_K's 512-bit loop 10-15 % of a pass of 8 tokens (Zen 4, 2026-12-07, one thread, 128 x 1536 random blocks
-// in cache, a C++ harness timing the pass loop alone: 55.3-55.8 -> 48.8-49.7 cycles per (8 rows, 256 weights,
-// token); Q6_K 60.0 -> 53.9). The copy costs T K bytes per call, a few microseconds against the product's
-// hundreds. Which tokens share a group changes no token's arithmetic.
+// (kBlockMajor): QuantizedRows quantized `by_block`, or a single token's (the same order). Stepping a TokenSuper per
+// token from block to block instead (stored in the tile's array, loaded back by the loop with the other tokens'
+// pointers) cost Q4_K's 512-bit loop 10-15 % of a pass of 8 tokens (Zen 4, 2026-12-07, one thread, 128 x 1536
+// random blocks in cache, a C++ harness timing the pass loop alone: 55.3-55.8 -> 47.9-49.4 cycles per (8 rows, 256
+// weights, token); Q6_K 60.0 -> 56.0-57.2). Which tokens share a group changes no token's arithmetic.
 struct BlockMajorRows {
   int64_t T = 0;
   const int8_t* q;         // [blocks, T, 256]
   const int16_t* s32;      // [blocks, T, 8]
   const float* d;          // [blocks, T]
   const int32_t* offsets;  // [blocks, T, 32], where the rows have them (else null)
-  // the reordered copy (a single token's rows are in this order already), made where `reorder` asks
-  std::vector<int8_t> q_copy;
-  std::vector<int16_t> s32_copy;
-  std::vector<float> d_copy;
-  std::vector<int32_t> offsets_copy;
 
-  BlockMajorRows(const QuantizedRows& x, bool reorder)
-      : T(x.T), q(x.q.data()), s32(x.s32.data()), d(x.d.data()), offsets(x.offsets_of(0)) {
-    if (!reorder || x.T <= 1) return;
-    const int64_t blocks = x.K / 256;
-    q_copy.resize(x.T * x.K), s32_copy.resize(x.T * x.K / 32), d_copy.resize(x.T * blocks);
-    if (offsets) offsets_copy.resize(x.T * x.K / 8);
-    for (int64_t b = 0; b < blocks; ++b)
-      for (int64_t t = 0; t < x.T; ++t) {
-        const int64_t i = b * x.T + t;
-        std::memcpy(q_copy.data() + 256 * i, x.row(t) + 256 * b, 256);
-        std::memcpy(s32_copy.data() + 8 * i, x.sums32(t) + 8 * b, 8 * sizeof(int16_t));
-        d_copy[i] = x.d[t * x.blocks + b];
-        if (offsets) std::memcpy(offsets_copy.data() + 32 * i, x.offsets_of(t) + 32 * b, 32 * sizeof(int32_t));
-      }
-    q = q_copy.data(), s32 = s32_copy.data(), d = d_copy.data(), offsets = offsets ? offsets_copy.data() : nullptr;
-  }
-  BlockMajorRows(const BlockMajorRows&) = delete;  // the pointers may point into this object's copies
-
+  explicit BlockMajorRows(const QuantizedRows& x)
+      : T(x.T), q(x.q.data()), s32(x.s32.data()), d(x.d.data()), offsets(x.offsets_of(0)) {}
   TokenGroup group(int64_t b, int64_t t) const {  // tokens t, t + 1, .. at block b
     const int64_t i = b * T + t;
     return {q + 256 * i, s32 + 8 * i, d + i, offsets ? offsets + 32 * i : nullptr};
@@ -2004,7 +1986,9 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
     if (T == 1) return one_token_small_blocks<F>(weight, groups, blocks, x, bias, out);
   }
   static_assert(!spreads_prefetch<F> || block_major<F>, "the loops that spread their prefetch take TokenGroups");
-  const BlockMajorRows by_block(x, block_major<F>);  // the activations block by block, for a format that reads them so
+  // the activations block by block, for a format that reads them so (quantized in that order: qlinear_x8)
+  TORCH_CHECK(block_major<F> ? x.by_block || x.T <= 1 : !x.by_block, "rows quantized in the wrong order for this loop");
+  const BlockMajorRows by_block(x);
   parallel_chunks(spans * groups, group_bytes, [&](ChunkQueue& queue) {
     __m256 acc[kTokenTile];
     TokenSuper tokens[kTokenTile];
@@ -3008,7 +2992,9 @@ torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c1
     TORCH_CHECK(bias->scalar_type() == torch::kFloat && bias->numel() == N && bias->is_contiguous(), "bad bias");
     bias_ptr = bias->data_ptr<float>();
   }
-  QuantizedRows rows = quantize_rows(x.data_ptr<float>(), T, K, block_weights(type));
+  // the formats whose loops read a pass's activations block by block (BlockMajorRows) have them quantized so
+  const bool by_block = (type == kQ4_K && block_major<Q4Kx8>) || (type == kQ6_K && block_major<Q6Kx8>);
+  QuantizedRows rows = quantize_rows(x.data_ptr<float>(), T, K, block_weights(type), by_block);
 #if SPECDRAFT_WIDE_K
   if (type == kQ6_K) add_offsets(rows);
 #endif
