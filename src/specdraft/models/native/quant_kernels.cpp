@@ -144,18 +144,42 @@ inline __m256 scaled_add(__m256 acc, __m256i lanes, float scale) {
 // ----------------------------------------------------------------------------------------------- activations
 // x [T, K] float32 as int8 blocks of `block` values (256 or 32) with one float scale each, and the sums of every 16
 // consecutive int8 values (the k-quants' mins and offsets, Q4_1's min, need them).
+// A vector whose resize leaves new elements uninitialized (std::vector zero-fills them): QuantizedRows' arrays are
+// written whole right after. The zero-fill was a serial memset of T K bytes and more per product, 1.5 % of a pass of
+// 16 one-token sequences (perf, Zen 4, 2026-12-07), while the other thread waited.
+template <typename T>
+struct UninitializedAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = UninitializedAllocator<U>;
+  };
+  UninitializedAllocator() = default;
+  template <typename U>
+  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+template <typename T>
+using UninitializedVector = std::vector<T, UninitializedAllocator<T>>;
+
 struct QuantizedRows {
   int64_t T = 0, K = 0, blocks = 0;  // blocks: activation blocks per row (K / 256 or K / 32)
   // by_block: the arrays hold block b of every token, then block b + 1 ([K / block, T, ...] instead of [T, ...]:
   // BlockMajorRows reads them so); row(t) and the like are for the row-by-row order
   bool by_block = false;
-  std::vector<int8_t> q;     // [T, K]
-  std::vector<float> d;      // [T, K / block]
-  std::vector<int16_t> s16;  // [T, K / 16]
-  std::vector<int16_t> s32;  // [T, K / 32]: sums of 32 (pairs of s16)
+  UninitializedVector<int8_t> q;     // [T, K]
+  UninitializedVector<float> d;      // [T, K / block]
+  UninitializedVector<int16_t> s16;  // [T, K / 16]
+  UninitializedVector<int16_t> s32;  // [T, K / 32]: sums of 32 (pairs of s16)
   // [T, K / 16, 2], only where Q6_K's 512-bit loop needs them (`add_offsets`): -32 times the sums of the values
   // 0-3 and 8-11, and of 4-7 and 12-15, of each 16
-  std::vector<int32_t> offsets;
+  UninitializedVector<int32_t> offsets;
 
   const int8_t* row(int64_t t) const { return q.data() + t * K; }
   const int16_t* sums(int64_t t) const { return s16.data() + t * K / 16; }
