@@ -141,9 +141,6 @@ inline __m256 scaled_add(__m256 acc, __m256i lanes, float scale) {
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(scale), acc);
 }
 
-// ----------------------------------------------------------------------------------------------- activations
-// x [T, K] float32 as int8 blocks of `block` values (256 or 32) with one float scale each, and the sums of every 16
-// consecutive int8 values (the k-quants' mins and offsets, Q4_1's min, need them).
 // A vector whose resize leaves new elements uninitialized (std::vector zero-fills them): QuantizedRows' arrays are
 // written whole right after. The zero-fill was a serial memset of T K bytes and more per product, 1.5 % of a pass of
 // 16 one-token sequences (perf, Zen 4, 2026-12-07), while the other thread waited.
@@ -168,6 +165,9 @@ struct UninitializedAllocator : std::allocator<T> {
 template <typename T>
 using UninitializedVector = std::vector<T, UninitializedAllocator<T>>;
 
+// ----------------------------------------------------------------------------------------------- activations
+// x [T, K] float32 as int8 blocks of `block` values (256 or 32) with one float scale each, and the sums of every 16
+// consecutive int8 values (the k-quants' mins and offsets, Q4_1's min, need them).
 struct QuantizedRows {
   int64_t T = 0, K = 0, blocks = 0;  // blocks: activation blocks per row (K / 256 or K / 32)
   // by_block: the arrays hold block b of every token, then block b + 1 ([K / block, T, ...] instead of [T, ...]:
@@ -860,9 +860,9 @@ inline float token_scale(const TokenGroup& x, int g) { return x.scales[g]; }
 // A pass's activations (256-weight blocks) block by block, for the formats whose loops take TokenGroups
 // (kBlockMajor): QuantizedRows quantized `by_block`, or a single token's (the same order). Stepping a TokenSuper per
 // token from block to block instead (stored in the tile's array, loaded back by the loop with the other tokens'
-// pointers) cost Q4_K's 512-bit loop 10-15 % of a pass of 8 tokens (Zen 4, 2026-12-07, one thread, 128 x 1536
-// random blocks in cache, a C++ harness timing the pass loop alone: 55.3-55.8 -> 47.9-49.4 cycles per (8 rows, 256
-// weights, token); Q6_K 60.0 -> 56.0-57.2). Which tokens share a group changes no token's arithmetic.
+// pointers) cost Q4_K's 512-bit loop 15-20 % of a pass of 8 tokens (Zen 4, 2026-12-07, one thread, 128 x 1536
+// random blocks in cache, `bash scripts/pass_loop_cycles.sh`: 55.3-55.8 -> 45.8-46.5 cycles per (8 rows, 256
+// weights, token); Q6_K 60.0 -> 52.4-52.9). Which tokens share a group changes no token's arithmetic.
 struct BlockMajorRows {
   int64_t T = 0;
   const int8_t* q;         // [blocks, T, 256]
