@@ -29,7 +29,7 @@ double cycles_per_unit(int64_t N, int64_t K, int64_t T, int calls, double ghz) {
   for (auto& v : x) v = normal(rng);
   QuantizedRows rows = quantize_rows(x.data(), T, K, F::kActBlock, block_major<F>);
 #if SPECDRAFT_WIDE_K
-  if constexpr (token_offsets<F>) add_offsets(rows);
+  if constexpr (std::is_same_v<F, Q6Kx8>) add_offsets(rows);  // as qlinear_x8 does for Q6_K
 #endif
   std::vector<float> out(T * N);
   double best = 1e30;

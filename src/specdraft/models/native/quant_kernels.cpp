@@ -832,12 +832,7 @@ struct TokenSuper {
   const int16_t* sums16;
   const int16_t* sums32;
   const float* scales;
-  const int32_t* offsets = nullptr;  // QuantizedRows::offsets from this block on, for a format with kTokenOffsets
 };
-
-// whether a format's passes read TokenSuper::offsets
-template <typename F>
-constexpr bool token_offsets = requires { requires F::kTokenOffsets; };
 
 // A group of consecutive tokens at one block of BlockMajorRows (the 512-bit loops of Q4_K and Q6_K): token g's
 // values at fixed strides from the first's, so that a loop over the blocks steps one pointer per array and the
@@ -1206,9 +1201,10 @@ struct Q5Kx8 {
 struct Q6Kx8 {
   static constexpr int64_t kWeights = 256, kBytes = 1680, kActBlock = 256;
   static constexpr int kQsRun = kWideK ? 8 : 4;  // bytes of a row side by side
-  static constexpr bool kTokenOffsets = kWideK;   // the 512-bit loop starts its sums from QuantizedRows::offsets
-  static constexpr bool kSpreadsPrefetch = kWideK;  // and its passes ask for the lines ahead a few at a time
-  static constexpr bool kBlockMajor = kWideK;  // and it reads the activations as TokenGroups (BlockMajorRows)
+  // the 512-bit loop's passes ask for the lines ahead a few at a time, and it reads the activations as TokenGroups
+  // (BlockMajorRows), its sums starting from QuantizedRows::offsets
+  static constexpr bool kSpreadsPrefetch = kWideK;
+  static constexpr bool kBlockMajor = kWideK;
   // 8 tokens per unpacking in every build: with 16 registers (AVX2) GCC keeps 3 of the 8 sums in memory, yet the
   // six-bit unpacking costs more. Zen 3, 2026-12-06, one process, against 4 per unpacking alternated 30 times, a
   // cached 1536 x 8960 matrix, two threads: 5 / 6 / 7 / 8 / 16 tokens 0.78 / 0.85 / 0.89 / 0.93-0.94 / 0.95-0.97x;
@@ -2027,12 +2023,12 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
             acc[t] = _mm256_setzero_ps();
             const int64_t row = t0 + t;
             if constexpr (!block_major<F>)
-              tokens[t] = {x.row(row), x.sums(row), x.sums32(row), x.d.data() + row * x.blocks, x.offsets_of(row)};
+              tokens[t] = {x.row(row), x.sums(row), x.sums32(row), x.d.data() + row * x.blocks};
           }
-          // the tokens' views step from block to block: recomputed per block (a multiply-add per field and token,
-          // which GCC vectorizes into 512-bit vpmullq), they took 5-9 % of a pass of 8 tokens (Zen 4, one thread, a
-          // cached 1536 x 1536 matrix, 2026-12-07: Q4_K 15.0-15.7 -> 14.5-14.7 ns per (8 rows, 256 weights, token),
-          // Q6_K 22.3-22.7 -> 20.3-20.6); BlockMajorRows took more off
+          // the other formats' token views step from block to block: recomputed per block (a multiply-add per field
+          // and token, which GCC vectorizes into 512-bit vpmullq), they took 5-9 % of a pass of 8 tokens when Q4_K
+          // and Q6_K still read them (Zen 4, one thread, a cached 1536 x 1536 matrix, 2026-12-07: Q4_K 15.0-15.7 ->
+          // 14.5-14.7 ns per (8 rows, 256 weights, token), Q6_K 22.3-22.7 -> 20.3-20.6)
           for (int64_t b = 0; b < blocks; ++b) {
             const uint8_t* block = columns + b * F::kBytes;
             if (!spreads_prefetch<F> || tile == 1) prefetch_block_ahead<F>(block);
@@ -2041,7 +2037,6 @@ void qlinear_x8_impl(const uint8_t* weight, int64_t N, int64_t K, const Quantize
                 for (int64_t t = 0; t < tile; ++t) {
                   tokens[t].q += F::kWeights, tokens[t].sums16 += F::kWeights / 16;
                   tokens[t].sums32 += F::kWeights / 32, tokens[t].scales += F::kWeights / F::kActBlock;
-                  if constexpr (token_offsets<F>) tokens[t].offsets += F::kWeights / 8;
                 }
             }
             constexpr int G = F::kGroupsTokens;
