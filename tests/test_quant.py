@@ -128,8 +128,18 @@ from specdraft.models.native.gguf_weights import QuantWeight
 from specdraft.models.native.kernels import load_kernels
 cases = torch.load(sys.argv[1])
 ops = load_kernels()
-torch.save([ops.qlinear_x8(x, QuantWeight(blocks, qtype, x.shape[1]).interleave().blocks, qtype, None) if packed
-            else ops.qlinear(x, blocks, qtype, None) for x, blocks, qtype, packed in cases], sys.argv[2])
+
+
+def product(x, blocks, qtype, packed):
+    if not packed:
+        return ops.qlinear(x, blocks, qtype, None)
+    weight = QuantWeight(blocks, qtype, x.shape[1]).interleave().blocks
+    first, second = ops.qlinear_x8_shared(x, [(weight, qtype, None)] * 2)  # both copies' groups in one region
+    assert torch.equal(first, second), (qtype, x.shape)
+    return first
+
+
+torch.save([product(*case) for case in cases], sys.argv[2])
 """
 
 
@@ -137,7 +147,8 @@ def builds_agree(isa: str, tmp_path: Path, child: str = CHILD) -> None:
     """A child process running the `isa` build (built once into the cache) reproduces this process's products bit
     for bit, for every format and for 1, 2, 5, 16 and 20 tokens (32 rows: pairs of row groups, as the AMX path takes
     them). Each build repacks the file's blocks itself: a build may lay out its row groups in its own way (Q4_K's
-    512-bit loop)."""
+    512-bit loop). The child's interleaved products come from `qlinear_x8_shared` (a matrix given twice), this
+    process's from `qlinear_x8`."""
     cases = []
     for name in TYPES:
         weight = random_blocks(name, 32, 512, seed=7)
@@ -333,6 +344,30 @@ def test_negative_control_an_interleaved_layout_read_wrong_fails_the_same_check(
     got = misread.linear(x, None)
     reference = reference_product(x, gguf_dequantize(weight), activation_block(name))
     assert relative_error(got, reference) > 100 * RELATIVE_TOLERANCE
+
+
+# matrices that read one input, as a layer's q, k and v do: formats mixed (the 1.5B's v is Q6_K in half its layers),
+# activation layouts mixed (32-weight blocks beside 256-weight ones), a bias on some
+SHARED_INPUTS = [("Q4_K", 48, True), ("Q4_K", 16, True), ("Q6_K", 16, False), ("Q8_0", 24, False), ("Q4_K", 8, False),
+                 ("Q5_0", 16, True), ("Q6_K", 8, True)]
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 8, 17])
+def test_products_over_one_input_give_each_matrix_its_own_bits(tokens):
+    matrices = [(random_blocks(name, rows, 512, seed=40 + i).interleave(), torch.randn(rows) if bias else None)
+                for i, (name, rows, bias) in enumerate(SHARED_INPUTS)]
+    x = torch.randn(tokens, 512)
+    together = ops.qlinear_x8_shared(x, [(weight.blocks, weight.qtype, bias) for weight, bias in matrices])
+    assert len(together) == len(matrices)
+    for (weight, bias), got in zip(matrices, together):
+        assert torch.equal(got, weight.linear(x, bias))
+
+
+def test_products_over_one_input_refuse_a_matrix_of_another_width():
+    wide, narrow = random_blocks("Q4_K", 8, 512).interleave(), random_blocks("Q4_K", 8, 256).interleave()
+    with pytest.raises(RuntimeError, match="packed weight must be"):
+        ops.qlinear_x8_shared(torch.randn(2, 512), [(wide.blocks, wide.qtype, None),
+                                                    (narrow.blocks, narrow.qtype, None)])
 
 
 @pytest.mark.parametrize("name", INTERLEAVED)

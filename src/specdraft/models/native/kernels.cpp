@@ -871,6 +871,8 @@ bool set_quant_amx(bool allowed);
 void qinterleave_into(torch::Tensor weight, int64_t type, int64_t K, torch::Tensor out);
 torch::Tensor qdeinterleave_rows(torch::Tensor packed, int64_t type, int64_t K, torch::Tensor rows);
 torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c10::optional<torch::Tensor> bias);
+std::vector<torch::Tensor> qlinear_x8_shared(
+    torch::Tensor x, const std::vector<std::tuple<torch::Tensor, int64_t, c10::optional<torch::Tensor>>>& matrices);
 
 // ------------------------------------------------------------------------------------------- the layer stack
 // Every decoder layer of a chain pass in one call: the same kernels in the same order as the Python layer
@@ -895,6 +897,22 @@ struct StackMatrix {
     return interleaved ? ::qlinear_x8(x, weight, qtype, bias) : ::qlinear(x, weight, qtype, bias);
   }
 };
+
+// The products of matrices that read one input (a layer's q, k and v; its gate and up): where all are interleaved
+// block formats, in one call that quantizes x once per layout and runs each format's matrices in one parallel region
+// (`qlinear_x8_shared`: the bits of one product at a time); otherwise one at a time.
+std::vector<torch::Tensor> apply_shared(const torch::Tensor& x, const std::vector<const StackMatrix*>& matrices) {
+  std::vector<std::tuple<torch::Tensor, int64_t, c10::optional<torch::Tensor>>> interleaved;
+  for (const StackMatrix* matrix : matrices) {
+    if (matrix->qtype < 0 || !matrix->interleaved) {
+      std::vector<torch::Tensor> outs;
+      for (const StackMatrix* each : matrices) outs.push_back(each->apply(x));
+      return outs;
+    }
+    interleaved.emplace_back(matrix->weight, matrix->qtype, matrix->bias);
+  }
+  return ::qlinear_x8_shared(x, interleaved);
+}
 
 struct StackLayer {
   torch::Tensor input_norm, post_norm;  // [D] float32
@@ -957,7 +975,8 @@ class LayerStack {
     for (int64_t index = 0; index < size(); ++index) {
       const StackLayer& layer = layers_[index];
       auto x = ::rms_norm(hidden, layer.input_norm, eps_);  // [T, D]
-      auto q = layer.q.apply(x), k = layer.k.apply(x), v = layer.v.apply(x);  // [T, H * Dh], [T, Hkv * Dh] x 2
+      const auto qkv = apply_shared(x, {&layer.q, &layer.k, &layer.v});
+      auto q = qkv[0], k = qkv[1], v = qkv[2];  // [T, H * Dh], [T, Hkv * Dh] x 2
       if (layer.q_norm) q = ::rms_norm(q.view({-1, head_dim_}), *layer.q_norm, eps_).view({rows, -1});
       if (layer.k_norm) k = ::rms_norm(k.view({-1, head_dim_}), *layer.k_norm, eps_).view({rows, -1});
       for (size_t s = 0; s < n_segments; ++s) {
@@ -975,7 +994,8 @@ class LayerStack {
       if (layer.attention_output_norm) attention_out = ::rms_norm(attention_out, *layer.attention_output_norm, eps_);
       hidden = hidden + attention_out;
       x = ::rms_norm(hidden, layer.post_norm, eps_);
-      auto gate = layer.gate.apply(x), up = layer.up.apply(x);  // [T, I]
+      const auto gate_up = apply_shared(x, {&layer.gate, &layer.up});
+      const auto &gate = gate_up[0], &up = gate_up[1];  // [T, I]
       auto mlp_out = layer.down.apply(gelu_ ? ::gelu_tanh_mul(gate, up) : ::silu_mul(gate, up));  // [T, D]
       if (layer.mlp_output_norm) mlp_out = ::rms_norm(mlp_out, *layer.mlp_output_norm, eps_);
       hidden = hidden + mlp_out;
@@ -1026,4 +1046,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qinterleave_into", &qinterleave_into, "repack a block-format matrix into interleaved groups of 8 rows (a given [N / 8, ...] uint8 tensor)");
   m.def("qdeinterleave_rows", &qdeinterleave_rows, "rows of an interleaved matrix back in the file's block layout");
   m.def("qlinear_x8", &qlinear_x8, "qlinear over a matrix interleaved in groups of 8 rows (batch-invariant)");
+  m.def("qlinear_x8_shared", &qlinear_x8_shared,
+        "qlinear_x8 of several matrices (packed, type, bias) over one input, quantized once; the same bits");
 }
