@@ -834,9 +834,9 @@ struct TokenSuper {
   const float* scales;
 };
 
-// A group of consecutive tokens at one block of BlockMajorRows (the 512-bit loops of Q4_K and Q6_K): token g's
-// values at fixed strides from the first's, so that a loop over the blocks steps one pointer per array and the
-// loop's addresses are that pointer plus constants.
+// A group of consecutive tokens at one block of BlockMajorRows (Q4_K's loops, but the amx build's; Q6_K's 512-bit
+// loop): token g's values at fixed strides from the first's, so that a loop over the blocks steps one pointer per
+// array and the loop's addresses are that pointer plus constants.
 struct TokenGroup {
   const int8_t* q;         // token g: q + 256 g
   const int16_t* sums32;   // + 8 g
@@ -846,7 +846,9 @@ struct TokenGroup {
   const int32_t* offsets_of(int g) const { return offsets + 32 * g; }
 };
 
-// Token g's sums of 32 and scale at the block, from either view (a format's float part reads both)
+// Token g's values, sums of 32 and scale at the block, from either view
+inline const int8_t* token_q(const TokenSuper* x, int g) { return x[g].q; }
+inline const int8_t* token_q(const TokenGroup& x, int g) { return x.q_of(g); }
 inline const int16_t* token_sums32(const TokenSuper* x, int g) { return x[g].sums32; }
 inline float token_scale(const TokenSuper* x, int g) { return x[g].scales[0]; }
 inline const int16_t* token_sums32(const TokenGroup& x, int g) { return x.sums32 + 8 * g; }
@@ -857,7 +859,9 @@ inline float token_scale(const TokenGroup& x, int g) { return x.scales[g]; }
 // token from block to block instead (stored in the tile's array, loaded back by the loop with the other tokens'
 // pointers) cost Q4_K's 512-bit loop 15-20 % of a pass of 8 tokens (Zen 4, 2026-12-07, one thread, 128 x 1536
 // random blocks in cache, `bash scripts/pass_loop_cycles.sh`: 55.3-55.8 -> 45.8-46.5 cycles per (8 rows, 256
-// weights, token); Q6_K 60.0 -> 52.4-52.9). Which tokens share a group changes no token's arithmetic.
+// weights, token); Q6_K 60.0 -> 52.4-52.9); Q4_K's 256-bit loop (AVX2 builds) 3 % (T8 66.0 -> 64.1, same harness),
+// the 1.5B's passes of 8 tokens in the avx2 build, in lockstep, 0.954-0.968x (same tree 0.999x), of 16 0.99x, one
+// token level. Which tokens share a group changes no token's arithmetic.
 struct BlockMajorRows {
   int64_t T = 0;
   const int8_t* q;         // [blocks, T, 256]
@@ -901,7 +905,9 @@ struct Q4Kx8 {
   static constexpr int64_t kWeights = 256, kBytes = 1184, kActBlock = 256;
   static constexpr int kQsRun = kWideK ? 8 : 4;  // bytes of a row side by side in qs
   static constexpr bool kSpreadsPrefetch = kWideK;  // the 512-bit loop's passes ask for the lines ahead a few at a time
-  static constexpr bool kBlockMajor = kWideK;  // and it reads the activations as TokenGroups (BlockMajorRows)
+  // it reads the activations as TokenGroups (BlockMajorRows), as the 256-bit loops do in the builds without AMX
+  // tiles (the tiles read the rows token by token)
+  static constexpr bool kBlockMajor = !kAmxBuild;
   // tokens that share one unpacking of a block: 8 in the wide loop (32 registers hold the sums of 8 tokens)
   static constexpr int kGroupsTokens = kWideK ? 8 : kGroup;
   // A pass of 4n + 1 tokens unpacks its last 5 together (AVX2: one unpacking fewer for a lone token; Zen 3,
@@ -957,8 +963,9 @@ struct Q4Kx8 {
 
   // sum_i w_ri x_i = d_r dx sum_c scale_rc (sum_{i in c} q_ri xq_i) - dmin_r dx sum_c min_rc (sum_{i in c} xq_i).
   // int16: a lane adds 8 vpmaddubsw lanes of 2 products each, |q x| <= 15 * 127: at most 30480.
-  template <int G>
-  static void dot(const uint8_t* block, const TokenSuper* x, __m256* acc) {
+  // Tokens: a TokenSuper array (the amx build's rows) or a TokenGroup; kPrefetch: as the 512-bit loop's (unused)
+  template <int G, bool kPrefetch = true, typename Tokens>
+  static void dot(const uint8_t* block, const Tokens& x, __m256* acc) {
     __m256i dots[G];
     for (int g = 0; g < G; ++g) dots[g] = _mm256_setzero_si256();
     if constexpr (kVnni) {
@@ -976,8 +983,8 @@ struct Q4Kx8 {
         const __m256i bytes = load256(qs + 256 * j + 32 * k);
         const __m256i w_even = _mm256_and_si256(bytes, low), w_odd = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
         for (int g = 0; g < G; ++g) {
-          const __m256i p_even = _mm256_maddubs_epi16(w_even, broadcast4(x[g].q + 64 * j + 4 * k));
-          const __m256i p_odd = _mm256_maddubs_epi16(w_odd, broadcast4(x[g].q + 64 * j + 32 + 4 * k));
+          const __m256i p_even = _mm256_maddubs_epi16(w_even, broadcast4(token_q(x, g) + 64 * j + 4 * k));
+          const __m256i p_odd = _mm256_maddubs_epi16(w_odd, broadcast4(token_q(x, g) + 64 * j + 32 + 4 * k));
           even[g] = start ? p_even : add_i16_into(even[g], p_even);
           odd[g] = start ? p_odd : add_i16_into(odd[g], p_odd);
         }
@@ -995,8 +1002,8 @@ struct Q4Kx8 {
   // With VNNI: a `vpdpbusd` replaces each vpmaddubsw and its int16 add (a sub-block's 32 products per row in int32
   // lane r), a `vpmulld` the scale's vpmaddwd: the same integers. Zen 4, one thread, a cached 1536 x 1536 matrix,
   // 2026-12-04: 16 tokens 107 -> 128 GMAC/s, 2 tokens 80 -> 87.
-  template <int G>
-  static void vnni_dots(const uint8_t* block, const TokenSuper* x, __m256i* dots) {
+  template <int G, typename Tokens>
+  static void vnni_dots(const uint8_t* block, const Tokens& x, __m256i* dots) {
     const __m256i low = _mm256_set1_epi8(0x0F);
     for (int j = 0; j < 4; ++j) {
       __m256i even[G], odd[G];  // sub-blocks 2j and 2j + 1
@@ -1005,8 +1012,8 @@ struct Q4Kx8 {
         const __m256i bytes = load256(block + 160 + 256 * j + 32 * k);
         const __m256i w_even = _mm256_and_si256(bytes, low), w_odd = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
         for (int g = 0; g < G; ++g) {
-          even[g] = dot_u8s8(even[g], w_even, broadcast4(x[g].q + 64 * j + 4 * k));
-          odd[g] = dot_u8s8(odd[g], w_odd, broadcast4(x[g].q + 64 * j + 32 + 4 * k));
+          even[g] = dot_u8s8(even[g], w_even, broadcast4(token_q(x, g) + 64 * j + 4 * k));
+          odd[g] = dot_u8s8(odd[g], w_odd, broadcast4(token_q(x, g) + 64 * j + 32 + 4 * k));
         }
       }
       const __m256i scale_even = row_u8(block + 32 + 16 * j), scale_odd = row_u8(block + 40 + 16 * j);
