@@ -408,6 +408,9 @@ def test_profile_verify_without_the_peer_prints_ours_and_says_make_peers(tiny_di
     assert len(result["ours"]) == 3 and result["ours"][0] == 1.0
     assert result["ours"] == sorted(result["ours"])  # made non-decreasing by verify_curve
     assert result["ours_t1_ms"] > 0
+    low, high = result["ours_t1_ms_range"]
+    assert 0 < low <= result["ours_t1_ms"] <= high
+    assert len(result["ours_ms"]) == 3 and result["ours_ms"][0] == result["ours_t1_ms"]
     assert result["llama_cpp"] is None and "make peers" in result["llama_cpp_missing"]
     assert (result["context"], result["max_tokens"], result["threads"]) == (8, 3, 1)
 
@@ -420,6 +423,9 @@ def test_the_profile_table_puts_the_curves_side_by_side():
     text = format_profile(result)
     assert "  2    1.100      1.250         12.50" in text and "last token only" in text
     assert "T(1) 9.50 ms" in text
+    text = format_profile({**result, "ours_ms": [9.5, 10.45], "ours_t1_ms_range": [9.1, 12.0]})
+    assert "  2    1.100     10.45      1.250         12.50" in text
+    assert "T(1) 9.50 ms (9.10-12.00 over the rounds)" in text
     text = format_profile({**result, "llama_cpp": None, "llama_cpp_missing": "llama.cpp is not built: run `make "
                            "peers` to add its curve"})
     assert "llama.cpp: llama.cpp is not built" in text and "1.250" not in text

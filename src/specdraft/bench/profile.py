@@ -96,12 +96,18 @@ def profile_verify(args: argparse.Namespace) -> dict:
     rounds = time_passes(target, args.max_tokens, args.context)
     ours_s = time.perf_counter() - started
     ours = list(curve_from_rounds(rounds))
+    # each length's pass in ms (median over rounds): the ratios are per round, so a one-token pass that a shared
+    # host's memory slows for a minute moves a ratio less than these medians suggest
+    ours_ms = [round(statistics.median(times[n] for times in rounds) * 1000, 2) for n in range(args.max_tokens)]
     one_token_ms = statistics.median(times[0] for times in rounds) * 1000
+    one_token_range = [round(min(times[0] for times in rounds) * 1000, 2),
+                       round(max(times[0] for times in rounds) * 1000, 2)]
     peer, missing = peer_curve(args, cache, threads)
     return {"target": args.target, "dtype_requested": config.dtype,
             "dtype": target.dtype_name, "backend": target.backend,
             "threads": threads, "context": args.context, "max_tokens": args.max_tokens,
-            "ours": ours, "ours_t1_ms": round(one_token_ms, 2), "ours_seconds": round(ours_s, 1), "llama_cpp": peer,
+            "ours": ours, "ours_ms": ours_ms, "ours_t1_ms": round(one_token_ms, 2), "ours_t1_ms_range": one_token_range,
+            "ours_seconds": round(ours_s, 1), "llama_cpp": peer,
             "llama_cpp_missing": missing}
 
 
@@ -110,17 +116,20 @@ def format_profile(result: dict) -> str:
     lines = [f"Verify cost T(k)/T(1) of {result['target']} after {result['context']} cached tokens, "
              f"{result['threads']} threads.",
              f"ours: {result['backend']} backend, --dtype {result.get('dtype_requested', '-')} (loaded as "
-             f"{result['dtype']}; median over rounds of each round's ratio); T(1) {result['ours_t1_ms']:.2f} ms"]
+             f"{result['dtype']}; median over rounds of each round's ratio); T(1) {result['ours_t1_ms']:.2f} ms"
+             + (" ({:.2f}-{:.2f} over the rounds)".format(*result["ours_t1_ms_range"])
+                if result.get("ours_t1_ms_range") else "")]
     if peer:
         lines.append(f"llama.cpp {peer.get('version') or ''} ({(peer.get('commit') or 'commit unknown')[:10]}): "
                      f"llama-bench on {peer['gguf']} (median of its repetitions)")
     lines.append("")
-    header = f"{'k':>3}  {'ours':>7}"
+    ours_ms = result.get("ours_ms")
+    header = f"{'k':>3}  {'ours':>7}" + (f"  {'ours ms':>8}" if ours_ms else "")
     if peer:
         header += f"  {'llama.cpp':>9}  {'llama.cpp ms':>12}"
     lines.append(header)
     for k, ratio in enumerate(result["ours"], start=1):
-        row = f"{k:>3}  {ratio:7.3f}"
+        row = f"{k:>3}  {ratio:7.3f}" + (f"  {ours_ms[k - 1]:8.2f}" if ours_ms else "")
         if peer:
             row += f"  {peer['relative'][k - 1]:9.3f}  {peer['ms'][k - 1]:12.2f}"
         lines.append(row)
