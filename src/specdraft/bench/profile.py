@@ -99,14 +99,13 @@ def profile_verify(args: argparse.Namespace) -> dict:
     # each length's pass in ms (median over rounds): the ratios are per round, so a one-token pass that a shared
     # host's memory slows for a minute moves a ratio less than these medians suggest
     ours_ms = [round(statistics.median(times[n] for times in rounds) * 1000, 2) for n in range(args.max_tokens)]
-    one_token_ms = statistics.median(times[0] for times in rounds) * 1000
     one_token_range = [round(min(times[0] for times in rounds) * 1000, 2),
                        round(max(times[0] for times in rounds) * 1000, 2)]
     peer, missing = peer_curve(args, cache, threads)
     return {"target": args.target, "dtype_requested": config.dtype,
             "dtype": target.dtype_name, "backend": target.backend,
             "threads": threads, "context": args.context, "max_tokens": args.max_tokens,
-            "ours": ours, "ours_ms": ours_ms, "ours_t1_ms": round(one_token_ms, 2), "ours_t1_ms_range": one_token_range,
+            "ours": ours, "ours_ms": ours_ms, "ours_t1_ms": ours_ms[0], "ours_t1_ms_range": one_token_range,
             "ours_seconds": round(ours_s, 1), "llama_cpp": peer,
             "llama_cpp_missing": missing}
 

@@ -3044,63 +3044,41 @@ bool reads_by_block(int64_t type) {
   return (type == kQ4_K && block_major<Q4Kx8>) || (type == kQ6_K && block_major<Q6Kx8>);
 }
 
-// One interleaved matrix's product over activations quantized for its format (`quantized_for`)
-void qlinear_x8_rows(const uint8_t* w, int64_t type, int64_t N, int64_t K, const QuantizedRows& rows,
-                     const float* bias_ptr, float* o) {
-  const int64_t T = rows.T;
-  switch (type) {
-#if SPECDRAFT_AMX
-    case kQ4_K:
-      if (use_amx(T, N, kAmxScaledQ4KTokens)) qlinear_scaled_amx<AmxQ4KScaled>(w, N, K, rows, bias_ptr, o);
-      else if (use_amx(T, N, kAmxMinTokensQ4K)) qlinear_expanded_amx<AmxQ4K>(w, N, K, rows, bias_ptr, o);
-      else qlinear_x8_impl<Q4Kx8>(w, N, K, rows, bias_ptr, o);
-      break;
-    case kQ6_K:
-      if (use_amx(T, N, kAmxMinTokensQ6K)) qlinear_scaled_amx<AmxQ6KScaled>(w, N, K, rows, bias_ptr, o);
-      else qlinear_x8_impl<Q6Kx8>(w, N, K, rows, bias_ptr, o);
-      break;
-#else
-    case kQ4_K: qlinear_x8_impl<Q4Kx8>(w, N, K, rows, bias_ptr, o); break;
-    case kQ6_K: qlinear_x8_impl<Q6Kx8>(w, N, K, rows, bias_ptr, o); break;
-#endif
-    case kQ5_K: qlinear_x8_impl<Q5Kx8>(w, N, K, rows, bias_ptr, o); break;  // no tiles of its own (yet)
-    case kQ3_K: qlinear_x8_impl<Q3Kx8>(w, N, K, rows, bias_ptr, o); break;  // nor have Q3_K
-    case kQ2_K: qlinear_x8_impl<Q2Kx8>(w, N, K, rows, bias_ptr, o); break;  // and Q2_K
-    case kQ8_0: qlinear_x8_small_blocks<Q80x8>(w, N, K, rows, bias_ptr, o); break;
-    case kQ5_0: qlinear_x8_small_blocks<Q50x8>(w, N, K, rows, bias_ptr, o); break;
-    case kQ4_0: qlinear_x8_small_blocks<Q40x8>(w, N, K, rows, bias_ptr, o); break;
-    case kIQ4_NL: qlinear_x8_small_blocks<IQ4NLx8>(w, N, K, rows, bias_ptr, o); break;
-    case kIQ4_XS: qlinear_x8_impl<IQ4XSx8>(w, N, K, rows, bias_ptr, o); break;
-  }
-}
-
 // Several matrices of one format over the same activations in one parallel region (qlinear_x8_impl over parts),
 // where the format's passes of T tokens take the 256-weight loops; false where they take other paths (AMX tiles,
-// the 32-weight formats' own loops), which go one matrix at a time.
+// the 32-weight formats' own loops), which go one matrix at a time (`qlinear_x8_rows`).
 bool qlinear_x8_parts(int64_t type, const ProductPart* parts, int n_parts, int64_t K, const QuantizedRows& rows) {
   const int64_t tiles_from = type == kQ4_K ? kAmxMinTokensQ4K : type == kQ6_K ? kAmxMinTokensQ6K : 0;
   for (int p = 0; p < n_parts; ++p)
-    if (tiles_from && use_amx(rows.T, parts[p].N, tiles_from)) return false;  // qlinear_x8_rows' choice
+    if (tiles_from && use_amx(rows.T, parts[p].N, tiles_from)) return false;  // the tiles take them
   switch (type) {
     case kQ4_K: qlinear_x8_impl<Q4Kx8>(parts, n_parts, K, rows); return true;
     case kQ6_K: qlinear_x8_impl<Q6Kx8>(parts, n_parts, K, rows); return true;
-    case kQ5_K: qlinear_x8_impl<Q5Kx8>(parts, n_parts, K, rows); return true;
-    case kQ3_K: qlinear_x8_impl<Q3Kx8>(parts, n_parts, K, rows); return true;
-    case kQ2_K: qlinear_x8_impl<Q2Kx8>(parts, n_parts, K, rows); return true;
+    case kQ5_K: qlinear_x8_impl<Q5Kx8>(parts, n_parts, K, rows); return true;  // no tiles of its own (yet)
+    case kQ3_K: qlinear_x8_impl<Q3Kx8>(parts, n_parts, K, rows); return true;  // nor have Q3_K
+    case kQ2_K: qlinear_x8_impl<Q2Kx8>(parts, n_parts, K, rows); return true;  // and Q2_K
     case kIQ4_XS: qlinear_x8_impl<IQ4XSx8>(parts, n_parts, K, rows); return true;
     default: return false;
   }
 }
 
-// x [T, K] quantized as a format's loops read it: its activation block, block by block where they read so, and
-// for Q6_K's 512-bit loop the offsets
-QuantizedRows quantized_for(int64_t type, const torch::Tensor& x) {
-  QuantizedRows rows = quantize_rows(x.data_ptr<float>(), x.size(0), x.size(1), block_weights(type),
-                                     reads_by_block(type));
-#if SPECDRAFT_WIDE_K
-  if (type == kQ6_K) add_offsets(rows);
+// One matrix's product where qlinear_x8_parts declines it: the AMX tiles, the 32-weight formats
+void qlinear_x8_rows(const uint8_t* w, int64_t type, int64_t N, int64_t K, const QuantizedRows& rows,
+                     const float* bias_ptr, float* o) {
+  switch (type) {
+#if SPECDRAFT_AMX
+    case kQ4_K:
+      if (use_amx(rows.T, N, kAmxScaledQ4KTokens)) qlinear_scaled_amx<AmxQ4KScaled>(w, N, K, rows, bias_ptr, o);
+      else qlinear_expanded_amx<AmxQ4K>(w, N, K, rows, bias_ptr, o);
+      break;
+    case kQ6_K: qlinear_scaled_amx<AmxQ6KScaled>(w, N, K, rows, bias_ptr, o); break;
 #endif
-  return rows;
+    case kQ8_0: qlinear_x8_small_blocks<Q80x8>(w, N, K, rows, bias_ptr, o); break;
+    case kQ5_0: qlinear_x8_small_blocks<Q50x8>(w, N, K, rows, bias_ptr, o); break;
+    case kQ4_0: qlinear_x8_small_blocks<Q40x8>(w, N, K, rows, bias_ptr, o); break;
+    case kIQ4_NL: qlinear_x8_small_blocks<IQ4NLx8>(w, N, K, rows, bias_ptr, o); break;
+    default: TORCH_CHECK(false, "no interleaved product for GGUF type ", type);
+  }
 }
 
 const float* checked_bias(const c10::optional<torch::Tensor>& bias, int64_t N) {
@@ -3109,23 +3087,11 @@ const float* checked_bias(const c10::optional<torch::Tensor>& bias, int64_t N) {
   return bias->data_ptr<float>();
 }
 
-// x: [T, K] float32, packed: [N / 8, ...] from qinterleave_into, bias: [N] float32 or None -> [T, N] float32
-torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x must be [T, K] float32");
-  const int64_t T = x.size(0), K = x.size(1), N = packed.size(0) * kRowGroup;
-  check_packed(packed, type, K);
-  const float* bias_ptr = checked_bias(bias, N);
-  const QuantizedRows rows = quantized_for(type, x);
-  auto out = torch::empty({T, N}, x.options());
-  qlinear_x8_rows(packed.data_ptr<uint8_t>(), type, N, K, rows, bias_ptr, out.data_ptr<float>());
-  return out;
-}
-
 // The products of several interleaved matrices (packed, type, bias or None each, all K wide) over one input x [T, K]
-// (a layer's q, k and v; its gate and up): each output [T, N] the bits qlinear_x8 gives it, x quantized once per
-// layout the formats read, and the matrices of one format over their row groups in one parallel region. The 1.5B's
-// q, k and v so (Zen 4, 2026-12-07, random Q4_K blocks of their shapes streamed, 2 threads): 0.84x the time of three
-// calls at one token, 0.82x at 8; its gate and up together level with two calls.
+// (a layer's q, k and v; its gate and up; qlinear_x8: one matrix): each output [T, N] the bits of its matrix's
+// product alone, x quantized once per layout the formats read, and the matrices of one format over their row
+// groups in one parallel region. The 1.5B's q, k and v so (Zen 4, 2026-12-07, random Q4_K blocks of their shapes
+// streamed, 2 threads): 0.84x the time of three calls at one token, 0.82x at 8; its gate and up level with two.
 std::vector<torch::Tensor> qlinear_x8_shared(
     torch::Tensor x, const std::vector<std::tuple<torch::Tensor, int64_t, c10::optional<torch::Tensor>>>& matrices) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x must be [T, K] float32");
@@ -3166,6 +3132,11 @@ std::vector<torch::Tensor> qlinear_x8_shared(
     }
   }
   return outs;
+}
+
+// x: [T, K] float32, packed: [N / 8, ...] from qinterleave_into, bias: [N] float32 or None -> [T, N] float32
+torch::Tensor qlinear_x8(torch::Tensor x, torch::Tensor packed, int64_t type, c10::optional<torch::Tensor> bias) {
+  return qlinear_x8_shared(x, {{packed, type, bias}})[0];
 }
 
 // The activations as the kernels see them: x [T, K] float32 -> (int8 [T, K], scales [T, K / block] float32), for
