@@ -86,10 +86,37 @@ def test_verify_many_keeps_each_sequence_as_its_own_verify_would(native_target):
         assert a.token_ids == b.token_ids and torch.equal(a.forward([3], 1), b.forward([3], 1))
 
 
+def test_a_prompt_chunk_riding_in_others_passes_fills_its_cache_as_its_own_passes_would(native_target):
+    """The server's prefill chunks ride in the running requests' verify pass (n_logits 0): the riding prompt's
+    next step, and the others' logits, are bit for bit those of separate passes."""
+    prompt = [(3 * i + 1) % 14 for i in range(20)]
+    verifying = [prefilled(native_target, p) for p in PROMPTS[:2]]
+    alone = [prefilled(native_target, p) for p in PROMPTS[:2]]
+    rider, own = native_target.new_state(capacity=64), native_target.new_state(capacity=64)
+    drafts = [Draft(torch.tensor(chain, dtype=torch.long)) for chain in ([4, 5], [9])]
+    pendings = [p[-1] for p in PROMPTS[:2]]
+    for chunk in (prompt[:8], prompt[8:19]):  # two chunks: the second attends over the first
+        assert rider.rides_along(verifying[0], len(chunk))
+        together = NativeState.verify_many(verifying, pendings, drafts, (rider, chunk))
+        own.forward(chunk, 1)
+        for state, pending, draft, got in zip(alone, pendings, drafts, together):
+            assert torch.equal(got, state.verify(pending, draft))
+        for states in (verifying, alone):
+            for state in states:
+                state.keep_verified([])
+    assert rider.token_ids == own.token_ids == prompt[:19]
+    assert torch.equal(rider.forward(prompt[19:], 1), own.forward(prompt[19:], 1))
+
+
 def test_forward_many_refuses_what_it_cannot_pass_exactly(native_target):
     one, two = prefilled(native_target, PROMPTS[0]), prefilled(native_target, PROMPTS[1])
-    with pytest.raises(ValueError, match="1 to 32 tokens"):
-        NativeState.forward_many([one, two], [[1] * (MAX_KERNEL_ROWS + 1), [2]], [1, 1])
+    too_long = [1] * (MAX_KERNEL_ROWS + 1)  # float32 matrices: a pass of its own this long takes torch's matmul
+    if native_target.native.rows_batch_invariant:
+        assert one.rides_along(two, len(too_long))
+    else:
+        assert not one.rides_along(two, len(too_long))
+        with pytest.raises(ValueError, match="1 to 32 tokens"):
+            NativeState.forward_many([one, two], [too_long, [2]], [1, 1])
     with pytest.raises(ValueError, match="one pass per cache"):
         native_target.native.forward_many([([1], one.cache, 1), ([2], one.cache, 1)])
     with pytest.raises(ValueError, match="verifies chains"):
@@ -200,7 +227,7 @@ def test_the_equality_check_catches_logits_handed_to_the_wrong_request(tiny_dirs
     alone = [engine.generate(p, params).token_ids for p in prompts]
     verify_many = NativeState.verify_many
     monkeypatch.setattr(NativeState, "verify_many", staticmethod(
-        lambda states, pendings, drafts: verify_many(states, pendings, drafts)[::-1]))
+        lambda states, pendings, drafts, prefill=None: verify_many(states, pendings, drafts, prefill)[::-1]))
     assert [r.token_ids for r in engine.generate_many(prompts, params)] != alone
 
 

@@ -746,6 +746,7 @@ def test_greedy_answers_under_load_equal_each_request_served_alone(models):
     single = delta[("specdraft_pass_requests_bucket", (("le", "1.0"),))]
     assert passes > single, "no pass held more than one request"
     assert delta[("specdraft_pass_requests_bucket", (("le", "4.0"),))] == passes  # never more than max_batch
+    assert delta[("specdraft_prefill_tokens_total", (("pass_kind", "shared"),))] > 0, "no prefill chunk rode along"
     assert delta[("specdraft_queue_wait_seconds_count", ())] == len(LOAD)
     assert health["max_batch"] == 4
 
@@ -756,8 +757,8 @@ def test_negative_control_mixed_up_rows_change_answers_under_load(models, monkey
 
     verify_together = scheduler.verify_together
 
-    def mixed_up(loops, drafts, errors=None):
-        logits = verify_together(loops, drafts, errors)
+    def mixed_up(loops, drafts, errors=None, prefill=None):
+        logits = verify_together(loops, drafts, errors, prefill)
         if len(loops) < 2:
             return logits
         # request i gets request i + 1's rows, cut or repeated to its own length
@@ -767,6 +768,22 @@ def test_negative_control_mixed_up_rows_change_answers_under_load(models, monkey
     monkeypatch.setattr(scheduler, "verify_together", mixed_up)
     with LiveServer(models, max_queue=16, max_batch=4, prefill_chunk=8) as live:
         alone, together, _ = alone_and_together(live)
+    assert together != alone
+
+
+def test_negative_control_a_riding_prefill_chunk_out_of_order_changes_answers(models, monkeypatch):
+    """The same check must fail when the prefill chunks that ride in the running requests' pass go in reversed."""
+    from specdraft.server import scheduler
+
+    verify_together = scheduler.verify_together
+
+    def reversed_chunk(loops, drafts, errors=None, prefill=None):
+        return verify_together(loops, drafts, errors, None if prefill is None else (prefill[0], prefill[1][::-1]))
+
+    monkeypatch.setattr(scheduler, "verify_together", reversed_chunk)
+    with LiveServer(models, max_queue=16, max_batch=4, prefill_chunk=8) as live:
+        alone, together, delta = alone_and_together(live)
+    assert delta[("specdraft_prefill_tokens_total", (("pass_kind", "shared"),))] > 0
     assert together != alone
 
 

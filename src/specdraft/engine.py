@@ -92,21 +92,38 @@ class DecodeLoop:
     def prefill(self, most: int | None = None) -> bool:
         """Run the next `most` prompt tokens (None: all that are left) through the target; when the prompt is in,
         the drafter begins. Returns whether prefill is done. A server prefills a long prompt in chunks between
-        the passes of running requests; a chunk's rows come out as they would in one pass (the kernels are
-        batch-invariant) except for float32 weights, whose passes over more than 32 tokens use torch's matmul."""
+        the passes of running requests, or inside them (`prefill_chunk`, `prefill_ran`); a chunk's rows come out
+        as they would in one pass (the kernels are batch-invariant) except for float32 weights, whose passes over
+        more than 32 tokens use torch's matmul."""
         started = time.perf_counter()
-        to_cache = len(self.context) - 1
+        chunk = self.prefill_chunk(most)
+        if chunk:
+            self.state.forward(chunk, 1)
+        return self.prefill_ran(len(chunk), time.perf_counter() - started)
+
+    def prefill_chunk(self, most: int | None = None) -> list[int]:
+        """The prompt tokens the next prefill pass runs: at most `most` (None: all that are left) after those in
+        the cache; empty when none are left. The first call restores the longest cached prefix of the prompt."""
         if self._restored is None:  # asked at the first chunk: an earlier chunk of another request may have stored it
+            started = time.perf_counter()
+            to_cache = len(self.context) - 1
             self._restored = (self.prefix_cache.restore(self.state, self.context[:to_cache])
                               if self.prefix_cache is not None and to_cache else 0)
             self._prefilled = self.stats.cached_prompt_tokens = self._restored
-        end = to_cache if most is None else min(to_cache, self._prefilled + most)
-        if end > self._prefilled:
-            self.state.forward(self.context[self._prefilled: end], 1)
+            self.stats.time_prefill_s += time.perf_counter() - started
+        end = len(self.context) - 1 if most is None else min(len(self.context) - 1, self._prefilled + most)
+        return self.context[self._prefilled: end]
+
+    def prefill_ran(self, n: int, seconds: float) -> bool:
+        """A pass ran the first n tokens of `prefill_chunk` (this loop's own, or a pass shared with others:
+        `verify_together`), in `seconds`: counted, and when the prompt is in, it is stored in the prefix cache and
+        the drafter begins. Returns whether prefill is done."""
+        to_cache = len(self.context) - 1
+        if n:
             if self.state.features is not None:
                 self._prefill_features.append(self.state.features)
-            self._prefilled = end
-        self.stats.time_prefill_s += time.perf_counter() - started
+            self._prefilled += n
+        self.stats.time_prefill_s += seconds
         if self._prefilled == to_cache:
             self.prefilling = False
             if self.prefix_cache is not None and to_cache > self._restored:
@@ -211,18 +228,30 @@ def shares_pass(loop: DecodeLoop, draft: Draft) -> bool:
             and draft.k + 1 <= MAX_KERNEL_ROWS)
 
 
-def verify_together(loops: list[DecodeLoop], drafts: list[Draft],
-                    errors: dict[int, Exception] | None = None) -> list[torch.Tensor | None]:
+def prefill_rides(prefilling: DecodeLoop, chunk: list[int], loops: list[DecodeLoop], drafts: list[Draft]) -> bool:
+    """Whether `chunk` of a prompt (`prefilling.prefill_chunk`) can ride in the pass that `verify_together` shares
+    among these loops: one of them shares it, and the chunk's rows come out as its own pass would give them."""
+    return bool(chunk) and isinstance(prefilling.state, NativeState) and any(
+        shares_pass(loop, draft) and prefilling.state.rides_along(loop.state, len(chunk))
+        for loop, draft in zip(loops, drafts))
+
+
+def verify_together(loops: list[DecodeLoop], drafts: list[Draft], errors: dict[int, Exception] | None = None,
+                    prefill: tuple[DecodeLoop, list[int]] | None = None) -> list[torch.Tensor | None]:
     """Each loop's target pass over its pending token and draft (logits [k + 1, V] each): those that can share
     one pass do (`NativeState.verify_many`: the weights are read once for all); a token tree, a drafter that reads
     the target's features, more than MAX_KERNEL_ROWS tokens or the transformers backend runs on its own.
     errors: where a pass of its own fails, its loop's index -> the exception, and None for its logits (without
-    it, the exception propagates)."""
+    it, the exception propagates). prefill: a chunk of another request's prompt that rides in the shared pass
+    (`prefill_rides` said it can; the caller then calls the loop's `prefill_ran`)."""
     together = [i for i, (loop, draft) in enumerate(zip(loops, drafts)) if shares_pass(loop, draft)]
     logits: list[torch.Tensor | None] = [None] * len(loops)
-    if len(together) > 1:
+    if prefill is not None and not prefill_rides(*prefill, loops, drafts):
+        raise ValueError("this prefill chunk cannot ride in the shared pass")
+    if len(together) > 1 or prefill is not None:
+        rider = None if prefill is None else (prefill[0].state, prefill[1])
         rows = NativeState.verify_many([loops[i].state for i in together], [loops[i].pending for i in together],
-                                       [drafts[i] for i in together])
+                                       [drafts[i] for i in together], rider)
         for i, row in zip(together, rows):
             logits[i] = row
     for i, (loop, draft) in enumerate(zip(loops, drafts)):
@@ -237,20 +266,21 @@ def verify_together(loops: list[DecodeLoop], drafts: list[Draft],
     return logits
 
 
-def propose_together(loops: list[DecodeLoop], joining: int = 0,
-                     errors: dict[int, Exception] | None = None) -> list[Draft]:
+def propose_together(loops: list[DecodeLoop], joining: int = 0, errors: dict[int, Exception] | None = None,
+                     riding: int = 0) -> list[Draft]:
     """The drafts of one batched pass: each request drafts knowing what the others put into the pass (those
     before it: their drafts; those after it: their pending token). `joining`: requests still prefilling, counted
     as one token each (they join the next passes: a request alone for a pass or two while others prefill does not
-    begin a draft model for them). errors: where a drafter fails, its loop's index -> the exception, and an empty
-    draft in its place (without it, the exception propagates).
+    begin a draft model for them); `riding`: prompt tokens of a prefill chunk in the same pass. errors: where a
+    drafter fails, its loop's index -> the exception, and an empty draft in its place (without it, the exception
+    propagates).
 
     The lengths are planned first (each knowing the planned lengths before it), then the drafters draft: those
     of one class and `batch_key` in one call (`Drafter.propose_batch`: one draft model's steps for all its
     requests in one pass), the others one by one."""
     drafts: list[Draft] = [Draft.empty()] * len(loops)
     planned: list[int] = [0] * len(loops)
-    load = PassLoad(tokens=len(loops) + joining, requests=len(loops) + joining)
+    load = PassLoad(tokens=len(loops) + joining + riding, requests=len(loops) + joining)
 
     def failed(i: int, exc: Exception) -> None:
         if errors is None:

@@ -30,7 +30,8 @@ from .fetch import check_model_reference
 from .fastpath import WeightMajorLinear
 from .model_files import FastTokenizer, JsonConfig, read_generation_config, read_model_config
 from .native.gguf_weights import read_gguf
-from .native.llama import NativeCache, NativeLlama, config_unsupported_reason, native_unsupported_reason
+from .native.llama import (MAX_KERNEL_ROWS, NativeCache, NativeLlama, config_unsupported_reason,
+                           native_unsupported_reason)
 
 
 @dataclass
@@ -547,16 +548,26 @@ class NativeState(SequenceState):
         return logits
 
     @staticmethod
-    def verify_many(states: list["NativeState"], pendings: list[int], drafts: list[Draft]) -> list[torch.Tensor]:
+    def verify_many(states: list["NativeState"], pendings: list[int], drafts: list[Draft],
+                    prefill: tuple["NativeState", list[int]] | None = None) -> list[torch.Tensor]:
         """`verify` of several sequences (chain drafts) in one target pass; each keeps its pass as a tree region
-        for `keep_verified`, as its own verify would."""
+        for `keep_verified`, as its own verify would. prefill: another sequence's prompt tokens that ride in the
+        same pass (its cache filled as its own `forward` would fill it; no logits)."""
         if any(draft.parents is not None for draft in drafts):
             raise ValueError("verify_many verifies chains (a token tree goes through verify)")
         ids = [[pending] + draft.token_ids.tolist() for pending, draft in zip(pendings, drafts)]
-        logits = NativeState.forward_many(states, ids, [len(chain) for chain in ids])
+        riders = [] if prefill is None else [prefill]
+        logits = NativeState.forward_many(states + [state for state, _ in riders], ids + [chunk for _, chunk in riders],
+                                          [len(chain) for chain in ids] + [0] * len(riders))[: len(states)]
         for state, chain in zip(states, ids):
             state.tree_parents, state.tree_depths = list(range(-1, len(chain) - 1)), list(range(len(chain)))
         return logits
+
+    def rides_along(self, other: "NativeState", tokens: int) -> bool:
+        """Whether `tokens` of this sequence's prompt may ride in a pass of `other`'s model (`verify_many`'s
+        prefill): the same model, no taps, and a pass its own `forward` would give the same bits."""
+        return (self.native is other.native and not self.feature_layers and not self.tree_parents
+                and (tokens <= MAX_KERNEL_ROWS or self.native.rows_batch_invariant))
 
     def _drop_last(self, n: int) -> None:
         self.cache.truncate(self.cache.length - n)

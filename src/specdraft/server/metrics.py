@@ -39,8 +39,11 @@ class ServerMetrics:
                              registry=r)
         self.pass_requests = Histogram("specdraft_pass_requests", "Requests scored by each batched target pass",
                                        buckets=PASS_REQUESTS_BUCKETS, registry=r)
-        self.pass_tokens = Histogram("specdraft_pass_tokens", "Tokens (pending and draft) in each batched target pass",
+        self.pass_tokens = Histogram("specdraft_pass_tokens", "Tokens (pending, draft and a riding prefill chunk) in "
+                                      "each batched target pass",
                                      buckets=PASS_TOKENS_BUCKETS, registry=r)
+        self.prefill_tokens = Counter("specdraft_prefill_tokens", "Prompt tokens prefilled, by pass: shared (riding in "
+                                      "the running requests' pass) or alone", ["pass_kind"], registry=r)
         self.queue_wait = Histogram("specdraft_queue_wait_seconds", "From a request's arrival in the queue to its "
                                     "admission into the running batch", buckets=LATENCY_BUCKETS, registry=r)
         self.time_to_first_token = Histogram("specdraft_time_to_first_token_seconds",

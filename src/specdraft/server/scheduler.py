@@ -5,11 +5,12 @@ which the worker hands back with `loop.call_soon_threadsafe`. Between two passes
   0. runs what other threads asked of it (`run_on_worker`: loading, engines, drafters; see Scheduler);
   1. lets go of the requests that were stopped (client gone, shutdown): their caches are freed at once;
   2. admits waiting jobs, in arrival order, while the running choices stay within `max_batch`;
-  3. prefills one chunk (`prefill_chunk` tokens) of the oldest request still prefilling, so that a long
+  3. takes one chunk (`prefill_chunk` tokens) of the oldest request still prefilling, so that a long
      prompt delays the running requests by one chunk per pass, not by its whole prefill;
   4. runs one target pass for every request past its prefill: each drafts for itself, knowing how full the
      pass is (`propose_together`), and the pending tokens and drafts of all go through the weights at once
-     (`verify_together`); each accepts on its own, streams its text and, at its end, leaves.
+     (`verify_together`), the prefill chunk with them (where nothing shares the pass, the chunk runs on its
+     own first); each accepts on its own, streams its text and, at its end, leaves.
 A request's tokens never depend on who shares its passes: the kernels are batch-invariant (a row's logits are
 the same bits alone or in a pass of many), and each request has its own drafter, generator and statistics.
 """
@@ -28,7 +29,7 @@ from typing import TypeVar
 
 import torch
 
-from ..engine import Generation, propose_together, shares_pass, verify_together
+from ..engine import Generation, prefill_rides, propose_together, shares_pass, verify_together
 from ..errors import SpecdraftError
 from ..types import GenerationResult
 from .config import INTERLEAVED_MAX_BATCH, ServerConfig
@@ -310,35 +311,50 @@ class Scheduler:
         # 1. stopped requests leave
         for slot in [slot for slot in self._slots if slot.job.stopped.is_set()]:
             self._end(slot)
-        # 2. one chunk of the oldest prefill
+        # 2. one chunk of the oldest prefill: it rides in this step's shared pass where it can (the weights are read
+        # once for both), else it runs on its own first
+        prefill: tuple[Slot, list[int]] | None = None
         waiting_prefill = next((slot for slot in self._slots if not slot.decoding), None)
         if waiting_prefill is not None:
-            generation = waiting_prefill.generation
             try:
-                if generation.loop is None:
-                    generation.open(prefill_by_chunks=True)
+                if waiting_prefill.generation.loop is None:
+                    waiting_prefill.generation.open(prefill_by_chunks=True)
                     waiting_prefill.opened = True
-                generation.loop.prefill(self.prefill_chunk)
+                prefill = (waiting_prefill, waiting_prefill.generation.loop.prefill_chunk(self.prefill_chunk))
             except Exception as exc:  # this request's alone: the others go on
                 self._fail(waiting_prefill.job, request_error(exc))
-        # 3. one target pass for every request past its prefill
         running = [slot for slot in self._slots if slot.decoding]
+        if prefill is not None and not (running and prefill[1]):
+            self._prefill_alone(*prefill)
+            prefill = None
+            running = [slot for slot in self._slots if slot.decoding]  # the one whose prefill ended joins
+        # 3. one target pass for every request past its prefill
         if not running:
             return
         loops = [slot.generation.loop for slot in running]
         errors: dict[int, Exception] = {}  # a request's own failure (its drafter, a pass of its own): it alone ends
-        drafts = propose_together(loops, joining=len(self._slots) - len(running), errors=errors)
-        logits = verify_together(loops, drafts, errors)  # [k + 1, V] each (None where it failed)
+        riding = 0 if prefill is None else len(prefill[1])
+        drafts = propose_together(loops, joining=len(self._slots) - len(running), errors=errors, riding=riding)
+        if prefill is not None and not prefill_rides(prefill[0].generation.loop, prefill[1], loops, drafts):
+            self._prefill_alone(*prefill)
+            prefill, riding = None, 0
+        started = time.perf_counter()
+        logits = verify_together(loops, drafts, errors,  # [k + 1, V] each (None where it failed)
+                                 None if prefill is None else (prefill[0].generation.loop, prefill[1]))
+        if prefill is not None:
+            prefill[0].generation.loop.prefill_ran(riding, time.perf_counter() - started)
+            self.metrics.prefill_tokens.labels("shared").inc(riding)
         for i, exc in errors.items():
             if running[i] in self._slots:
                 self._fail(running[i].job, request_error(exc))
         # the passes verify_together ran: one shared by those that could share it (two or more), one per other
         sharing = [shares_pass(loop, draft) for loop, draft in zip(loops, drafts)]
         together = sum(sharing) > 1
-        if together:
-            self.metrics.record_pass(sum(sharing), sum(d.k + 1 for d, shared in zip(drafts, sharing) if shared))
+        if together or riding:
+            verified = sum(draft.k + 1 for draft, shared in zip(drafts, sharing) if shared)
+            self.metrics.record_pass(sum(sharing), riding + verified)
         for draft, shared in zip(drafts, sharing):
-            if not (together and shared):
+            if not ((together or riding) and shared):
                 self.metrics.record_pass(1, draft.k + 1)
         for slot, rows in zip(running, logits):
             if slot not in self._slots:  # its job failed (with another of its choices)
@@ -354,6 +370,20 @@ class Scheduler:
                 slot.job.emit(ChoiceEvent(slot.choice, slot.generation.result()))
                 slot.job.completed += 1
                 self._end(slot)
+
+    def _prefill_alone(self, slot: Slot, chunk: list[int]) -> None:
+        """A prefill chunk in a pass of its own (nothing to share one with)."""
+        if slot not in self._slots:
+            return
+        loop = slot.generation.loop
+        started = time.perf_counter()
+        try:
+            if chunk:
+                loop.state.forward(chunk, 1)
+            loop.prefill_ran(len(chunk), time.perf_counter() - started)
+            self.metrics.prefill_tokens.labels("alone").inc(len(chunk))
+        except Exception as exc:  # this request's alone: the others go on
+            self._fail(slot.job, request_error(exc))
 
     def _end(self, slot: Slot) -> None:
         """The choice leaves: its caches and drafter are let go, its counts recorded; the job's last choice to

@@ -796,14 +796,16 @@ class NativeLlama:
         The norms and matrix products run over all their rows at once (the weights are read once for all), the
         rotary embedding, cache writes and attention per sequence over its own cache. Each sequence's logits
         [n_logits, V] are bit-identical to its own `forward` (the kernels are batch-invariant: a row's arithmetic
-        never depends on the other rows), so a request's tokens never depend on who else is in the pass. Each pass
-        holds at most MAX_KERNEL_ROWS tokens (a longer one, a prompt's prefill, goes through `forward`: in float32
-        it takes torch's matmul, which these rows must not)."""
+        never depends on the other rows), so a request's tokens never depend on who else is in the pass.
+        n_logits 0: a chunk of a prompt's prefill riding along (its cache filled, no logits: [0, V]). A pass holds
+        at most MAX_KERNEL_ROWS tokens where the model has float32 matrices (its `forward` of more takes torch's
+        matmul, which these rows must not); any number where every product is the kernels'."""
         segments, token_ids = [], []
+        most_rows = MAX_KERNEL_ROWS if self._has_float32_matrices else None
         for ids, cache, n_logits in passes:
-            if not 1 <= len(ids) <= MAX_KERNEL_ROWS or not 1 <= n_logits <= len(ids):
-                raise ValueError(f"a pass of forward_many holds 1 to {MAX_KERNEL_ROWS} tokens and returns logits "
-                                 f"for 1 to all of them; got {len(ids)} tokens, {n_logits} logits")
+            if len(ids) < 1 or (most_rows is not None and len(ids) > most_rows) or not 0 <= n_logits <= len(ids):
+                raise ValueError(f"a pass of forward_many holds 1 to {most_rows or 'any number of'} tokens and "
+                                 f"returns logits for 0 to all of them; got {len(ids)} tokens, {n_logits} logits")
             if cache.length + len(ids) > self.max_positions:
                 raise ValueError(f"position {cache.length + len(ids)} is past the model's {self.max_positions} "
                                  "positions")
@@ -824,6 +826,12 @@ class NativeLlama:
             for i in members:
                 segment, n_logits = segments[i], passes[i][2]
                 rows.extend(range(segment.first + segment.n - n_logits, segment.first + segment.n))
+            if not rows:  # prefill chunks alone under this head: nothing to score
+                head = heads[members[0]]
+                width = (self.full_head() if head is None else head).shape[0]
+                for i in members:
+                    logits[i] = hidden.new_empty((0, width))
+                continue
             scored = self.logits(hidden[rows], heads[members[0]], kernel_only=True)  # [sum n_logits, V]
             for i, part in zip(members, scored.split([passes[i][2] for i in members])):
                 logits[i] = part
