@@ -603,41 +603,61 @@ void attend_block(const float* const* qrows, float* const* outs, const int64_t* 
   }
 }
 
-// Runs `attend_block` over every (KV head, block of its queries) in parallel. Query (t, h) reads KV head
-// h / group; its keys come from key_count(t) and key_slot(t, i). scale: what a score q.k is multiplied by (0:
-// 1 / sqrt(Dh)); softcap: Gemma 2's cap of the scaled scores (0: none).
+// How one sequence's queries split into tasks: (KV head, part of its queries), `parts` per KV head. A KV head's
+// queries split further when there are fewer KV heads than threads.
+struct AttentionTasks {
+  int64_t group, per_head, parts;
+  AttentionTasks(int64_t T, int64_t H, int64_t Hkv) : group(H / Hkv), per_head(T * (H / Hkv)) {
+    const int64_t blocks = (per_head + kQueriesPerBlock - 1) / kQueriesPerBlock;
+    const int64_t split = std::max<int64_t>(1, std::min<int64_t>(per_head, (at::get_num_threads() + Hkv - 1) / Hkv));
+    parts = std::max(blocks, split);
+  }
+  int64_t count(int64_t Hkv) const { return Hkv * parts; }
+};
+
+inline float attention_scale_for(double scale_or_zero, int64_t Dh) {
+  return scale_or_zero > 0 ? static_cast<float>(scale_or_zero) : 1.0f / std::sqrt(static_cast<float>(Dh));
+}
+
+// One task of `AttentionTasks`: `attend_block` over KV head task / parts's queries of part task % parts. Query (t, h)
+// reads KV head h / group; its keys come from key_count(t) and key_slot(t, i). scale: what a score q.k is multiplied
+// by; softcap: Gemma 2's cap of the scaled scores (0: none). scores: the thread's buffer.
+template <bool kSameKeys, typename KeyCount, typename KeySlot>
+void attend_task(const AttentionTasks& tasks, int64_t task, const float* qp, float* op, int64_t H, int64_t C,
+                 int64_t Dh, const float* kp, const float* vp, float scale, double softcap, KeyCount key_count,
+                 KeySlot key_slot, std::vector<float>& scores) {
+  const float* qrows[kQueriesPerBlock];
+  float* outs[kQueriesPerBlock];
+  int64_t n_keys[kQueriesPerBlock], times[kQueriesPerBlock];
+  const int64_t group = tasks.group, per_head = tasks.per_head, parts = tasks.parts;
+  const int64_t kvh = task / parts, part = task % parts;
+  const int64_t first = per_head * part / parts, last = per_head * (part + 1) / parts;
+  for (int64_t b0 = first; b0 < last; b0 += kQueriesPerBlock) {
+    const int64_t n = std::min(kQueriesPerBlock, last - b0);
+    for (int64_t u = 0; u < n; ++u) {  // the kv head's query j: token j / group, head kvh * group + j % group
+      const int64_t t = (b0 + u) / group, h = kvh * group + (b0 + u) % group;
+      qrows[u] = qp + (t * H + h) * Dh;
+      outs[u] = op + (t * H + h) * Dh;
+      n_keys[u] = key_count(t);
+      times[u] = t;
+    }
+    attend_block<kSameKeys>(qrows, outs, n_keys, n, kp + kvh * C * Dh, vp + kvh * C * Dh, Dh, scale,
+                            static_cast<float>(softcap), [&](int64_t u, int64_t i) { return key_slot(times[u], i); },
+                            scores);
+  }
+}
+
+// Runs every task of one sequence's queries in parallel. scale_or_zero: as `attention`'s scale.
 template <bool kSameKeys, typename KeyCount, typename KeySlot>
 void attend_all(const float* qp, float* op, int64_t T, int64_t H, int64_t Hkv, int64_t C, int64_t Dh,
                 const float* kp, const float* vp, double scale_or_zero, double softcap, KeyCount key_count,
                 KeySlot key_slot) {
-  const int64_t group = H / Hkv, per_head = T * group;
-  const int64_t blocks = (per_head + kQueriesPerBlock - 1) / kQueriesPerBlock;
-  // a KV head's queries split further when there are fewer KV heads than threads
-  const int64_t split = std::max<int64_t>(1, std::min<int64_t>(per_head, (at::get_num_threads() + Hkv - 1) / Hkv));
-  const int64_t parts = std::max(blocks, split);
-  const float scale = scale_or_zero > 0 ? static_cast<float>(scale_or_zero) : 1.0f / std::sqrt(static_cast<float>(Dh));
-  at::parallel_for(0, Hkv * parts, 1, [&](int64_t begin, int64_t end) {
+  const AttentionTasks tasks(T, H, Hkv);
+  const float scale = attention_scale_for(scale_or_zero, Dh);
+  at::parallel_for(0, tasks.count(Hkv), 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
-    const float* qrows[kQueriesPerBlock];
-    float* outs[kQueriesPerBlock];
-    int64_t n_keys[kQueriesPerBlock], times[kQueriesPerBlock];
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t kvh = task / parts, part = task % parts;
-      const int64_t first = per_head * part / parts, last = per_head * (part + 1) / parts;
-      for (int64_t b0 = first; b0 < last; b0 += kQueriesPerBlock) {
-        const int64_t n = std::min(kQueriesPerBlock, last - b0);
-        for (int64_t u = 0; u < n; ++u) {  // the kv head's query j: token j / group, head kvh * group + j % group
-          const int64_t t = (b0 + u) / group, h = kvh * group + (b0 + u) % group;
-          qrows[u] = qp + (t * H + h) * Dh;
-          outs[u] = op + (t * H + h) * Dh;
-          n_keys[u] = key_count(t);
-          times[u] = t;
-        }
-        attend_block<kSameKeys>(qrows, outs, n_keys, n, kp + kvh * C * Dh, vp + kvh * C * Dh, Dh, scale,
-                                static_cast<float>(softcap),
-                                [&](int64_t u, int64_t i) { return key_slot(times[u], i); }, scores);
-      }
-    }
+    for (int64_t task = begin; task < end; ++task)
+      attend_task<kSameKeys>(tasks, task, qp, op, H, C, Dh, kp, vp, scale, softcap, key_count, key_slot, scores);
   });
 }
 
@@ -669,6 +689,54 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_
                       [first](int64_t t, int64_t i) { return first(t) + i; });
   }
   return out;
+}
+
+// `attention` of several sequences (a batched pass: q[s] [T_s, H, Dh] against its own cache layer k_caches[s],
+// v_caches[s] [Hkv, C_s, Dh] from slot starts[s]) in one parallel region over all their tasks, where every
+// sequence's queries see all their earlier keys (no window cuts one); each task is the one `attention` runs for
+// that sequence alone, so the same bits. Otherwise `attention` one sequence at a time.  ->  [T_s, H, Dh] each
+std::vector<torch::Tensor> attention_segments(const std::vector<torch::Tensor>& qs,
+                                              const std::vector<torch::Tensor>& k_caches,
+                                              const std::vector<torch::Tensor>& v_caches,
+                                              const std::vector<int64_t>& starts, int64_t window, double scale,
+                                              double softcap) {
+  const size_t n = qs.size();
+  bool windowed = false;
+  for (size_t s = 0; s < n; ++s) windowed = windowed || (window > 0 && starts[s] + qs[s].size(0) > window);
+  std::vector<torch::Tensor> outs(n);
+  if (n == 1 || windowed) {
+    for (size_t s = 0; s < n; ++s) outs[s] = attention(qs[s], k_caches[s], v_caches[s], starts[s], window, scale,
+                                                       softcap);
+    return outs;
+  }
+  std::vector<AttentionTasks> tasks;
+  std::vector<int64_t> task_starts{0};  // sequence s's tasks: task_starts[s] ..
+  for (size_t s = 0; s < n; ++s) {
+    const auto &q = qs[s], &k_cache = k_caches[s];
+    TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat && q.is_contiguous(), "q must be [T, H, Dh] float32");
+    TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_caches[s].is_contiguous() &&
+                v_caches[s].sizes() == k_cache.sizes(), "caches must be [Hkv, C, Dh]");
+    TORCH_CHECK(k_cache.size(2) == q.size(2) && q.size(1) % k_cache.size(0) == 0 &&
+                starts[s] + q.size(0) <= k_cache.size(1), "attention shapes do not match");
+    TORCH_CHECK(q.size(2) % 8 == 0, "head size must be a multiple of 8");
+    tasks.emplace_back(q.size(0), q.size(1), k_cache.size(0));
+    task_starts.push_back(task_starts.back() + tasks.back().count(k_cache.size(0)));
+    outs[s] = torch::empty_like(q);
+  }
+  at::parallel_for(0, task_starts.back(), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    size_t s = 0;
+    for (int64_t task = begin; task < end; ++task) {
+      while (task >= task_starts[s + 1]) ++s;
+      const auto &q = qs[s], &k_cache = k_caches[s];
+      const int64_t start = starts[s], Dh = q.size(2);
+      attend_task<true>(tasks[s], task - task_starts[s], q.data_ptr<float>(), outs[s].data_ptr<float>(), q.size(1),
+                        k_cache.size(1), Dh, k_cache.data_ptr<float>(), v_caches[s].data_ptr<float>(),
+                        attention_scale_for(scale, Dh), softcap, [start](int64_t t) { return start + t + 1; },
+                        [](int64_t t, int64_t i) { return i; }, scores);
+    }
+  });
+  return outs;
 }
 
 // Tree attention: the same arithmetic as `attention`, over an explicit set of keys per query. Query t sees
@@ -971,7 +1039,7 @@ class LayerStack {
       TORCH_CHECK(keys[s].dim() == 4 && keys[s].size(0) >= size() && values[s].sizes() == keys[s].sizes() &&
                   firsts[s] == (s ? firsts[s - 1] + counts[s - 1] : 0) && counts[s] > 0 &&
                   firsts[s] + counts[s] <= rows, "sequence ", s, " does not follow the previous one's rows");
-    std::vector<torch::Tensor> attended(n_segments);
+    std::vector<torch::Tensor> rotated(n_segments), layer_keys(n_segments), layer_values(n_segments);
     for (int64_t index = 0; index < size(); ++index) {
       const StackLayer& layer = layers_[index];
       auto x = ::rms_norm(hidden, layer.input_norm, eps_);  // [T, D]
@@ -986,9 +1054,11 @@ class LayerStack {
                                     k.narrow(0, first, n).view({n, kv_heads_, head_dim_}),
                                     v.narrow(0, first, n).view({n, kv_heads_, head_dim_}), cos[layer.rope_table],
                                     sin[layer.rope_table], c10::nullopt, keys_layer, values_layer, starts[s]);
-        attended[s] = ::attention(q_rotated, keys_layer, values_layer, starts[s], layer.window, attention_scale_,
-                                  attention_softcap_);  // [n, H, Dh]
+        rotated[s] = q_rotated, layer_keys[s] = keys_layer, layer_values[s] = values_layer;
       }
+      // every sequence's attention in one parallel region ([n, H, Dh] each)
+      const auto attended = ::attention_segments(rotated, layer_keys, layer_values, starts, layer.window,
+                                                 attention_scale_, attention_softcap_);
       auto heads = n_segments == 1 ? attended[0] : torch::cat(attended);  // [T, H, Dh]
       auto attention_out = layer.o.apply(heads.view({rows, -1}));  // [T, D]
       if (layer.attention_output_norm) attention_out = ::rms_norm(attention_out, *layer.attention_output_norm, eps_);
