@@ -818,6 +818,35 @@ def test_one_request_failing_leaves_the_others_in_its_passes_running(models, mon
     assert shared > 0, "the two requests never shared a pass: the test showed nothing"
 
 
+def test_a_riding_prefill_that_fails_at_its_end_leaves_the_pass_it_rode_in_running(models, monkeypatch):
+    """The end of a prefill that rode in another request's pass (prefix cache, drafter) raising ends that request
+    alone with a 500; the request whose pass it rode in gets its whole, exact answer."""
+    from specdraft.engine import DecodeLoop
+
+    poison, original = encode(models, "ded" * 5), DecodeLoop.prefill_ran
+
+    def prefill_ran(self, n, seconds):
+        if self.context[: len(poison)] == poison:
+            raise RuntimeError("boom at the prompt's end")
+        return original(self, n, seconds)
+
+    monkeypatch.setattr(DecodeLoop, "prefill_ran", prefill_ran)
+    expected = direct(models, encode(models, "abc"), SpecConfig(method="ar"), max_new_tokens=600).text
+    with LiveServer(models, max_batch=4) as live:
+        stream = live.client.completions.create(model=MODEL, prompt="abc", max_tokens=600, temperature=0,
+                                                stream=True, extra_body={"speculative": {"method": "ar"}})
+        chunks = iter(stream)
+        text = next(chunks).choices[0].text  # decoding when the other arrives
+        failed = live.http.post("/v1/completions", json={"model": MODEL, "prompt": "ded" * 5, "max_tokens": 50,
+                                                          "temperature": 0, "speculative": {"method": "ar"}})
+        text += "".join(chunk.choices[0].text for chunk in chunks)
+        metrics = live.metrics()
+    error = _assert_openai_error(failed, 500)
+    assert "boom at the prompt's end" in error["message"]
+    assert text == expected
+    assert metrics[("specdraft_prefill_tokens_total", (("pass_kind", "shared"),))] > 0, "the prefill never rode"
+
+
 def test_drafters_are_built_on_the_worker_before_the_request_queues(models, monkeypatch):
     """A request in flight beside others needs a drafter of its own; it is built (a draft model's vocabulary, an
     EAGLE head from disk) while the request is prepared, before it queues, on the worker thread between two passes:

@@ -342,8 +342,11 @@ class Scheduler:
         logits = verify_together(loops, drafts, errors,  # [k + 1, V] each (None where it failed)
                                  None if prefill is None else (prefill[0].generation.loop, prefill[1]))
         if prefill is not None:
-            prefill[0].generation.loop.prefill_ran(riding, time.perf_counter() - started)
             self.metrics.prefill_tokens.labels("shared").inc(riding)
+            try:
+                prefill[0].generation.loop.prefill_ran(riding, time.perf_counter() - started)
+            except Exception as exc:  # its prompt's end (prefix cache, drafter begin) failed: it alone ends
+                self._fail(prefill[0].job, request_error(exc))
         for i, exc in errors.items():
             if running[i] in self._slots:
                 self._fail(running[i].job, request_error(exc))
