@@ -95,8 +95,8 @@ class DecodeLoop:
         the passes of running requests, or inside them (`prefill_chunk`, `prefill_ran`); a chunk's rows come out
         as they would in one pass (the kernels are batch-invariant) except for float32 weights, whose passes over
         more than 32 tokens use torch's matmul."""
+        chunk = self.prefill_chunk(most)  # (its prefix cache's restore counted there)
         started = time.perf_counter()
-        chunk = self.prefill_chunk(most)
         if chunk:
             self.state.forward(chunk, 1)
         return self.prefill_ran(len(chunk), time.perf_counter() - started)
