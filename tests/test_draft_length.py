@@ -16,8 +16,8 @@ from specdraft.bench.report import gamma_label
 from specdraft.bench.report import predicted_tau as report_predicted_tau
 from specdraft.bench.runner import plan_variants
 from specdraft.config import AUTO_GAMMA_MAX
-from specdraft.draft_length import (EXTRAPOLATED_SPANS, AdaptiveLength, FixedLength, PassLoad, VerifyCurve,
-                                    best_length, expected_tokens, pass_cost_at)
+from specdraft.draft_length import (EXTRAPOLATED_SPANS, READ_SLOPE, AdaptiveLength, FixedLength, PassLoad,
+                                    VerifyCurve, best_length, expected_tokens, pass_cost_at, read_cost)
 from specdraft.drafters import ModelDrafter, PromptLookupDrafter
 from specdraft.drafters.lookup_first import LOOKUP_LABEL, LookupFirstDrafter
 from specdraft.knobs import parse_gamma
@@ -75,6 +75,24 @@ def test_a_fuller_pass_drafts_less(alpha):
     rate = lambda k: (4 + expected_tokens(alpha, k)) / (pass_cost_at(ZEN3, 7 + k) + 0.5)  # noqa: E731
     chosen = best_length(alpha, ZEN3, 0.0, load)
     assert all(rate(chosen) >= rate(k) for k in range(len(ZEN3)))
+
+
+def test_a_read_before_the_guess_is_charged_to_drafting_at_all_in_a_shared_pass():
+    """A draft model that must first read what it has not seen (its window when it begins, or what went by while
+    it rested) makes every request in a shared pass wait: that read is charged to any k > 0. Alone it is left to
+    the measured token cost (the single-request choice as before); a one-token read is the step itself."""
+    curve = VerifyCurve.flat(ZEN3)
+    assert read_cost(0.1, 1) == read_cost(0.1, 0) == 0.0 and read_cost(0.1, 16) == pytest.approx(0.1 * READ_SLOPE * 15)
+    shared = PassLoad(tokens=1, requests=1)
+    for alpha in (0.6, 0.8):
+        policy = AdaptiveLength(curve, {}, lambda: 0.1, prior_alpha=alpha)
+        plain = best_length(alpha, ZEN3, 0.1, shared)
+        assert plain > 0 and policy.next(load=shared, reads=1) == plain
+        assert policy.next(load=shared, reads=16) == 0  # the 16-token read, 0.3 of a pass, before any draft
+        assert best_length(alpha, ZEN3, 0.1, shared, read_cost=read_cost(0.1, 16)) == 0
+        assert policy.next(reads=16) == policy.next(reads=1) == best_length(alpha, ZEN3, 0.1) > 0  # alone: unpriced
+    # a read that does not change the argmax leaves the choice: a cheap read before a sure draft
+    assert best_length(0.95, ZEN3, 0.1, shared, read_cost=0.05) == best_length(0.95, ZEN3, 0.1, shared) > 0
 
 
 def test_a_resting_source_is_forgotten_pass_by_pass_until_it_drafts_again():
@@ -418,7 +436,7 @@ class Alternating:
     def __init__(self):
         self.passes = 0
 
-    def next(self, source=None, context_tokens=0, load=None):
+    def next(self, source=None, context_tokens=0, load=None, reads=1):
         self.passes += 1
         return 0 if self.passes % 2 else 3
 

@@ -7,6 +7,7 @@ import torch
 
 from specdraft import Engine, SamplingParams, SpecConfig, SpecdraftError, load_model
 from specdraft.drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from specdraft.drafters.lookup_first import LOOKUP_LABEL, LookupFirstDrafter
 from specdraft.types import Draft
 
 PROMPTS = ["abc ab", "j. ihg", "a", "dead beef cafe. dead be"]
@@ -94,6 +95,30 @@ def test_a_draft_model_reading_the_prompts_end_only_stays_greedy_exact(tiny_mode
         assert (drafter.context_start, len(drafter.state)) == (10 - context_tokens, 0)  # nothing fed yet
         drafter.propose(list(range(2, 12)), 1, GREEDY, None)  # the window and the pending token in one pass
     assert len(drafter.state) == context_tokens
+
+
+@pytest.mark.parametrize("context_tokens", [0, 3])
+def test_a_draft_models_read_before_its_guess_is_what_it_then_feeds(tiny_models, context_tokens):
+    """`reads_before_guess` (what gamma auto prices in a shared pass) counts what `to_feed` then feeds, without
+    feeding it: after a proposal and an acceptance, after a rest of several tokens (past a window: its restart),
+    and before the drafter has begun (its catch-up). A copy of lookup first reads nothing."""
+    target = tiny_models["target"]
+    drafter = ModelDrafter(tiny_models["draft"], target, context_tokens=context_tokens)
+    prompt = list(range(2, 12))
+    assert drafter.reads_before_guess(prompt, len(prompt), begun=False) == drafter.catch_up_tokens(10, 10)
+    with torch.inference_mode():
+        drafter.begin(prompt)
+        context = list(prompt)
+        for rest in (0, 1, 5):  # tokens that went by unseen since the last proposal
+            context += [(3 * len(context)) % 12 + 2 for _ in range(rest + 1)]
+            before = (list(drafter.state.token_ids), drafter.context_start)
+            reads = drafter.reads_before_guess(context, len(prompt), begun=True)
+            assert (list(drafter.state.token_ids), drafter.context_start) == before  # nothing fed, nothing dropped
+            assert reads == len(drafter.to_feed(context)) > 0, rest
+            drafter.propose(context, 1, GREEDY, None)
+    lookup = LookupFirstDrafter(drafter, max_ngram=4, min_ngram=2)
+    copyable = prompt + prompt[:3]  # its last 2-gram occurs earlier: the next proposal copies
+    assert lookup.next_source(copyable) == LOOKUP_LABEL and lookup.reads_before_guess(copyable, 10, True) == 0
 
 
 def test_greedy_full_acceptance_with_target_as_its_own_draft(tiny_models):
@@ -348,7 +373,7 @@ class CountingDrafter(Drafter):
 class NeverDraft:
     most = 3
 
-    def next(self, source=None, context_tokens=0, load=None):
+    def next(self, source=None, context_tokens=0, load=None, reads=1):
         return 0
 
     def token_cost(self, source=None):
@@ -378,7 +403,7 @@ class DraftFromSecondPass(NeverDraft):
     def __init__(self):
         self.passes = 0
 
-    def next(self, source=None, context_tokens=0, load=None):
+    def next(self, source=None, context_tokens=0, load=None, reads=1):
         self.passes += 1
         return 0 if self.passes == 1 else 2
 
@@ -433,7 +458,7 @@ class DraftEveryFifthPass(NeverDraft):
     def __init__(self):
         self.passes = 0
 
-    def next(self, source=None, context_tokens=0, load=None):
+    def next(self, source=None, context_tokens=0, load=None, reads=1):
         self.passes += 1
         return 2 if self.passes % 5 == 1 else 0
 

@@ -16,7 +16,10 @@ again (one token) once the evidence has faded; in a pass shared with other reque
 not try: there the prior decides.
 
 Several requests in one pass (`PassLoad`): the other requests' tokens sit on the curve first, and the choice
-maximises the whole pass's expected tokens per unit of time (`best_length`).
+maximises the whole pass's expected tokens per unit of time (`best_length`). There a draft model that must first
+read several tokens it has not seen (its window when it begins, or what went by while it rested) charges that
+read to drafting at all (`read_cost`): every request in the pass waits for it. Alone, the read is left to the
+measured token cost, as before (priced there too, a replay changed nothing: docs/performance.md).
 
 Exactness: the length of a pass's draft depends only on the passes before it, never on the target's
 distribution at the positions being drafted, so the output keeps the target's distribution (greedy: the same
@@ -75,21 +78,35 @@ def pass_cost_at(pass_cost: Sequence[float], n: int) -> float:
     return pass_cost[-1] + (n - len(pass_cost)) * max(slope, 0.0)
 
 
-def best_length(alpha: float, pass_cost: Sequence[float], draft_cost: float, load: PassLoad = PassLoad()) -> int:
+def best_length(alpha: float, pass_cost: Sequence[float], draft_cost: float, load: PassLoad = PassLoad(),
+                read_cost: float = 0.0) -> int:
     """The k in 0..len(pass_cost) - 1 with the most expected tokens per unit of time; 0 (a plain target pass,
     one token per T(1)) when no draft pays for its own steps and its extra verified rows.
 
     pass_cost[n - 1]: T(n) / T(1), a target pass over n tokens relative to one (pass_cost[0] == 1).
     draft_cost: one draft token's cost relative to T(1). load: the other requests in the same pass; the pass's
     tokens per unit of time counts theirs too, so a fuller pass (whose extra rows cost more) drafts less, and
-    k = 0 keeps the pass as it would be without this request's draft."""
+    k = 0 keeps the pass as it would be without this request's draft. read_cost: what drafting at all costs
+    first, relative to T(1), whatever k."""
     candidates = range(0, len(pass_cost))
 
     def tokens_per_time(k: int) -> float:
         spent = pass_cost_at(pass_cost, load.tokens + 1 + k) + load.draft_cost + k * draft_cost
+        spent += read_cost if k else 0.0
         return (load.requests + expected_tokens(alpha, k)) / spent
 
     return max(candidates, key=lambda k: (tokens_per_time(k), -k))
+
+
+# a draft model reading n tokens in one pass costs about 1 + READ_SLOPE (n - 1) of its one-token steps (the 0.5B, 2
+# threads: 4 / 8 / 16 tokens 1.5 / 2.5 / 4.4 steps on the Zen 3, 4 and 16 tokens 1.45 and 3.8 on the Zen 4;
+# docs/performance.md)
+READ_SLOPE = 0.2
+
+
+def read_cost(token_cost: float, reads: int) -> float:
+    """What reading `reads` tokens before a guess costs beyond the one-token step that `token_cost` prices."""
+    return token_cost * READ_SLOPE * max(reads - 1, 0)
 
 
 EXTRAPOLATED_SPANS = 8.0  # VerifyCurve.at: the farthest it extrapolates, in spans between its two contexts
@@ -131,9 +148,11 @@ class DraftLength(Protocol):
 
     most: int
 
-    def next(self, source: str | None = None, context_tokens: int = 0, load: PassLoad = PassLoad()) -> int:
+    def next(self, source: str | None = None, context_tokens: int = 0, load: PassLoad = PassLoad(),
+             reads: int = 1) -> int:
         """Draft tokens to ask for in the coming pass (the engine caps it by the tokens left); `load`: what other
-        requests put into the same pass."""
+        requests put into the same pass; `reads`: the tokens the drafter would first read
+        (`Drafter.reads_before_guess`)."""
 
     def token_cost(self, source: str | None = None) -> float:
         """A draft token's cost relative to a one-token target pass, as this policy prices it."""
@@ -150,7 +169,8 @@ class FixedLength:
     def most(self) -> int:
         return self.gamma
 
-    def next(self, source: str | None = None, context_tokens: int = 0, load: PassLoad = PassLoad()) -> int:
+    def next(self, source: str | None = None, context_tokens: int = 0, load: PassLoad = PassLoad(),
+             reads: int = 1) -> int:
         return self.gamma
 
     def token_cost(self, source: str | None = None) -> float:
@@ -199,8 +219,11 @@ class AdaptiveLength:
     def token_cost(self, source: str | None = None) -> float:
         return self.source_costs[source] if source in self.source_costs else self.draft_cost()
 
-    def next(self, source: str | None = None, context_tokens: int = 0, load: PassLoad = PassLoad()) -> int:
-        length = best_length(self.alpha(source), self.curve.at(context_tokens), self.token_cost(source), load)
+    def next(self, source: str | None = None, context_tokens: int = 0, load: PassLoad = PassLoad(),
+             reads: int = 1) -> int:
+        cost = self.token_cost(source)
+        length = best_length(self.alpha(source), self.curve.at(context_tokens), cost, load,
+                             read_cost(cost, reads) if load.requests else 0.0)
         if length == 0 and self.tallies.get(source, Tally()).examined < self.rest_evidence and not load.requests:
             length = 1  # too little evidence to rest on: one token finds out (alone in the pass: in a shared one,
             # finding out costs every request in it, and the prior is what the choice rests on)

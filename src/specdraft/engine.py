@@ -166,7 +166,8 @@ class DecodeLoop:
         self._started = time.perf_counter()
         # never draft past the token budget (the last token of a pass is the target's own)
         self.source = self.drafter.next_source(self.context)  # who drafts, when the drafter has several sources
-        to_draft = min(self.draft_length.next(self.source, len(self.context), load), self.budget - 1)
+        reads = self.drafter.reads_before_guess(self.context, self.prompt_len, self.drafter_begun)
+        to_draft = min(self.draft_length.next(self.source, len(self.context), load, reads), self.budget - 1)
         # nothing to draft: a plain pass; the drafter catches up on the context at its next proposal
         if to_draft and not self.drafter_begun:
             if (len(self.context) > self.prompt_len

@@ -78,6 +78,12 @@ class Drafter:
         the whole context."""
         return context_len
 
+    def reads_before_guess(self, context_ids: list[int], prompt_len: int, begun: bool) -> int:
+        """The tokens it would read before its next guess: its catch-up when it has not begun (`catch_up_tokens`),
+        none after that (a draft model: what it has not seen yet). gamma auto prices a read of several in a pass
+        shared with other requests, which all wait for it."""
+        return 0 if begun else self.catch_up_tokens(prompt_len, len(context_ids))
+
     def next_source(self, context_ids: list[int]) -> str | None:
         """The source of the next proposal, from the context alone (None: the default one)."""
         return None

@@ -92,6 +92,11 @@ class LookupFirstDrafter(Drafter):
     def catch_up_tokens(self, prompt_len: int, context_len: int) -> int:
         return self.inner.catch_up_tokens(prompt_len, context_len)
 
+    def reads_before_guess(self, context_ids: list[int], prompt_len: int, begun: bool) -> int:  # a copy: nothing
+        if self.next_source(context_ids) == LOOKUP_LABEL:
+            return 0
+        return self.inner.reads_before_guess(context_ids, prompt_len, begun)
+
     def use_target_state(self, target_state) -> None:
         """Passed on to the wrapped drafter (drafters/base.py)."""
         self.inner.use_target_state(target_state)

@@ -61,6 +61,13 @@ class ModelDrafter(HasDraftVocab):
                 logits = self.state.forward(token_ids[-1:], 1)
         return self._draft(token_ids, rows)
 
+    def reads_before_guess(self, context_ids: list[int], prompt_len: int, begun: bool) -> int:
+        if not begun:
+            return self.catch_up_tokens(prompt_len, len(context_ids))
+        # what `to_feed` would feed now, without feeding it
+        return len(window_feed(self.state, self.readable(context_ids), self.context_start, self.context_tokens,
+                               dry_run=True)[0])
+
     def to_feed(self, context_ids: list[int]) -> list[int]:
         """What the draft model reads before its next guess (`window_feed`)."""
         feed, self.context_start = window_feed(self.state, self.readable(context_ids), self.context_start,
@@ -138,16 +145,22 @@ def window_start(prompt_ids: list[int], context_tokens: int) -> int:
     return max(0, len(prompt_ids) - context_tokens) if context_tokens else 0
 
 
-def window_feed(state, context_ids: list[int], context_start: int, most: int) -> tuple[list[int], int]:
+def window_feed(state, context_ids: list[int], context_start: int, most: int,
+                dry_run: bool = False) -> tuple[list[int], int]:
     """(the ids the draft model's `state` reads before its next guess, the context index its position 0 then holds).
     It reads what it has not seen since `context_start`, its last token at least; past `most` tokens (0: no limit),
     which happens after a rest while the target ran plain passes or copies, it starts over on the context's last
     `most`, which bounds the catch-up at the cost of the context before them (the 0.5B reading 16 tokens costs
-    1.0-1.2 one-token target passes, 4 tokens 0.40-0.45, 1 token 0.28-0.31: Zen 4, 2026-12-07; docs/performance.md)."""
+    1.0-1.2 one-token target passes, 4 tokens 0.40-0.45, 1 token 0.28-0.31: Zen 4, 2026-12-07; docs/performance.md).
+    dry_run: the same answer, the state left as it is."""
     unseen = context_ids[context_start:]
-    feed = state.sync_for_next(unseen) if unseen else []
+    if dry_run:  # as `sync_for_next`: what the cache lacks, the last id at least
+        feed = unseen[min(state.common_prefix(unseen), len(unseen) - 1):] if unseen else []
+    else:
+        feed = state.sync_for_next(unseen) if unseen else []
     if not feed or (most and len(feed) > most):  # (none: the context went back before the window's start)
-        state.truncate(0)
+        if not dry_run:
+            state.truncate(0)
         context_start = max(len(context_ids) - most, 0) if most else 0
         feed = context_ids[context_start:]
     return feed, context_start

@@ -373,13 +373,18 @@ class SequenceState:
             self._drop_last(to_remove)
             del self.token_ids[length:]
 
-    def sync(self, context_ids: list[int]) -> list[int]:
-        """Keep the longest cached prefix of `context_ids`; return the ids that still need a forward pass.
-        A tree region is dropped (its nodes are candidates, not a sequence): keep a path of it first."""
+    def common_prefix(self, context_ids: list[int]) -> int:
+        """How many of `context_ids`' first ids the cache holds (a tree region excluded)."""
         common = 0
         limit = min(self.tree_start, len(context_ids))
         while common < limit and self.token_ids[common] == context_ids[common]:
             common += 1
+        return common
+
+    def sync(self, context_ids: list[int]) -> list[int]:
+        """Keep the longest cached prefix of `context_ids`; return the ids that still need a forward pass.
+        A tree region is dropped (its nodes are candidates, not a sequence): keep a path of it first."""
+        common = self.common_prefix(context_ids)
         self.truncate(common)
         return context_ids[common:]
 
