@@ -787,6 +787,22 @@ def test_negative_control_a_riding_prefill_chunk_out_of_order_changes_answers(mo
     assert together != alone
 
 
+def stream_beside_a_failing_request(models, failing_prompt: str):
+    """A greedy stream of "abc" (ar) running when a request for `failing_prompt` arrives: (the stream's text, the
+    text "abc" gets alone, the other request's response, the server's metrics at the end)."""
+    expected = direct(models, encode(models, "abc"), SpecConfig(method="ar"), max_new_tokens=600).text
+    with LiveServer(models, max_batch=4) as live:
+        stream = live.client.completions.create(model=MODEL, prompt="abc", max_tokens=600, temperature=0,
+                                                stream=True, extra_body={"speculative": {"method": "ar"}})
+        chunks = iter(stream)
+        text = next(chunks).choices[0].text  # decoding when the other arrives
+        failed = live.http.post("/v1/completions", json={"model": MODEL, "prompt": failing_prompt, "max_tokens": 50,
+                                                          "temperature": 0, "speculative": {"method": "ar"}})
+        text += "".join(chunk.choices[0].text for chunk in chunks)
+        metrics = live.metrics()
+    return text, expected, failed, metrics
+
+
 def test_one_request_failing_leaves_the_others_in_its_passes_running(models, monkeypatch):
     """A failure in one request's own work (here its acceptance step raises) ends that request with a 500; the
     request sharing its passes gets its whole, exact answer."""
@@ -800,16 +816,7 @@ def test_one_request_failing_leaves_the_others_in_its_passes_running(models, mon
         return original(self, rows)
 
     monkeypatch.setattr(Generation, "accept", accept)
-    expected = direct(models, encode(models, "abc"), SpecConfig(method="ar"), max_new_tokens=600).text
-    with LiveServer(models, max_batch=4) as live:
-        stream = live.client.completions.create(model=MODEL, prompt="abc", max_tokens=600, temperature=0,
-                                                stream=True, extra_body={"speculative": {"method": "ar"}})
-        chunks = iter(stream)
-        text = next(chunks).choices[0].text  # decoding when the other arrives
-        failed = live.http.post("/v1/completions", json={"model": MODEL, "prompt": "ded", "max_tokens": 50,
-                                                          "temperature": 0, "speculative": {"method": "ar"}})
-        text += "".join(chunk.choices[0].text for chunk in chunks)
-        metrics = live.metrics()
+    text, expected, failed, metrics = stream_beside_a_failing_request(models, "ded")
     error = _assert_openai_error(failed, 500)
     assert "boom" in error["message"]
     assert text == expected
@@ -831,16 +838,7 @@ def test_a_riding_prefill_that_fails_at_its_end_leaves_the_pass_it_rode_in_runni
         return original(self, n, seconds)
 
     monkeypatch.setattr(DecodeLoop, "prefill_ran", prefill_ran)
-    expected = direct(models, encode(models, "abc"), SpecConfig(method="ar"), max_new_tokens=600).text
-    with LiveServer(models, max_batch=4) as live:
-        stream = live.client.completions.create(model=MODEL, prompt="abc", max_tokens=600, temperature=0,
-                                                stream=True, extra_body={"speculative": {"method": "ar"}})
-        chunks = iter(stream)
-        text = next(chunks).choices[0].text  # decoding when the other arrives
-        failed = live.http.post("/v1/completions", json={"model": MODEL, "prompt": "ded" * 5, "max_tokens": 50,
-                                                          "temperature": 0, "speculative": {"method": "ar"}})
-        text += "".join(chunk.choices[0].text for chunk in chunks)
-        metrics = live.metrics()
+    text, expected, failed, metrics = stream_beside_a_failing_request(models, "ded" * 5)
     error = _assert_openai_error(failed, 500)
     assert "boom at the prompt's end" in error["message"]
     assert text == expected
