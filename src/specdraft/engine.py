@@ -166,7 +166,9 @@ class DecodeLoop:
         self._started = time.perf_counter()
         # never draft past the token budget (the last token of a pass is the target's own)
         self.source = self.drafter.next_source(self.context)  # who drafts, when the drafter has several sources
-        reads = self.drafter.reads_before_guess(self.context, self.prompt_len, self.drafter_begun)
+        # what the drafter would first read, asked where gamma auto prices it: in a pass shared with others
+        reads = (self.drafter.reads_before_guess(self.context, self.prompt_len, self.drafter_begun)
+                 if load.requests else 1)
         to_draft = min(self.draft_length.next(self.source, len(self.context), load, reads), self.budget - 1)
         # nothing to draft: a plain pass; the drafter catches up on the context at its next proposal
         if to_draft and not self.drafter_begun:
@@ -244,11 +246,9 @@ def verify_together(loops: list[DecodeLoop], drafts: list[Draft], errors: dict[i
     the target's features, more than MAX_KERNEL_ROWS tokens or the transformers backend runs on its own.
     errors: where a pass of its own fails, its loop's index -> the exception, and None for its logits (without
     it, the exception propagates). prefill: a chunk of another request's prompt that rides in the shared pass
-    (`prefill_rides` said it can; the caller then calls the loop's `prefill_ran`)."""
+    (where `prefill_rides` says it can; the caller then calls the loop's `prefill_ran`)."""
     together = [i for i, (loop, draft) in enumerate(zip(loops, drafts)) if shares_pass(loop, draft)]
     logits: list[torch.Tensor | None] = [None] * len(loops)
-    if prefill is not None and not prefill_rides(*prefill, loops, drafts):
-        raise ValueError("this prefill chunk cannot ride in the shared pass")
     if len(together) > 1 or prefill is not None:
         rider = None if prefill is None else (prefill[0].state, prefill[1])
         rows = NativeState.verify_many([loops[i].state for i in together], [loops[i].pending for i in together],

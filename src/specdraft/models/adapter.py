@@ -30,8 +30,7 @@ from .fetch import check_model_reference
 from .fastpath import WeightMajorLinear
 from .model_files import FastTokenizer, JsonConfig, read_generation_config, read_model_config
 from .native.gguf_weights import read_gguf
-from .native.llama import (MAX_KERNEL_ROWS, NativeCache, NativeLlama, config_unsupported_reason,
-                           native_unsupported_reason)
+from .native.llama import NativeCache, NativeLlama, config_unsupported_reason, native_unsupported_reason
 
 
 @dataclass
@@ -571,8 +570,9 @@ class NativeState(SequenceState):
     def rides_along(self, other: "NativeState", tokens: int) -> bool:
         """Whether `tokens` of this sequence's prompt may ride in a pass of `other`'s model (`verify_many`'s
         prefill): the same model, no taps, and a pass its own `forward` would give the same bits."""
+        most = self.native.most_rows_a_sequence
         return (self.native is other.native and not self.feature_layers and not self.tree_parents
-                and (tokens <= MAX_KERNEL_ROWS or self.native.rows_batch_invariant))
+                and (most is None or tokens <= most))
 
     def _drop_last(self, n: int) -> None:
         self.cache.truncate(self.cache.length - n)

@@ -616,6 +616,12 @@ class NativeLlama:
                        for layer in self.layers for weight in (layer.q, layer.k, layer.v, layer.o, layer.gate,
                                                                layer.up, layer.down))
 
+    @property
+    def most_rows_a_sequence(self) -> int | None:
+        """The most tokens one sequence may put into a pass of `forward_many`: MAX_KERNEL_ROWS where the model has
+        float32 matrices (its own `forward` of more takes torch's matmul), else no limit (None)."""
+        return MAX_KERNEL_ROWS if self._has_float32_matrices else None
+
     def new_cache(self, capacity: int = 256) -> "NativeCache":
         return NativeCache(len(self.layers), self.n_kv_heads, self.head_dim, capacity)
 
@@ -801,7 +807,7 @@ class NativeLlama:
         at most MAX_KERNEL_ROWS tokens where the model has float32 matrices (its `forward` of more takes torch's
         matmul, which these rows must not); any number where every product is the kernels'."""
         segments, token_ids = [], []
-        most_rows = MAX_KERNEL_ROWS if self._has_float32_matrices else None
+        most_rows = self.most_rows_a_sequence
         for ids, cache, n_logits in passes:
             if len(ids) < 1 or (most_rows is not None and len(ids) > most_rows) or not 0 <= n_logits <= len(ids):
                 raise ValueError(f"a pass of forward_many holds 1 to {most_rows or 'any number of'} tokens and "
